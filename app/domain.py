@@ -1,0 +1,241 @@
+"""Shared domain types: what a run asks for, what one request recorded, and the columnar trace.
+
+Everything here is plain data (no I/O). The load generator produces ``RequestRecord``s,
+storage persists them, and ``app.analysis`` computes metrics from a ``RunTrace``.
+
+Times are integer nanoseconds on the client's monotonic clock, relative to the run's start
+(``RunTrace.start_mono_ns`` is that start on the absolute ``time.monotonic_ns()`` clock).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
+BoolArr = npt.NDArray[np.bool_]
+
+
+class EventKind(enum.IntEnum):
+    """What one SSE event carried."""
+
+    CONTENT = 0  # generated answer text (a token-bearing chunk)
+    REASONING = 1  # generated reasoning text (token-bearing, but not "output" text)
+    ROLE = 2  # role-only chunk, empty delta, finish-only chunk: no token
+    USAGE = 3  # usage-only chunk (choices empty): no token
+    OTHER = 4  # comment / keep-alive / [DONE] / unparseable-but-ignored: no token
+
+
+TOKEN_KINDS = (EventKind.CONTENT, EventKind.REASONING)
+
+
+class RequestStatus(enum.StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+
+class RunStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PARTIAL = "partial"
+
+
+class ClockSource(enum.StrEnum):
+    KERNEL = "kernel"  # SO_TIMESTAMPNS receive timestamps (Linux, plain HTTP)
+    USERSPACE = "userspace"  # time.monotonic_ns() when the read returned
+    IMPORTED = "imported"  # times came from a file
+
+
+SLOMetric = Literal["ttft", "tpot", "e2el"]
+Endpoint = Literal["chat", "completions"]
+Arrival = Literal["poisson", "gamma", "constant"]
+TokenCounting = Literal["auto", "usage", "tokenizer"]
+
+
+class RunSpec(BaseModel):
+    """Everything needed to repeat a benchmark run (flag names follow `vllm bench serve`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(description="Target server, e.g. http://127.0.0.1:8000")
+    model: str = Field(min_length=1)
+    endpoint: Endpoint = "chat"
+    # workload
+    dataset: Literal["random", "jsonl"] = "random"
+    dataset_path: str | None = None
+    input_len: int = Field(256, ge=1, le=1_000_000)
+    output_len: int = Field(128, ge=1, le=1_000_000)
+    num_prompts: int = Field(100, ge=1, le=10_000_000)
+    seed: int = 0
+    tokenizer: str | None = Field(None, description="local path of a Hugging Face tokenizer")
+    ignore_eos: bool = True
+    token_counting: TokenCounting = "auto"
+    # load shape
+    request_rate: float = Field(math.inf, gt=0, description="req/s; inf sends all at once")
+    arrival: Arrival = "poisson"
+    burstiness: float = Field(1.0, gt=0, description="gamma shape; 1.0 = Poisson")
+    max_concurrency: int | None = Field(None, ge=1)
+    warmup_requests: int = Field(0, ge=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    max_duration_s: float | None = Field(None, gt=0)
+    # SLOs for goodput, in ms, e.g. {"ttft": 150, "e2el": 2000}
+    goodput: dict[SLOMetric, float] = Field(default_factory=dict)
+    # client-limited bound: send lag / event-loop lag p99 above this marks the run
+    client_lag_bound_ms: float = Field(10.0, gt=0)
+    # reproduction metadata supplied by the user
+    engine: str | None = None
+    engine_version: str | None = None
+    dtype: str | None = None
+    engine_flags: str | None = None
+    extra_body: dict[str, object] = Field(default_factory=dict)
+    api_key: str | None = Field(None, exclude=True)
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        return v.rstrip("/")
+
+    @field_validator("goodput")
+    @classmethod
+    def _slos(cls, v: dict[SLOMetric, float]) -> dict[SLOMetric, float]:
+        for k, ms in v.items():
+            if not (ms > 0 and math.isfinite(ms)):
+                raise ValueError(f"goodput SLO {k} must be a positive number of ms")
+        return v
+
+    @model_validator(mode="after")
+    def _dataset(self) -> RunSpec:
+        if self.dataset == "jsonl" and not self.dataset_path:
+            raise ValueError("dataset_path is required when dataset is 'jsonl'")
+        return self
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as the client observed it. Event arrays are parallel, in arrival order."""
+
+    index: int
+    scheduled_ns: int  # when the load shape scheduled it (run-relative)
+    sent_ns: int | None  # when the client started it (None: never sent)
+    end_ns: int | None  # when it finished: stream end, error or timeout
+    status: RequestStatus
+    error: str | None = None
+    http_status: int | None = None
+    input_tokens: int | None = None  # prompt length by the client's tokenizer
+    output_tokens: int | None = None  # the count metrics use (see token_source)
+    tokenizer_output_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    token_source: Literal["usage", "tokenizer", "imported"] | None = None
+    done_ns: int | None = None  # server's "complete" signal ([DONE] or end of stream)
+    warmup: bool = False
+    event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    event_bytes: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
+    event_kind: I8 = field(default_factory=lambda: np.zeros(0, np.int8))
+    event_tokens: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+@dataclass(slots=True)
+class RunTrace:
+    """Columnar view of a run's measured (non-warm-up) requests, for fast analysis.
+
+    Per-request arrays have length R; events of request i are
+    ``ev_*[ev_offsets[i]:ev_offsets[i+1]]``. ``sent_ns`` / ``end_ns`` are -1 where unknown.
+    ``summary_only`` runs (imported logs) have only first/last token events: per-token
+    views must say "no per-token data" instead of computing ITL.
+    """
+
+    sent_ns: I64
+    end_ns: I64
+    ok: BoolArr
+    status: list[RequestStatus]
+    errors: list[str | None]
+    input_tokens: I64  # -1 where unknown
+    output_tokens: I64  # -1 where unknown
+    ev_offsets: I64
+    ev_t_ns: I64
+    ev_kind: I8
+    ev_tokens: I32
+    summary_only: bool = False
+    clock_source: ClockSource = ClockSource.USERSPACE
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.sent_ns.shape[0])
+
+    @property
+    def n_events(self) -> int:
+        return int(self.ev_t_ns.shape[0])
+
+
+def trace_from_records(
+    records: list[RequestRecord],
+    *,
+    include_warmup: bool = False,
+    summary_only: bool = False,
+    clock_source: ClockSource = ClockSource.USERSPACE,
+) -> RunTrace:
+    """Concatenate request records into a ``RunTrace`` (warm-up requests dropped by default)."""
+    recs = [r for r in records if include_warmup or not r.warmup]
+    n = len(recs)
+    counts = np.fromiter((r.event_t_ns.shape[0] for r in recs), np.int64, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+
+    def cat(attr: str, dtype: type) -> npt.NDArray[np.generic]:
+        if n == 0:
+            return np.zeros(0, dtype)
+        return np.concatenate([getattr(r, attr) for r in recs]).astype(dtype, copy=False)
+
+    def col(values: list[int | None]) -> I64:
+        return np.array([-1 if v is None else v for v in values], np.int64)
+
+    return RunTrace(
+        sent_ns=col([r.sent_ns for r in recs]),
+        end_ns=col([r.end_ns for r in recs]),
+        ok=np.array([r.status is RequestStatus.OK for r in recs], np.bool_),
+        status=[r.status for r in recs],
+        errors=[r.error for r in recs],
+        input_tokens=col([r.input_tokens for r in recs]),
+        output_tokens=col([r.output_tokens for r in recs]),
+        ev_offsets=offsets,
+        ev_t_ns=cat("event_t_ns", np.int64),  # type: ignore[arg-type]
+        ev_kind=cat("event_kind", np.int8),  # type: ignore[arg-type]
+        ev_tokens=cat("event_tokens", np.int32),  # type: ignore[arg-type]
+        summary_only=summary_only,
+        clock_source=clock_source,
+    )
+
+
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class PerRequestMetrics:
+    """Per-request latencies in ns, aligned with a ``RunTrace``; NaN where undefined.
+
+    ``tpot_ns`` is NaN when a request has fewer than 2 output tokens (SPEC 1: never 0).
+    Failed requests have NaN everywhere (they are never latency samples).
+    """
+
+    ttft_ns: F64  # first token-bearing chunk (content or reasoning) - sent
+    ttfot_ns: F64  # first *content* (non-reasoning) chunk - sent
+    e2e_ns: F64  # last token-bearing chunk - sent
+    tpot_ns: F64  # (tn - t1) / (n - 1)
+    n_tokens: I64  # output tokens used (-1 unknown)
