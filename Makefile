@@ -1,0 +1,36 @@
+# The two commands a newcomer runs: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test install lint pytest bench demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Create or refresh the virtualenv from the project's own files.
+install: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+
+# Install, then run the demo: the simulator, a benchmark saved to the default SQLite
+# database, and its printed report.
+run: install
+	$(BIN)/tokentrace demo
+
+# Install, lint, type-check and run the test suite (prints what it skipped and why).
+test: install lint pytest
+
+lint:
+	$(BIN)/ruff check app tests benchmarks
+	$(BIN)/mypy
+
+pytest:
+	$(BIN)/python -m pytest -q -rs
+
+# Benchmarks: client fidelity and capacity, storage; figures go to benchmarks/results/.
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

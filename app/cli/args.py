@@ -1,0 +1,183 @@
+"""Argument parsing for the ``tokentrace`` command (flag names follow ``vllm bench serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import NoReturn
+
+from pydantic import ValidationError
+
+from app.domain import RunSpec
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+# RunSpec field -> the flag a user typed, for error messages.
+FLAG_FOR_FIELD = {
+    "base_url": "--base-url",
+    "model": "--model",
+    "endpoint": "--endpoint",
+    "dataset": "--dataset-name",
+    "dataset_path": "--dataset-path",
+    "input_len": "--input-len",
+    "output_len": "--output-len",
+    "num_prompts": "--num-prompts",
+    "seed": "--seed",
+    "tokenizer": "--tokenizer",
+    "request_rate": "--request-rate",
+    "arrival": "--arrival",
+    "burstiness": "--burstiness",
+    "max_concurrency": "--max-concurrency",
+    "warmup_requests": "--num-warmups",
+    "request_timeout_s": "--request-timeout",
+    "max_duration_s": "--max-duration",
+    "goodput": "--goodput",
+    "client_lag_bound_ms": "--client-lag-bound-ms",
+    "extra_body": "--extra-body",
+    "token_counting": "--token-counting",
+}
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", required=True, help="target server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True)
+    p.add_argument(
+        "--endpoint",
+        default="chat",
+        help="chat | completions (or the path /v1/chat/completions, /v1/completions)",
+    )
+    p.add_argument("--dataset-name", default="random", help="random | jsonl")
+    p.add_argument("--dataset-path", default=None, help="JSONL prompt file for --dataset-name jsonl")
+    p.add_argument("--input-len", "--random-input-len", type=int, default=256, dest="input_len")
+    p.add_argument("--output-len", "--random-output-len", type=int, default=128, dest="output_len")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, help="local path of a Hugging Face tokenizer")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--token-counting", default="auto", help="auto | usage | tokenizer")
+    p.add_argument("--request-rate", default="inf", help="requests/s, or inf (all at once)")
+    p.add_argument("--arrival", default=None, help="poisson | gamma | constant")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--num-warmups", "--warmup-requests", type=int, default=0, dest="num_warmups")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--max-duration", type=float, default=None, help="whole-run limit, seconds")
+    p.add_argument(
+        "--goodput", nargs="+", default=[], metavar="KEY:MS", help="SLOs, e.g. ttft:150 e2el:2000"
+    )
+    p.add_argument("--client-lag-bound-ms", type=float, default=10.0)
+    p.add_argument("--extra-body", default=None, help="JSON object merged into each request")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--engine", default=None, help="server engine, recorded (e.g. vllm)")
+    p.add_argument("--engine-version", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--engine-flags", default=None, help="server flags, recorded for reproduction")
+    p.add_argument("--tag", action="append", default=[], dest="tags")
+    p.add_argument("--name", default=None, help="a name for the saved run")
+    p.add_argument("--no-save", action="store_true", help="do not save the run to the database")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--profile", default=None, help="also show: vllm | guidellm | aiperf")
+    p.add_argument("--database-url", default=None, help="overrides TOKENTRACE_DATABASE_URL")
+
+
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    slos: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise UsageError(f"--goodput: expected KEY:MS, got {item!r}")
+        if key not in ("ttft", "tpot", "e2el"):
+            raise UsageError(f"--goodput: unknown SLO {key!r} (use ttft, tpot, e2el)")
+        try:
+            slos[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--goodput: {key} needs a number of ms, got {value!r}") from None
+    return slos
+
+
+def _endpoint(raw: str) -> str:
+    aliases = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+    return aliases.get(raw, raw)
+
+
+def _rate(raw: str) -> float:
+    try:
+        return math.inf if raw.lower() == "inf" else float(raw)
+    except ValueError:
+        raise UsageError(f"--request-rate: expected a number or inf, got {raw!r}") from None
+
+
+def spec_from_args(ns: argparse.Namespace) -> RunSpec:
+    """Build and validate a RunSpec; raises UsageError naming the offending flag."""
+    extra: dict[str, object] = {}
+    if ns.extra_body:
+        try:
+            loaded = json.loads(ns.extra_body)
+        except ValueError as e:
+            raise UsageError(f"--extra-body: not JSON ({e})") from None
+        if not isinstance(loaded, dict):
+            raise UsageError("--extra-body: must be a JSON object")
+        extra = loaded
+    rate = _rate(ns.request_rate)
+    arrival = ns.arrival or "poisson"
+    if ns.arrival is None and ns.burstiness != 1.0:
+        arrival = "gamma"
+    fields: dict[str, object] = {
+        "base_url": ns.base_url,
+        "model": ns.model,
+        "endpoint": _endpoint(ns.endpoint),
+        "dataset": ns.dataset_name,
+        "dataset_path": ns.dataset_path,
+        "input_len": ns.input_len,
+        "output_len": ns.output_len,
+        "num_prompts": ns.num_prompts,
+        "seed": ns.seed,
+        "tokenizer": ns.tokenizer,
+        "ignore_eos": ns.ignore_eos,
+        "token_counting": ns.token_counting,
+        "request_rate": rate,
+        "arrival": arrival,
+        "burstiness": ns.burstiness,
+        "max_concurrency": ns.max_concurrency,
+        "warmup_requests": ns.num_warmups,
+        "request_timeout_s": ns.request_timeout,
+        "max_duration_s": ns.max_duration,
+        "goodput": parse_goodput(ns.goodput),
+        "client_lag_bound_ms": ns.client_lag_bound_ms,
+        "extra_body": extra,
+        "api_key": ns.api_key,
+        "engine": ns.engine,
+        "engine_version": ns.engine_version,
+        "dtype": ns.dtype,
+        "engine_flags": ns.engine_flags,
+        "tags": ns.tags,
+    }
+    try:
+        return RunSpec.model_validate(fields)
+    except ValidationError as e:
+        raise UsageError(describe_validation_error(e)) from None
+
+
+def describe_validation_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = err.get("loc", ())
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    field = str(loc[0]) if loc else ""
+    if not field:  # a check across fields: name the first field its message mentions
+        field = next((f for f in FLAG_FOR_FIELD if f in msg), "")
+    for name, flag in FLAG_FOR_FIELD.items():
+        msg = msg.replace(name, flag) if " " in msg and name in msg.split() else msg
+    return f"{FLAG_FOR_FIELD.get(field, field or 'spec')}: {msg}"

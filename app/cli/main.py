@@ -1,0 +1,202 @@
+"""The ``tokentrace`` command line.
+
+Exit codes: 0 success, 1 the run (or command) failed, 2 bad arguments (one-line reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
+from app.cli.render import render_report, render_runs
+from app.settings import get_settings
+
+from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="tokentrace", description="Exact LLM-serving benchmarks, kept and explained.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    sim = sub.add_parser("sim", help="run the deterministic simulated inference server",
+                         add_help=False)
+    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
+
+    bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible server")
+    add_bench_arguments(bench)
+
+    runs = sub.add_parser("runs", help="list saved runs")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--database-url", default=None)
+
+    rep = sub.add_parser("report", help="print a saved run's report")
+    rep.add_argument("run_id")
+    rep.add_argument("--json", action="store_true")
+    rep.add_argument("--profile", choices=PROFILE_CHOICES, default=None)
+    rep.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                     help="recompute goodput under these SLOs")
+    rep.add_argument("--database-url", default=None)
+
+    imp = sub.add_parser("import", help="import results from a file")
+    imp.add_argument("format", choices=("csv",))
+    imp.add_argument("file", type=Path)
+    imp.add_argument("--name", default=None)
+    imp.add_argument("--json", action="store_true")
+    imp.add_argument("--database-url", default=None)
+
+    demo = sub.add_parser("demo", help="start the simulator, benchmark it, print the report")
+    demo.add_argument("--num-prompts", type=int, default=200)
+    demo.add_argument("--request-rate", type=float, default=20.0)
+    demo.add_argument("--database-url", default=None)
+    return p
+
+
+def _sessions(url: str | None) -> sessionmaker[Session]:
+    from app.services.runs import open_database
+
+    return open_database(url or get_settings().database_url)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str, allow_nan=False) + "\n")
+
+
+def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
+    from app.services.runs import execute_bench
+
+    spec = spec_from_args(ns)
+    if ns.profile is not None and ns.profile not in PROFILE_CHOICES:
+        raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
+    if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
+        raise UsageError(f"--dataset-path: no such file {spec.dataset_path}")
+    sessions = None if ns.no_save else _sessions(ns.database_url)
+    err = Console(stderr=True)
+    total = spec.num_prompts + spec.warmup_requests
+    with Progress(
+        TextColumn("[bold]bench[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=ns.json or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("bench", total=total, info="")
+
+        def on_progress(p: Any) -> None:
+            bar.update(
+                task,
+                completed=p.done,
+                info=f"errors {p.errors}  in flight {p.in_flight}  {p.tokens_per_s:,.0f} tok/s",
+            )
+
+        outcome = execute_bench(
+            spec,
+            sessions=sessions,
+            name=ns.name,
+            on_progress=on_progress,
+            handle_sigint=True,
+            profile=ns.profile,
+        )
+    report = outcome.report
+    if ns.json:
+        _print_json(report)
+    else:
+        render_report(report, console)
+    return 1 if outcome.failed else 0
+
+
+def cmd_runs(ns: argparse.Namespace, console: Console) -> int:
+    from app.services.runs import list_runs
+
+    runs = list_runs(_sessions(ns.database_url), limit=ns.limit)
+    if ns.json:
+        _print_json(runs)
+    else:
+        render_runs(runs, console)
+    return 0
+
+
+def cmd_report(ns: argparse.Namespace, console: Console) -> int:
+    from app.cli.args import parse_goodput
+    from app.services.runs import RunNotFound, run_report
+
+    slos = parse_goodput(ns.goodput) if ns.goodput else None
+    try:
+        report = run_report(_sessions(ns.database_url), ns.run_id, profile=ns.profile,
+                            slos_ms=slos)
+    except RunNotFound:
+        raise UsageError(f"run_id: no run {ns.run_id!r}") from None
+    if ns.json:
+        _print_json(report)
+    else:
+        render_report(report, console)
+    return 0
+
+
+def cmd_import(ns: argparse.Namespace, console: Console) -> int:
+    from app.importers.csv_log import ImportFormatError
+    from app.services.imports import import_csv
+    from app.services.runs import run_report
+
+    if not ns.file.is_file():
+        raise UsageError(f"file: no such file {ns.file}")
+    sessions = _sessions(ns.database_url)
+    try:
+        run_id = import_csv(sessions, ns.file, name=ns.name)
+    except (ImportFormatError, UnicodeDecodeError) as e:
+        raise UsageError(f"{ns.file}: {e}") from None
+    if ns.json:
+        _print_json({"runs": [run_id]})
+    else:
+        render_report(run_report(sessions, run_id), console)
+    return 0
+
+
+def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
+    from app.services.demo import run_demo
+
+    return run_demo(
+        _sessions(ns.database_url), console, num_prompts=ns.num_prompts,
+        request_rate=ns.request_rate,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "sim":
+        from app.loadgen.simulator import main as sim_main
+
+        return sim_main(args[1:])
+    parser = build_parser()
+    ns = parser.parse_args(args)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    handlers = {
+        "bench": cmd_bench,
+        "runs": cmd_runs,
+        "report": cmd_report,
+        "import": cmd_import,
+        "demo": cmd_demo,
+    }
+    try:
+        return handlers[ns.command](ns, console)
+    except UsageError as e:
+        sys.stderr.write(f"tokentrace {ns.command}: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

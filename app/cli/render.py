@@ -1,0 +1,162 @@
+"""Terminal rendering of reports and run lists (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
+
+# Report metric key -> (label, aggregation) in the order shown.
+LATENCY_ROWS = (
+    ("ttft_ms", "TTFT", "request"),
+    ("ttfot_ms", "TTFOT", "request"),
+    ("tpot_ms", "TPOT", "request"),
+    ("itl_ms", "ITL", "token"),
+    ("itl_chunk_ms", "ITL/chunk", "chunk"),
+    ("e2el_ms", "E2E", "request"),
+)
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "no data"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def _pct(dist: dict[str, Any], key: str) -> Any:
+    return dist.get(key)
+
+
+def render_report(report: dict[str, Any], console: Console) -> None:
+    m = report["metrics"]
+    v = report["validity"]
+    title = f"Run {report.get('run_id') or '(not saved)'}"
+    if report.get("name"):
+        title += f" · {report['name']}"
+    console.print(f"[bold]{title}[/bold]  status={report.get('status')}")
+    spec = report.get("spec") or {}
+    if spec:
+        console.print(
+            f"target {spec.get('base_url')}  model {spec.get('model')}  endpoint "
+            f"{spec.get('endpoint')}  in/out {spec.get('input_len')}/{spec.get('output_len')} "
+            f"tokens  rate {spec.get('request_rate')} req/s  concurrency "
+            f"{spec.get('max_concurrency') or '∞'}  seed {spec.get('seed')}"
+        )
+    console.print(f"clock source: {report.get('clock_source')}")
+    if v.get("client_limited"):
+        console.print("[bold red]CLIENT-LIMITED: the client fell behind; figures are suspect[/]")
+    for note in v.get("notes") or []:
+        console.print(f"[yellow]note:[/] {note}")
+
+    counts = Table(title="Requests and throughput", show_header=False)
+    req = m.get("requests") or {}
+    window = m.get("window") or {}
+    for label, val, digits in (
+        ("requests sent", req.get("sent"), 0),
+        ("completed", req.get("completed_ok"), 0),
+        ("failed", req.get("failed"), 0),
+        ("error rate", m.get("error_rate"), 4),
+        ("observation window (s)", window.get("duration_s"), 3),
+        ("request throughput (req/s)", m.get("request_throughput_req_s"), 3),
+        ("output throughput (tok/s)", m.get("output_throughput_tok_s"), 2),
+        ("total token throughput (tok/s)", m.get("total_token_throughput_tok_s"), 2),
+        ("goodput (req/s)", m.get("goodput_req_s"), 3),
+    ):
+        counts.add_row(label, fmt(val, digits) if isinstance(val, float) else fmt(val))
+    load = report.get("load") or {}
+    if load.get("achieved_send_rate_rps") is not None:
+        counts.add_row("achieved send rate (req/s)", fmt(load["achieved_send_rate_rps"], 3))
+    slos = report.get("slos_ms") or {}
+    if slos:
+        counts.add_row("SLOs (ms)", ", ".join(f"{k} <= {x:g}" for k, x in slos.items()))
+    console.print(counts)
+
+    table = Table(title="Latency (ms); TTFOT = time to first output (non-reasoning) token")
+    table.add_column("metric")
+    table.add_column("per")
+    table.add_column("n", justify="right")
+    table.add_column("mean", justify="right")
+    for key in PCT_KEYS:
+        table.add_column(key.replace("_", "."), justify="right")
+    for key, label, agg in LATENCY_ROWS:
+        dist = m.get(key)
+        if not isinstance(dist, dict):
+            continue
+        if dist.get("count") in (0, None):
+            reason = dist.get("reason") or "no data"
+            table.add_row(label, agg, "0", reason, *[""] * len(PCT_KEYS))
+            continue
+        table.add_row(
+            label,
+            agg,
+            str(dist.get("count")),
+            fmt(dist.get("mean")),
+            *[fmt(_pct(dist, k)) for k in PCT_KEYS],
+        )
+    console.print(table)
+    errors = req.get("error_reasons") or []
+    if errors:
+        et = Table(title="Errors by reason")
+        et.add_column("reason")
+        et.add_column("count", justify="right")
+        for e in errors:
+            et.add_row(str(e["reason"]), str(e["count"]))
+        console.print(et)
+    prof = report.get("profile")
+    if prof:
+        render_profile(prof, console)
+
+
+def render_profile(prof: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"As {prof.get('name')} defines them")
+    t.add_column("metric")
+    t.add_column("definition")
+    t.add_column("mean / value", justify="right")
+    for key in ("p50", "p90", "p99"):
+        t.add_column(key, justify="right")
+    for entry in (prof.get("metrics") or {}).values():
+        if entry.get("value") is not None or entry.get("count") in (0, None):
+            value = entry.get("value")
+            t.add_row(f"{entry['label']} ({entry['unit']})", str(entry.get("definition", "")),
+                      fmt(value) if value is not None else (entry.get("reason") or "no data"),
+                      "", "", "")
+            continue
+        t.add_row(
+            f"{entry['label']} ({entry['unit']})",
+            str(entry.get("definition", "")),
+            fmt(entry.get("mean")),
+            *[fmt(_pct(entry, k)) for k in ("p50", "p90", "p99")],
+        )
+    console.print(t)
+
+
+def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
+    if not runs:
+        console.print("No runs yet. Start one with: tokentrace bench --base-url URL --model NAME")
+        return
+    t = Table(title="Runs")
+    for col in ("id", "created", "source", "model", "status", "valid", "TTFT p50 ms",
+                "TTFT p99 ms", "TPOT p50 ms", "out tok/s", "error rate"):
+        t.add_column(col)
+    for r in runs:
+        s = r.get("summary") or {}
+        spec = r.get("spec") or {}
+        t.add_row(
+            str(r["id"]),
+            str(r.get("created_at") or "")[:19],
+            str(r.get("source")),
+            str(spec.get("model") or r.get("name") or ""),
+            str(r.get("status")),
+            "client-limited" if r.get("client_limited") else "yes",
+            fmt(s.get("ttft_ms_p50")),
+            fmt(s.get("ttft_ms_p99")),
+            fmt(s.get("tpot_ms_p50")),
+            fmt(s.get("output_throughput_tok_s")),
+            fmt(s.get("error_rate"), 4),
+        )
+    console.print(t)

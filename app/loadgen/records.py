@@ -1,0 +1,114 @@
+"""Turn a finished ``RawStream`` into a ``RequestRecord``: classify events, count tokens.
+
+Token counting (SPEC 1: network chunks are not tokens):
+
+* the tokenizer count: ``tokens_per_chunk`` over the texts of the token-bearing events
+  (content and reasoning), tokenizing the whole text once;
+* the server count: ``usage.completion_tokens`` when the stream carried a usage object.
+
+With ``token_counting`` "auto" or "usage" and a usage count present: if it equals the number
+of token-bearing chunks, the server streamed one token per chunk and each chunk gets exactly
+1 token; otherwise the chunks keep their tokenizer counts (nothing is scaled) and
+``output_tokens`` is the usage count. ``token_source`` says which count ``output_tokens`` is;
+both counts are always recorded so reports can flag disagreement.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+
+from app.domain import TOKEN_KINDS, EventKind, RequestRecord, RequestStatus, TokenCounting
+from app.loadgen.events import classify
+from app.loadgen.http_stream import RawStream
+from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, Tokenizer, tokens_per_chunk
+
+
+def _int_or_none(usage: dict[str, Any] | None, key: str) -> int | None:
+    if usage is None:
+        return None
+    v = usage.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def build_record(
+    raw: RawStream,
+    *,
+    index: int,
+    scheduled_ns: int,
+    run_start_ns: int,
+    tokenizer: BuiltinTokenizer | HFTokenizer,
+    token_counting: TokenCounting,
+    warmup: bool = False,
+    input_tokens: int | None = None,
+) -> RequestRecord:
+    n = len(raw.ev_t)
+    kinds = np.full(n, int(EventKind.OTHER), np.int8)
+    texts: list[str] = []
+    token_idx: list[int] = []
+    usage: dict[str, Any] | None = None
+    stream_error: str | None = None
+    for i, data in enumerate(raw.ev_data):
+        c = classify(data)
+        kinds[i] = c.kind
+        if c.usage is not None:
+            usage = c.usage
+        if c.error is not None and stream_error is None:
+            stream_error = c.error
+        if c.kind in TOKEN_KINDS:
+            texts.append(c.text)
+            token_idx.append(i)
+
+    # cast: the frozen BuiltinTokenizer's read-only ``name`` does not match the Protocol's
+    # settable attribute under mypy, although both tokenizers implement it.
+    counts = tokens_per_chunk(cast(Tokenizer, tokenizer), texts)
+    tok_total = sum(counts)
+    usage_ct = _int_or_none(usage, "completion_tokens")
+    ev_tokens = np.zeros(n, np.int32)
+    source: str
+    output_tokens: int
+    if token_counting != "tokenizer" and usage_ct is not None:
+        source = "usage"
+        output_tokens = usage_ct
+        if usage_ct == len(token_idx):
+            counts = [1] * len(token_idx)
+    else:
+        source = "tokenizer"
+        output_tokens = tok_total
+    if token_idx:
+        ev_tokens[np.asarray(token_idx, np.int64)] = np.asarray(counts, np.int32)
+
+    status = raw.status
+    error = raw.error
+    if status is RequestStatus.OK:
+        if stream_error is not None:
+            status, error = RequestStatus.ERROR, stream_error
+        elif not token_idx:
+            status, error = RequestStatus.ERROR, "stream ended without any generated token"
+
+    def rel(t: int | None) -> int | None:
+        return None if t is None else t - run_start_ns
+
+    t0 = raw.t0_ns if raw.t0_ns else None
+    return RequestRecord(
+        index=index,
+        scheduled_ns=scheduled_ns,
+        sent_ns=rel(t0),
+        end_ns=rel(raw.end_ns) if raw.end_ns else None,
+        status=status,
+        error=error,
+        http_status=raw.http_status,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        tokenizer_output_tokens=tok_total,
+        usage_prompt_tokens=_int_or_none(usage, "prompt_tokens"),
+        usage_completion_tokens=usage_ct,
+        token_source=source,  # type: ignore[arg-type]
+        done_ns=rel(raw.done_ns),
+        warmup=warmup,
+        event_t_ns=np.asarray(raw.ev_t, np.int64) - np.int64(run_start_ns),
+        event_bytes=np.asarray(raw.ev_bytes, np.int32),
+        event_kind=kinds,
+        event_tokens=ev_tokens,
+    )

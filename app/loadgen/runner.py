@@ -1,0 +1,571 @@
+"""Run a load: warm-up requests, then the measured schedule, on one asyncio event loop.
+
+``run_load`` never raises for target problems: connection refused, HTTP errors, timeouts and
+broken streams become per-request records. It stops early, keeping what was measured, on
+``spec.max_duration_s`` (a whole-run limit, warm-up included) or when ``stop`` is set:
+unsent requests are not sent (``counts["unsent"]``) and in-flight ones end as CANCELLED.
+
+Client health is measured alongside: send lag (actual send minus when the request was due:
+its scheduled time, or the moment a concurrency slot freed if it had to wait for one), and
+event-loop lag (a monitor task sleeping ~5 ms records how late it wakes). Either p99 above
+``spec.client_lag_bound_ms`` marks the run ``client_limited``. With kernel receive stamps
+``read_delay`` (user-space stamp minus kernel stamp of the same read) shows how late the
+client read data it had already received: timings stay exact, but events that one read
+returns together share that read's stamp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import math
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+
+from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
+from app.loadgen.datasets import Prompt, Workload, build_workload
+from app.loadgen.http_stream import (
+    ClockMap,
+    RawStream,
+    StreamRequest,
+    Target,
+    kernel_stamps_supported,
+    parse_target,
+    request_body,
+    request_headers,
+    resolve,
+)
+from app.loadgen.records import build_record
+from app.loadgen.shapes import schedule_for
+from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
+
+MONITOR_PERIOD_S = 0.005
+POSTPROCESS_SLICE_NS = 500_000  # post-processing work between two I/O rounds
+BURST_STARTS = 4  # request starts between two I/O rounds during a burst
+CLOCK_RESAMPLE_S = 1.0
+PROGRESS_PERIOD_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    elapsed_s: float
+    phase: str  # "warmup" | "measure" | "done"
+    planned: int  # measured requests planned
+    sent: int  # measured requests sent
+    done: int  # measured requests finished (any status)
+    errors: int  # measured requests finished not OK (of those already post-processed)
+    in_flight: int  # all requests in flight (warm-up included)
+    output_tokens: int  # output tokens of finished, post-processed measured requests
+    tokens_per_s: float  # output_tokens / time since the measured phase began
+
+
+@dataclass(frozen=True, slots=True)
+class LagStats:
+    """Milliseconds; None where there were no samples."""
+
+    n: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+    @staticmethod
+    def of_ns(samples: list[int] | np.ndarray) -> LagStats:
+        a = np.asarray(samples, np.float64)
+        if a.size == 0:
+            return LagStats(0, None, None, None)
+        p50, p99 = np.percentile(a, [50, 99])
+        return LagStats(int(a.size), float(p50) / 1e6, float(p99) / 1e6, float(a.max()) / 1e6)
+
+
+@dataclass(slots=True)
+class LoadResult:
+    records: list[RequestRecord]  # ordered by index; warm-ups included, flagged
+    start_mono_ns: int  # run start on time.monotonic_ns(); record times are relative to it
+    start_wall: datetime  # the same instant, UTC wall clock
+    measure_start_ns: int  # run-relative start of the measured phase (after warm-up)
+    end_ns: int  # run-relative end of the run
+    clock_source: ClockSource
+    achieved_send_rate: float | None  # measured req/s: (sent-1)/(last send - first send)
+    send_lag: LagStats
+    loop_lag: LagStats
+    read_delay: LagStats  # kernel stamp -> user-space read, per event (kernel clock only)
+    client_limited: bool
+    client_limited_reasons: list[str]
+    counts: dict[str, int]
+    max_in_flight: int
+    stopped: str | None  # why the run ended early ("max_duration", "stopped"), or None
+    clock_offset_ns: int  # realtime - monotonic at run start
+    clock_drift_max_ns: int  # largest change of that offset seen during the run
+    tokenizer: str
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Item:
+    index: int
+    prompt: Prompt
+    warmup: bool
+    scheduled_ns: int  # run-relative
+
+
+class _Run:
+    """Mutable state of one run (one instance per ``run_load`` call)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_tag: str,
+        tok: BuiltinTokenizer | HFTokenizer,
+        target: Target,
+        on_progress: Callable[[Progress], None] | None,
+        stop: asyncio.Event | None,
+        kernel_stamps: bool,
+    ) -> None:
+        self.spec = spec
+        self.run_tag = run_tag
+        self.tok = tok
+        self.target = target
+        self.path = target.path_for(spec.endpoint)
+        self.on_progress = on_progress
+        self.stop = stop
+        self.kernel_stamps = kernel_stamps
+        self.clock = ClockMap()
+        self.start_ns = time.monotonic_ns()
+        self.start_wall = datetime.now(UTC)
+        self.deadline_ns = (
+            self.start_ns + int(spec.max_duration_s * 1e9) if spec.max_duration_s else None
+        )
+        self.sem = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
+        self.addr: tuple[int, tuple[object, ...]] | None = None
+        self.resolve_error: str | None = None
+        self.records: list[RequestRecord] = []
+        self.active: set[StreamRequest] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.halted: str | None = None
+        self.wake: asyncio.Future[None] | None = None
+        self.phase = "warmup"
+        self.measure_start_ns = 0
+        self.sent_measured = 0
+        self.sent_total = 0
+        self.send_times: list[int] = []
+        self.send_lag: list[int] = []
+        self.loop_lag: list[int] = []
+        self.read_delay: list[np.ndarray] = []
+        self.in_flight = 0
+        self.backlog: deque[tuple[_Item, RawStream, int]] = deque()
+        self.backlog_ready = asyncio.Event()
+        self.finished = 0
+        self.max_in_flight = 0
+        self.done = 0
+        self.errors = 0
+        self.tokens = 0
+        self.kernel_streams = 0
+        self.user_streams = 0
+
+    # ---- control
+
+    def halt(self, reason: str, message: str) -> None:
+        if self.halted is not None:
+            return
+        self.halted = reason
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+        for sr in list(self.active):
+            sr.abort(RequestStatus.CANCELLED, message)
+
+    async def sleep_until(self, t_ns: int) -> None:
+        delay = (t_ns - time.monotonic_ns()) / 1e9
+        if delay <= 0 or self.halted:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self.wake = fut
+        h = loop.call_later(delay, _set_once, fut)
+        try:
+            await fut
+        finally:
+            h.cancel()
+            self.wake = None
+
+    # ---- requests
+
+    async def dispatch(self, items: list[_Item]) -> None:
+        spec = self.spec
+        burst = 0
+        for it in items:
+            if self.halted:
+                break
+            body = request_body(
+                endpoint=spec.endpoint,
+                model=spec.model,
+                prompt=it.prompt.prompt,
+                messages=it.prompt.messages,
+                output_len=it.prompt.output_len,
+                ignore_eos=spec.ignore_eos,
+                extra_body=spec.extra_body,
+            )
+            due = self.start_ns + it.scheduled_ns
+            if due > time.monotonic_ns():
+                await self.sleep_until(due)
+                burst = 0
+            if self.halted:
+                break
+            if self.sem is not None:
+                if self.sem.locked():
+                    await self.sem.acquire()
+                    due = max(due, time.monotonic_ns())
+                else:
+                    await self.sem.acquire()
+                if self.halted:
+                    self.sem.release()
+                    break
+            task = asyncio.create_task(self.one(it, body, due))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            self.sent_total += 1
+            if not it.warmup:
+                self.sent_measured += 1
+            # a burst of starts (rate inf, or a late schedule) lets the new requests connect
+            # and the running streams read every few starts: ~0.2 ms of work per start
+            burst += 1
+            if burst >= BURST_STARTS:
+                await asyncio.sleep(0)
+                burst = 0
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))
+
+    async def one(self, it: _Item, body: bytes, due_ns: int) -> None:
+        spec = self.spec
+        rid = f"{self.run_tag}-{it.index}"
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.addr is None:
+                now = time.monotonic_ns()
+                raw = RawStream(request_id=rid, t0_ns=now, end_ns=now)
+                raw.status = RequestStatus.ERROR
+                raw.error = self.resolve_error or "target address unknown"
+            else:
+                family, addr = self.addr
+                sr = StreamRequest(
+                    self.target,
+                    addr,
+                    family,
+                    self.path,
+                    body,
+                    request_headers(self.target, rid, spec.api_key),
+                    request_id=rid,
+                    timeout_s=spec.request_timeout_s,
+                    clock=self.clock,
+                    kernel_stamps=self.kernel_stamps,
+                )
+                self.active.add(sr)
+                try:
+                    raw = await sr.run()
+                finally:
+                    self.active.discard(sr)
+        finally:
+            self.in_flight -= 1
+            if self.sem is not None:
+                self.sem.release()
+        if not it.warmup:
+            self.finished += 1
+        self.backlog.append((it, raw, due_ns))
+        self.backlog_ready.set()
+
+    async def postprocess(self) -> None:
+        """Classify finished streams in slices of <= ~0.5 ms between I/O rounds, so JSON
+        parsing and token counting never hold up reads for long."""
+        while True:
+            if not self.backlog:
+                self.backlog_ready.clear()
+                await self.backlog_ready.wait()
+                continue
+            t_end = time.monotonic_ns() + POSTPROCESS_SLICE_NS
+            while self.backlog and time.monotonic_ns() < t_end:
+                self.finish(*self.backlog.popleft())
+            await asyncio.sleep(0)
+
+    def drain(self) -> None:
+        while self.backlog:
+            self.finish(*self.backlog.popleft())
+
+    def finish(self, it: _Item, raw: RawStream, due_ns: int) -> None:
+        try:
+            rec = build_record(
+                raw,
+                index=it.index,
+                scheduled_ns=it.scheduled_ns,
+                run_start_ns=self.start_ns,
+                tokenizer=self.tok,
+                token_counting=self.spec.token_counting,
+                warmup=it.warmup,
+                input_tokens=it.prompt.input_tokens,
+            )
+        except Exception as e:  # a bug here must not lose the run
+            rec = RequestRecord(
+                index=it.index,
+                scheduled_ns=it.scheduled_ns,
+                sent_ns=raw.t0_ns - self.start_ns if raw.t0_ns else None,
+                end_ns=raw.end_ns - self.start_ns if raw.end_ns else None,
+                status=RequestStatus.ERROR,
+                error=f"client failed to process the stream: {e!r}",
+                warmup=it.warmup,
+            )
+        self.records.append(rec)
+        if raw.t0_ns:
+            if raw.clock is ClockSource.KERNEL:
+                self.kernel_streams += 1
+                if not it.warmup and raw.ev_t:
+                    self.read_delay.append(
+                        np.asarray(raw.ev_user_t, np.int64) - np.asarray(raw.ev_t, np.int64)
+                    )
+            elif raw.kernel_reads or raw.user_reads:
+                self.user_streams += 1
+        if it.warmup:
+            return
+        if raw.t0_ns:
+            self.send_lag.append(max(0, raw.t0_ns - due_ns))
+            self.send_times.append(raw.t0_ns)
+        self.done += 1
+        if rec.status is not RequestStatus.OK:
+            self.errors += 1
+        elif rec.output_tokens:
+            self.tokens += rec.output_tokens
+
+    # ---- monitor
+
+    def progress(self) -> Progress:
+        now = time.monotonic_ns()
+        t_meas = (now - self.start_ns - self.measure_start_ns) / 1e9
+        return Progress(
+            elapsed_s=(now - self.start_ns) / 1e9,
+            phase=self.phase,
+            planned=self.spec.num_prompts,
+            sent=self.sent_measured,
+            done=self.finished,
+            errors=self.errors,
+            in_flight=self.in_flight,
+            output_tokens=self.tokens,
+            tokens_per_s=self.tokens / t_meas if self.phase != "warmup" and t_meas > 0 else 0.0,
+        )
+
+    async def monitor(self) -> None:
+        period_ns = int(MONITOR_PERIOD_S * 1e9)
+        next_clock = time.monotonic_ns() + int(CLOCK_RESAMPLE_S * 1e9)
+        next_progress = time.monotonic_ns()
+        while True:
+            t = time.monotonic_ns()
+            await asyncio.sleep(MONITOR_PERIOD_S)
+            now = time.monotonic_ns()
+            self.loop_lag.append(max(0, now - t - period_ns))
+            if self.stop is not None and self.stop.is_set():
+                self.halt("stopped", "run stopped by the user")
+            if self.deadline_ns is not None and now >= self.deadline_ns:
+                self.halt("max_duration", f"run hit max_duration_s={self.spec.max_duration_s:g}")
+            if now >= next_clock:
+                self.clock.resample()
+                next_clock = now + int(CLOCK_RESAMPLE_S * 1e9)
+            if self.on_progress is not None and now >= next_progress:
+                self.on_progress(self.progress())
+                next_progress = now + int(PROGRESS_PERIOD_S * 1e9)
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _items(spec: RunSpec, prompts_w: list[Prompt], prompts_m: list[Prompt]) -> list[_Item]:
+    warm = [_Item(i, p, True, 0) for i, p in enumerate(prompts_w)]
+    w = len(warm)
+    return warm + [_Item(w + i, p, False, 0) for i, p in enumerate(prompts_m)]
+
+
+async def run_load(
+    spec: RunSpec,
+    *,
+    run_tag: str,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop: asyncio.Event | None = None,
+    kernel_stamps: bool = True,
+) -> LoadResult:
+    """Run ``spec`` against its target and return every request's record plus client health.
+
+    ``run_tag`` prefixes each request's ``X-Request-Id`` (``<run_tag>-<index>``; warm-ups
+    take indices 0..W-1, measured requests W..W+N-1). ``kernel_stamps=False`` forces
+    user-space receive stamps.
+    """
+    tok = load_tokenizer(spec.tokenizer)
+    workload = build_workload(spec, tok)
+    target = parse_target(spec.base_url)
+
+    # Everything allocated so far (modules, tokenizer, prompts) leaves the collector's view:
+    # a full collection over it took ~40 ms, a stall long enough to merge stream reads.
+    gc.collect()
+    gc.freeze()
+    try:
+        return await _run(spec, run_tag, tok, target, workload, on_progress, stop, kernel_stamps)
+    finally:
+        gc.unfreeze()
+
+
+async def _run(
+    spec: RunSpec,
+    run_tag: str,
+    tok: BuiltinTokenizer | HFTokenizer,
+    target: Target,
+    workload: Workload,
+    on_progress: Callable[[Progress], None] | None,
+    stop: asyncio.Event | None,
+    kernel_stamps: bool,
+) -> LoadResult:
+    schedule = schedule_for(spec)
+    items = _items(spec, workload.warmup, workload.measured)
+    warm, measured = items[: len(workload.warmup)], items[len(workload.warmup) :]
+    r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
+    try:
+        r.addr = await resolve(target)
+    except OSError as e:
+        r.resolve_error = f"cannot resolve {target.host}: {e}"
+    mon = asyncio.create_task(r.monitor())
+    post = asyncio.create_task(r.postprocess())
+    try:
+        if warm:
+            for it in warm:
+                it.scheduled_ns = time.monotonic_ns() - r.start_ns
+            await r.dispatch(warm)
+        r.phase = "measure"
+        r.measure_start_ns = time.monotonic_ns() - r.start_ns
+        for it, t in zip(measured, schedule.times_ns.tolist(), strict=True):
+            it.scheduled_ns = r.measure_start_ns + int(t)
+        if not r.halted:
+            await r.dispatch(measured)
+    finally:
+        if r.tasks:  # only when cancelled from outside: end streams, keep their records
+            r.halt("stopped", "run cancelled")
+            await asyncio.gather(*r.tasks, return_exceptions=True)
+        r.phase = "done"
+        for t in (mon, post):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        r.drain()
+    end_ns = time.monotonic_ns() - r.start_ns
+    r.clock.resample()
+    if on_progress is not None:
+        on_progress(r.progress())
+    return _result(r, end_ns)
+
+
+def _result(r: _Run, end_ns: int) -> LoadResult:
+    spec = r.spec
+    records = sorted(r.records, key=lambda rec: rec.index)
+    measured = [rec for rec in records if not rec.warmup]
+    statuses = [rec.status for rec in measured]
+    counts = {
+        "planned": spec.num_prompts,
+        "warmup": sum(1 for rec in records if rec.warmup),
+        "sent": r.sent_measured,
+        "unsent": spec.num_prompts - r.sent_measured,
+        "ok": statuses.count(RequestStatus.OK),
+        "error": statuses.count(RequestStatus.ERROR),
+        "timeout": statuses.count(RequestStatus.TIMEOUT),
+        "cancelled": statuses.count(RequestStatus.CANCELLED),
+    }
+    notes: list[str] = []
+    if r.kernel_streams and not r.user_streams:
+        clock = ClockSource.KERNEL
+    elif r.kernel_streams == 0 and r.user_streams == 0:
+        would = r.kernel_stamps and not r.target.tls and kernel_stamps_supported()
+        clock = ClockSource.KERNEL if would else ClockSource.USERSPACE
+    else:
+        clock = ClockSource.USERSPACE
+        if r.kernel_streams:
+            notes.append(
+                f"mixed receive stamps: {r.kernel_streams} streams kernel, "
+                f"{r.user_streams} user-space; reported as user-space"
+            )
+    st = sorted(r.send_times)
+    rate: float | None = None
+    if len(st) >= 2 and st[-1] > st[0]:
+        rate = (len(st) - 1) / ((st[-1] - st[0]) / 1e9)
+    elif len(st) >= 2:
+        rate = math.inf
+    send_lag = LagStats.of_ns(r.send_lag)
+    loop_lag = LagStats.of_ns(r.loop_lag)
+    read_delay = LagStats.of_ns(
+        np.concatenate(r.read_delay) if r.read_delay else np.zeros(0, np.int64)
+    )
+    bound = spec.client_lag_bound_ms
+    reasons: list[str] = []
+    if send_lag.p99_ms is not None and send_lag.p99_ms > bound:
+        reasons.append(f"send lag p99 {send_lag.p99_ms:.2f} ms > {bound:g} ms")
+    if loop_lag.p99_ms is not None and loop_lag.p99_ms > bound:
+        reasons.append(f"event-loop lag p99 {loop_lag.p99_ms:.2f} ms > {bound:g} ms")
+    drift = r.clock.max_drift_ns
+    if clock is ClockSource.KERNEL and drift > 1_000_000:
+        notes.append(f"realtime/monotonic offset moved by {drift / 1e6:.2f} ms during the run")
+    return LoadResult(
+        records=records,
+        start_mono_ns=r.start_ns,
+        start_wall=r.start_wall,
+        measure_start_ns=r.measure_start_ns,
+        end_ns=end_ns,
+        clock_source=clock,
+        achieved_send_rate=rate,
+        send_lag=send_lag,
+        loop_lag=loop_lag,
+        read_delay=read_delay,
+        client_limited=bool(reasons),
+        client_limited_reasons=reasons,
+        counts=counts,
+        max_in_flight=r.max_in_flight,
+        stopped=r.halted,
+        clock_offset_ns=r.clock.initial_offset_ns,
+        clock_drift_max_ns=drift,
+        tokenizer=r.tok.name,
+        notes=notes,
+    )
+
+
+def run_load_sync(
+    spec: RunSpec,
+    *,
+    run_tag: str,
+    on_progress: Callable[[Progress], None] | None = None,
+    kernel_stamps: bool = True,
+    handle_sigint: bool = True,
+) -> LoadResult:
+    """``asyncio.run(run_load(...))``; Ctrl-C (main thread only) stops the run cleanly and
+    returns what was measured."""
+
+    async def main() -> LoadResult:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = False
+        if handle_sigint and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGINT, stop.set)
+                installed = True
+        try:
+            return await run_load(
+                spec,
+                run_tag=run_tag,
+                on_progress=on_progress,
+                stop=stop,
+                kernel_stamps=kernel_stamps,
+            )
+        finally:
+            if installed:
+                loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(main())

@@ -1,0 +1,130 @@
+"""Configuration of ``tokentrace sim`` (the deterministic streaming simulator).
+
+Timing model (all times from the moment the request was fully received, ``received_ns``):
+
+- token ``j`` (0-based) is "generated" at ``received + TTFT + ITL_1 + ... + ITL_j`` where
+  ``TTFT = ttft_ms + per_input_token_ms * input_tokens`` (input tokens counted with the
+  built-in tokenizer) and each ``ITL = itl_ms + itl_per_active_ms * active_streams +
+  uniform(-itl_jitter_ms, +itl_jitter_ms)`` (jitter seeded per request, clamped at 0);
+- an SSE event packs up to ``tokens_per_event`` tokens and is written when its last token is
+  generated (reasoning and content tokens never share an event);
+- when the server falls behind (overload), a stream's events that are already overdue are
+  written together in one write (``coalesce_late``): fewer syscalls, same per-event stamps;
+- the optional role-only chunk (chat only) and the response headers are written as soon as
+  the request has been received, like real servers do.
+
+Faults are decided per request from ``seed`` and the request counter (1, 2, ... in order of
+arrival, reset by ``POST /_sim/reset``). One uniform draw picks at most one fault, so the
+rates must sum to at most 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+class Fault(enum.StrEnum):
+    NONE = "none"
+    ERROR = "error"  # HTTP 500 with a JSON error body
+    DISCONNECT = "disconnect"  # abortive close (RST) after k tokens
+    STALL = "stall"  # stop sending after k tokens, keep the connection open
+    MALFORMED = "malformed"  # a non-JSON data line before the event after k tokens
+    HANG = "hang"  # read the request, never answer
+
+
+# Order in which the cumulative fault thresholds are laid out on [0, 1).
+FAULT_ORDER: tuple[Fault, ...] = (
+    Fault.ERROR,
+    Fault.DISCONNECT,
+    Fault.STALL,
+    Fault.MALFORMED,
+    Fault.HANG,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: ephemeral
+    model: str = "tokentrace-sim"
+    # timing
+    ttft_ms: float = 50.0
+    per_input_token_ms: float = 0.0
+    itl_ms: float = 10.0
+    itl_jitter_ms: float = 0.0
+    itl_per_active_ms: float = 0.0
+    tokens_per_event: int = 1
+    # stream shape
+    role_chunk: bool = True
+    output_len: int = 128  # when the request has no max_tokens
+    eos_len: int | None = None  # "natural" length when ignore_eos is false (None: never stop)
+    reasoning_tokens: int = 0  # first K output tokens sent as delta.reasoning_content (chat)
+    created: int | None = None  # fixed "created" field (None: wall clock at receipt)
+    seed: int = 0
+    # faults (per request, mutually exclusive; sum <= 1)
+    error_rate: float = 0.0
+    disconnect_rate: float = 0.0
+    stall_rate: float = 0.0
+    malformed_rate: float = 0.0
+    hang_rate: float = 0.0
+    fault_after_tokens: int | None = None  # None: k drawn per request in [0, output)
+    # server
+    kv_capacity_tokens: int = 262_144  # denominator of vllm:gpu_cache_usage_perc
+    max_body_bytes: int = 64 * 1024 * 1024
+    coalesce_late: bool = True  # when behind schedule, send a stream's overdue events together
+    spin_us: int = 1000  # busy-poll window before a deadline (epoll sleeps in whole ms)
+    record_ground_truth: bool = True
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port <= 65535, "port must be in 0..65535")
+        _check(bool(self.host), "host must not be empty")
+        _check(bool(self.model), "model must not be empty")
+        for name in (
+            "ttft_ms",
+            "per_input_token_ms",
+            "itl_ms",
+            "itl_jitter_ms",
+            "itl_per_active_ms",
+        ):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v >= 0, f"{name} must be a finite number >= 0")
+        _check(self.tokens_per_event >= 1, "tokens_per_event must be >= 1")
+        _check(self.output_len >= 1, "output_len must be >= 1")
+        _check(self.eos_len is None or self.eos_len >= 1, "eos_len must be >= 1")
+        _check(self.reasoning_tokens >= 0, "reasoning_tokens must be >= 0")
+        _check(
+            self.fault_after_tokens is None or self.fault_after_tokens >= 0,
+            "fault_after_tokens must be >= 0",
+        )
+        total = 0.0
+        for f in FAULT_ORDER:
+            rate = self.fault_rate(f)
+            _check(math.isfinite(rate) and 0.0 <= rate <= 1.0, f"{f}_rate must be in [0, 1]")
+            total += rate
+        _check(total <= 1.0 + 1e-9, "fault rates must sum to at most 1")
+        _check(self.kv_capacity_tokens >= 1, "kv_capacity_tokens must be >= 1")
+        _check(self.max_body_bytes >= 1024, "max_body_bytes must be >= 1024")
+        _check(self.spin_us >= 0, "spin_us must be >= 0")
+
+    def fault_rate(self, fault: Fault) -> float:
+        rate: float = getattr(self, f"{fault.value}_rate")
+        return rate
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SimConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown simulator settings: {', '.join(unknown)}")
+        return cls(**data)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

@@ -1,0 +1,321 @@
+"""Runs: execute a benchmark, store it, and build its report. Orchestrates loadgen, analysis
+and storage; holds no SQL and no metric arithmetic of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import platform
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import __version__
+from app.analysis.metrics import compute_metrics, per_request_metrics
+from app.analysis.profiles import profile_metrics
+from app.domain import (
+    ClockSource,
+    RequestRecord,
+    RequestStatus,
+    RunSpec,
+    RunStatus,
+    trace_from_records,
+)
+from app.loadgen.runner import LoadResult, Progress, run_load
+from app.storage import repository as repo
+from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
+
+PROFILES = ("tokentrace", "vllm", "guidellm", "aiperf")
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def open_database(url: str) -> sessionmaker[Session]:
+    """Migrate the database to the latest schema and return a session factory."""
+    upgrade_database(url)
+    return session_factory(make_engine(url))
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    run_id: str | None
+    report: dict[str, Any]
+    failed: bool
+
+
+def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
+    """How often the tokenizer's count and the server's usage disagreed."""
+    both = [
+        r
+        for r in records
+        if not r.warmup
+        and r.status is RequestStatus.OK
+        and r.usage_completion_tokens is not None
+        and r.tokenizer_output_tokens is not None
+    ]
+    differing = [r for r in both if r.usage_completion_tokens != r.tokenizer_output_tokens]
+    sources = sorted({r.token_source for r in records if r.token_source})
+    return {
+        "requests_with_both_counts": len(both),
+        "requests_disagreeing": len(differing),
+        "tokenizer_output_tokens": sum(r.tokenizer_output_tokens or 0 for r in both),
+        "usage_completion_tokens": sum(r.usage_completion_tokens or 0 for r in both),
+        "token_sources": sources,
+    }
+
+
+def validity_notes(result: LoadResult, check: dict[str, Any]) -> list[str]:
+    notes = list(result.client_limited_reasons) + list(result.notes)
+    if result.stopped == "stopped":
+        notes.append("stopped before the end: the report covers what was measured")
+    elif result.stopped == "max_duration":
+        notes.append("the run reached its time limit (--max-duration): unsent requests skipped")
+    if check["requests_disagreeing"]:
+        notes.append(
+            f"token counts disagree on {check['requests_disagreeing']} of "
+            f"{check['requests_with_both_counts']} requests: tokenizer "
+            f"{check['tokenizer_output_tokens']} vs server usage "
+            f"{check['usage_completion_tokens']} output tokens"
+        )
+    return notes
+
+
+def load_stats(result: LoadResult) -> dict[str, Any]:
+    return {
+        "achieved_send_rate_rps": result.achieved_send_rate,
+        "send_lag_ms": dataclasses.asdict(result.send_lag),
+        "loop_lag_ms": dataclasses.asdict(result.loop_lag),
+        "read_delay_ms": dataclasses.asdict(result.read_delay),
+        "max_in_flight": result.max_in_flight,
+        "stopped": result.stopped,
+        "counts": result.counts,
+        "clock_drift_max_ns": result.clock_drift_max_ns,
+        "tokenizer": result.tokenizer,
+        "measure_start_ns": result.measure_start_ns,
+        "end_ns": result.end_ns,
+        "notes": result.notes,
+    }
+
+
+def _outcome_status(result: LoadResult) -> RunStatus:
+    measured = [r for r in result.records if not r.warmup]
+    if result.stopped == "stopped":
+        return RunStatus.PARTIAL
+    if measured and not any(r.status is RequestStatus.OK for r in measured):
+        return RunStatus.FAILED
+    return RunStatus.SUCCEEDED
+
+
+async def _load(
+    spec: RunSpec,
+    tag: str,
+    on_progress: Callable[[Progress], None] | None,
+    handle_sigint: bool,
+) -> LoadResult:
+    """Run the load; with ``handle_sigint``, Ctrl-C stops it cleanly and keeps what was measured."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_sigint:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:
+        return await run_load(spec, run_tag=tag, on_progress=on_progress, stop=stop)
+    finally:
+        if handle_sigint:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def execute_bench(
+    spec: RunSpec,
+    *,
+    sessions: sessionmaker[Session] | None,
+    name: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    handle_sigint: bool = False,
+    profile: str | None = None,
+) -> BenchOutcome:
+    """Run the load, then store the run (unless ``sessions`` is None) and report it."""
+    run_id: str | None = None
+    if sessions is not None:
+        with session_scope(sessions) as s:
+            run_id = repo.create_run(
+                s,
+                spec,
+                source="bench",
+                name=name,
+                status=RunStatus.RUNNING,
+                client_version=__version__,
+                client_host=platform.node(),
+            )
+    tag = run_id or secrets.token_hex(6)
+    try:
+        result = asyncio.run(_load(spec, tag, on_progress, handle_sigint))
+    except BaseException:
+        if sessions is not None and run_id is not None:
+            with session_scope(sessions) as s:
+                repo.finish_run(s, run_id, status=RunStatus.FAILED)
+        raise
+    check = token_count_check(result.records)
+    notes = validity_notes(result, check)
+    status = _outcome_status(result)
+    stats = load_stats(result) | {"token_counts": check}
+    if sessions is None or run_id is None:
+        report = assemble_report(
+            run={
+                "id": None,
+                "name": name,
+                "status": status.value,
+                "source": "bench",
+                "spec": spec.model_dump(mode="json"),
+                "clock_source": result.clock_source.value,
+                "client_limited": result.client_limited,
+                "validity": notes,
+                "load_stats": stats,
+                "summary_only": False,
+                "started_at": result.start_wall.isoformat(),
+                "finished_at": datetime.now(UTC).isoformat(),
+            },
+            records=result.records,
+            clock_source=result.clock_source,
+            profile=profile,
+        )
+        return BenchOutcome(None, report, status is RunStatus.FAILED)
+
+    all_trace = trace_from_records(result.records, include_warmup=True)
+    per_request = per_request_metrics(all_trace)
+    with session_scope(sessions) as s:
+        repo.insert_requests(s, run_id, result.records, per_request)
+        repo.finish_run(
+            s,
+            run_id,
+            status=status,
+            started_at=result.start_wall,
+            finished_at=datetime.now(UTC),
+            start_mono_ns=result.start_mono_ns,
+            clock_source=result.clock_source,
+            client_limited=result.client_limited,
+            validity=notes,
+            load_stats=stats,
+        )
+    report = run_report(sessions, run_id, profile=profile)
+    with session_scope(sessions) as s:
+        repo.finish_run(s, run_id, summary=headline(report))
+    return BenchOutcome(run_id, report, status is RunStatus.FAILED)
+
+
+def assemble_report(
+    *,
+    run: dict[str, Any],
+    records: list[RequestRecord] | None = None,
+    trace: Any = None,
+    clock_source: ClockSource = ClockSource.USERSPACE,
+    slos_ms: dict[str, float] | None = None,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """The whole report: run facts, validity, counts and every metric (units in keys)."""
+    if trace is None:
+        assert records is not None
+        trace = trace_from_records(
+            records, summary_only=bool(run.get("summary_only")), clock_source=clock_source
+        )
+    spec = run.get("spec") or {}
+    slos = slos_ms if slos_ms is not None else dict(spec.get("goodput") or {})
+    metrics = compute_metrics(trace, slos_ms=slos).to_dict()
+    report: dict[str, Any] = {
+        "run_id": run.get("id"),
+        "name": run.get("name"),
+        "status": run.get("status"),
+        "source": run.get("source"),
+        "started_at": run.get("started_at"),
+        "finished_at": run.get("finished_at"),
+        "client_version": run.get("client_version", __version__),
+        "client_host": run.get("client_host"),
+        "clock_source": run.get("clock_source"),
+        "spec": spec,
+        "validity": {
+            "valid": not run.get("client_limited"),
+            "client_limited": bool(run.get("client_limited")),
+            "notes": list(run.get("validity") or []),
+            "summary_only": bool(run.get("summary_only")),
+        },
+        "load": run.get("load_stats") or {},
+        "slos_ms": slos,
+        "metrics": metrics,
+    }
+    if profile is not None:
+        report["profile"] = {"name": profile, **profile_metrics(trace, profile).to_dict()}
+    return report
+
+
+def _run_dict(row: Any) -> dict[str, Any]:
+    def iso(v: datetime | None) -> str | None:
+        return v.isoformat() if v is not None else None
+
+    return {
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "source": row.source,
+        "spec": row.spec,
+        "clock_source": row.clock_source,
+        "client_version": row.client_version,
+        "client_host": row.client_host,
+        "client_limited": row.client_limited,
+        "validity": row.validity,
+        "load_stats": row.load_stats,
+        "summary_only": row.summary_only,
+        "started_at": iso(row.started_at),
+        "finished_at": iso(row.finished_at),
+        "created_at": iso(row.created_at),
+        "tags": row.tags,
+    }
+
+
+def run_report(
+    sessions: sessionmaker[Session],
+    run_id: str,
+    *,
+    profile: str | None = None,
+    slos_ms: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Recompute a stored run's report from its event log."""
+    with session_scope(sessions) as s:
+        try:
+            row = repo.get_run(s, run_id)
+        except repo.NotFoundError:
+            raise RunNotFound(run_id) from None
+        run = _run_dict(row)
+        trace = repo.load_trace(s, run_id)
+    return assemble_report(run=run, trace=trace, slos_ms=slos_ms, profile=profile)
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The few figures cached on the run row for listings."""
+    m = report["metrics"]
+
+    def pct(metric: str, p: str) -> Any:
+        d = m.get(metric) or {}
+        return d.get(p) if isinstance(d, dict) else None
+
+    return {
+        "ttft_ms_p50": pct("ttft_ms", "p50"),
+        "ttft_ms_p99": pct("ttft_ms", "p99"),
+        "tpot_ms_p50": pct("tpot_ms", "p50"),
+        "output_throughput_tok_s": m.get("output_throughput_tok_s"),
+        "goodput_req_s": m.get("goodput_req_s"),
+        "error_rate": m.get("error_rate"),
+        "completed": (m.get("requests") or {}).get("completed_ok"),
+        "failed": (m.get("requests") or {}).get("failed"),
+    }
+
+
+def list_runs(sessions: sessionmaker[Session], *, limit: int = 50) -> list[dict[str, Any]]:
+    with session_scope(sessions) as s:
+        rows = repo.list_runs(s, limit=limit, offset=0)
+        return [_run_dict(r) | {"summary": r.summary or {}} for r in rows]

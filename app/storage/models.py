@@ -1,0 +1,185 @@
+"""Tables: ``runs`` (one benchmark or import) and ``requests`` (one row per request).
+
+Nanosecond times are BigInteger everywhere. The per-token event log of a request is one
+packed blob (see ``app.storage.packing``); summary latencies sit in plain columns so SQL can
+filter on them. The same DDL works on SQLite and PostgreSQL (migrations/versions/0001).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+from app.domain import ClockSource, RequestStatus, RunStatus
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive, in UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, dt.datetime):
+            raise TypeError(f"expected a datetime, got {type(value).__name__}")
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass a timezone-aware (UTC) datetime")
+        value = value.astimezone(dt.UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+class EnumText(TypeDecorator[E], Generic[E]):
+    """A ``StrEnum`` stored as its value in a short VARCHAR (no native enum, no CHECK)."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, enum_cls: type[E]) -> None:
+        super().__init__()
+        self.enum_cls = enum_cls
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        try:
+            return str(self.enum_cls(value).value)
+        except ValueError:
+            allowed = ", ".join(m.value for m in self.enum_cls)
+            raise ValueError(
+                f"{value!r} is not a valid {self.enum_cls.__name__} (allowed: {allowed})"
+            ) from None
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum_cls(value)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# BIGINT identity on PostgreSQL; INTEGER PRIMARY KEY (the rowid) on SQLite.
+RowId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    status: Mapped[RunStatus] = mapped_column(EnumText(RunStatus), default=RunStatus.QUEUED)
+    source: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(255))
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    target_url: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(String(255))
+    endpoint: Mapped[str | None] = mapped_column(String(32))
+    client_version: Mapped[str | None] = mapped_column(String(64))
+    client_host: Mapped[str | None] = mapped_column(String(255))
+    clock_source: Mapped[ClockSource | None] = mapped_column(EnumText(ClockSource))
+    start_mono_ns: Mapped[int | None] = mapped_column(BigInteger)
+    client_limited: Mapped[bool] = mapped_column(Boolean, default=False)
+    validity: Mapped[list[str]] = mapped_column(JSON, default=list)
+    load_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    summary_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    note: Mapped[str | None] = mapped_column(Text)
+
+    requests: Mapped[list[Request]] = relationship(
+        back_populates="run",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="Request.idx",
+    )
+
+    __table_args__ = (
+        Index("ix_runs_created_at", "created_at"),
+        Index("ix_runs_model", "model"),
+    )
+
+    def __repr__(self) -> str:
+        return f"Run(id={self.id!r}, status={self.status!r}, model={self.model!r})"
+
+
+class Request(Base):
+    __tablename__ = "requests"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    )
+    idx: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[bool] = mapped_column(Boolean, default=False)
+    scheduled_ns: Mapped[int] = mapped_column(BigInteger)
+    sent_ns: Mapped[int | None] = mapped_column(BigInteger)
+    end_ns: Mapped[int | None] = mapped_column(BigInteger)
+    done_ns: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[RequestStatus] = mapped_column(EnumText(RequestStatus))
+    error: Mapped[str | None] = mapped_column(Text)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    tokenizer_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    usage_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    usage_completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    token_source: Mapped[str | None] = mapped_column(String(16))
+    ttft_ns: Mapped[int | None] = mapped_column(BigInteger)
+    ttfot_ns: Mapped[int | None] = mapped_column(BigInteger)
+    e2e_ns: Mapped[int | None] = mapped_column(BigInteger)
+    tpot_ns: Mapped[float | None] = mapped_column(Float)
+    n_events: Mapped[int] = mapped_column(Integer, default=0)
+    events: Mapped[bytes] = mapped_column(LargeBinary)
+
+    run: Mapped[Run] = relationship(back_populates="requests")
+
+    __table_args__ = (UniqueConstraint("run_id", "idx", name="uq_requests_run_id_idx"),)
+
+    def __repr__(self) -> str:
+        return f"Request(run_id={self.run_id!r}, idx={self.idx}, status={self.status!r})"

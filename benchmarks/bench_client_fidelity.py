@@ -1,0 +1,135 @@
+"""How exactly does the tokentrace client measure? Compare it with the simulator's ground truth.
+
+The simulator (its own process, optionally pinned to other CPUs) stamps every SSE event with
+``time.monotonic_ns()`` right before writing it; the client records when each event
+arrived (kernel receive stamps, or user-space stamps with ``--userspace``). Both clocks are
+the host's monotonic clock, so per event ``client - server`` is loopback delivery plus the
+client's measurement error.
+
+Reported (ms): TTFT error (client first content stamp - server first content write), chunk
+gap error (client gap - server gap for consecutive content events), per-event offset, the
+number of streams that were all active at once, and the client's own health numbers.
+
+    python benchmarks/bench_client_fidelity.py --streams 256 --itl-ms 10 --output-len 100
+    python benchmarks/bench_client_fidelity.py --streams 1000 --sim-cpus 1 --client-cpus 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.domain import EventKind, RequestStatus, RunSpec  # noqa: E402
+from app.loadgen.runner import run_load_sync  # noqa: E402
+from app.loadgen.sim_config import SimConfig  # noqa: E402
+from app.loadgen.simulator import start_simulator_process  # noqa: E402
+
+
+def pct(a: np.ndarray, p: float) -> float | None:  # type: ignore[type-arg]
+    return float(np.percentile(a, p)) if a.size else None
+
+
+def summary(a_ns: list[int]) -> dict[str, float | None]:
+    a = np.abs(np.asarray(a_ns, np.float64)) / 1e6
+    return {
+        "p50_ms": pct(a, 50),
+        "p99_ms": pct(a, 99),
+        "max_ms": float(a.max()) if a.size else None,
+    }
+
+
+def cpus(arg: str | None) -> set[int] | None:
+    return {int(c) for c in arg.split(",")} if arg else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--itl-ms", type=float, default=10.0)
+    ap.add_argument("--ttft-ms", type=float, default=50.0)
+    ap.add_argument("--output-len", type=int, default=100)
+    ap.add_argument("--tokens-per-event", type=int, default=1)
+    ap.add_argument("--userspace", action="store_true", help="disable kernel receive stamps")
+    ap.add_argument("--sim-cpus", help="pin the simulator, e.g. 1")
+    ap.add_argument("--client-cpus", help="pin this client process, e.g. 0")
+    ap.add_argument("--json", action="store_true", help="print JSON only")
+    args = ap.parse_args()
+
+    if args.client_cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus(args.client_cpus) or set())
+    cfg = SimConfig(
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        tokens_per_event=args.tokens_per_event,
+        output_len=args.output_len,
+    )
+    tag = "fid" + uuid.uuid4().hex[:6]
+    with start_simulator_process(cfg, cpus=cpus(args.sim_cpus)) as sim:
+        spec = RunSpec(
+            base_url=sim.base_url,
+            model="sim",
+            input_len=32,
+            output_len=args.output_len,
+            num_prompts=args.streams,
+            max_concurrency=args.streams,
+            request_timeout_s=120,
+        )
+        res = run_load_sync(spec, run_tag=tag, kernel_stamps=not args.userspace)
+        gt = sim.ground_truth()["requests"]
+
+    ttft_err: list[int] = []
+    gap_err: list[int] = []
+    offset: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for r in res.records:
+        g = gt.get(f"{tag}-{r.index}")
+        if g is None or r.status is not RequestStatus.OK:
+            continue
+        ev = g["events"]
+        server = np.asarray(
+            [t for t, k in zip(ev["t_ns"], ev["kind"], strict=True) if k == "content"], np.int64
+        )
+        client = r.event_t_ns[r.event_kind == EventKind.CONTENT] + res.start_mono_ns
+        if server.size != client.size or server.size == 0:
+            continue
+        ttft_err.append(int(client[0] - server[0]))
+        gap_err.extend((np.diff(client) - np.diff(server)).tolist())
+        offset.extend((client - server).tolist())
+        starts.append(int(client[0]))
+        ends.append(int(client[-1]))
+    # streams active together: all of them were streaming between the last first token and
+    # the first last token
+    all_active = bool(starts) and max(starts) < min(ends)
+    out: dict[str, Any] = {
+        "streams": args.streams,
+        "itl_ms": args.itl_ms,
+        "tokens_per_event": args.tokens_per_event,
+        "clock_source": res.clock_source.value,
+        "ok": res.counts["ok"],
+        "compared": len(ttft_err),
+        "all_streams_active_together": all_active,
+        "ttft_error": summary(ttft_err),
+        "chunk_gap_error": summary(gap_err),
+        "event_offset": summary(offset),
+        "send_lag_ms": {"p99": res.send_lag.p99_ms, "max": res.send_lag.max_ms},
+        "loop_lag_ms": {"p99": res.loop_lag.p99_ms, "max": res.loop_lag.max_ms},
+        "read_delay_ms": {"p99": res.read_delay.p99_ms, "max": res.read_delay.max_ms},
+        "client_limited": res.client_limited,
+        "client_limited_reasons": res.client_limited_reasons,
+    }
+    print(json.dumps(out, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""Shared fixtures: migrated SQLite and PostgreSQL databases.
+
+- ``sqlite_url``: a fresh SQLite file in ``tmp_path``, migrated by Alembic.
+- ``pg_url``: a fresh schema (per test) inside a database created once per test session
+  (``tt_test_<random>``, dropped at the end) on the server at ``TOKENTRACE_TEST_PG_URL``
+  (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``), migrated by Alembic.
+  Tests using it are marked ``postgres`` and skipped, with the reason, when the server
+  cannot be reached.
+- ``db_url``: parametrized over both; ``db_engine`` / ``db_session`` build on it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session
+
+from app.storage.db import make_engine, session_factory, upgrade_database
+
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def _pg_base_url() -> URL:
+    url = make_url(os.environ.get("TOKENTRACE_TEST_PG_URL") or DEFAULT_PG_URL)
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "pg_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="session")
+def _pg_database() -> Iterator[URL | str]:
+    """A throwaway database for this test session, or a skip reason (str)."""
+    base = _pg_base_url()
+    try:
+        admin = create_engine(
+            base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
+        )
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        yield (
+            f"PostgreSQL not reachable at {base.render_as_string(hide_password=True)} "
+            f"(set TOKENTRACE_TEST_PG_URL): {type(exc).__name__}: {str(exc).strip()[:200]}"
+        )
+        return
+    name = f"tt_test_{secrets.token_hex(6)}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield base.set(database=name)
+    finally:
+        _drop_database(admin, name)
+        admin.dispose()
+
+
+def _drop_database(admin: Engine, name: str) -> None:
+    with admin.connect() as conn:
+        try:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        except Exception:  # PostgreSQL < 13: no FORCE; end the sessions first
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :d AND pid <> pg_backend_pid()"
+                ),
+                {"d": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+
+
+@pytest.fixture
+def pg_url(_pg_database: URL | str) -> Iterator[str]:
+    """A fresh, migrated schema in the session's PostgreSQL test database."""
+    if isinstance(_pg_database, str):
+        pytest.skip(_pg_database)
+    schema = f"t_{secrets.token_hex(6)}"
+    admin = create_engine(_pg_database, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        url = _pg_database.update_query_dict({"options": f"-csearch_path={schema}"})
+        rendered = url.render_as_string(hide_password=False)
+        upgrade_database(rendered)
+        yield rendered
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite database file, migrated to head."""
+    url = f"sqlite:///{tmp_path / 'db' / 'tokentrace.db'}"
+    upgrade_database(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test runs once on SQLite and once on PostgreSQL."""
+    name = "pg_url" if request.param == "postgres" else "sqlite_url"
+    url: str = request.getfixturevalue(name)
+    return url
+
+
+@pytest.fixture
+def db_engine(db_url: str) -> Iterator[Engine]:
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_session(db_engine: Engine) -> Iterator[Session]:
+    with session_factory(db_engine)() as session:
+        yield session
