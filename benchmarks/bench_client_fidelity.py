@@ -28,13 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.domain import EventKind, RequestStatus, RunSpec  # noqa: E402
-from app.loadgen.runner import run_load_sync  # noqa: E402
-from app.loadgen.sim_config import SimConfig  # noqa: E402
-from app.loadgen.simulator import start_simulator_process  # noqa: E402
+from app.domain import EventKind, RequestStatus, RunSpec
+from app.loadgen.runner import run_load_sync
+from app.loadgen.sim_config import SimConfig
+from app.loadgen.simulator import start_simulator_process
 
 
-def pct(a: np.ndarray, p: float) -> float | None:  # type: ignore[type-arg]
+def pct(a: np.ndarray, p: float) -> float | None:
     return float(np.percentile(a, p)) if a.size else None
 
 

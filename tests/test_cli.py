@@ -52,12 +52,33 @@ def _json_out(capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-
 def test_bench_saves_run_and_report_is_consistent(
     sim: str, db: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main([
-        "bench", "--base-url", sim, "--model", "sim", "--endpoint", "chat",
-        "--num-prompts", "12", "--input-len", "32", "--output-len", "16", "--seed", "7",
-        "--request-rate", "200", "--goodput", "ttft:1000", "e2el:5000",
-        "--database-url", db, "--json",
-    ])
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            sim,
+            "--model",
+            "sim",
+            "--endpoint",
+            "chat",
+            "--num-prompts",
+            "12",
+            "--input-len",
+            "32",
+            "--output-len",
+            "16",
+            "--seed",
+            "7",
+            "--request-rate",
+            "200",
+            "--goodput",
+            "ttft:1000",
+            "e2el:5000",
+            "--database-url",
+            db,
+            "--json",
+        ]
+    )
     assert rc == 0
     rep = _json_out(capsys)
     assert rep["run_id"]
@@ -87,11 +108,27 @@ def test_bench_saves_run_and_report_is_consistent(
 def test_bench_profile_and_table_output(
     sim: str, db: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main([
-        "bench", "--base-url", sim, "--model", "sim", "--endpoint", "completions",
-        "--num-prompts", "4", "--input-len", "8", "--output-len", "6",
-        "--database-url", db, "--profile", "vllm",
-    ])
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            sim,
+            "--model",
+            "sim",
+            "--endpoint",
+            "completions",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "6",
+            "--database-url",
+            db,
+            "--profile",
+            "vllm",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "TTFT" in out and "vllm" in out
@@ -126,10 +163,24 @@ def test_bad_url_is_rejected(db: str, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_unreachable_target_is_a_failed_run(db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main([
-        "bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--num-prompts", "3",
-        "--output-len", "4", "--request-timeout", "5", "--database-url", db, "--json",
-    ])
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--num-prompts",
+            "3",
+            "--output-len",
+            "4",
+            "--request-timeout",
+            "5",
+            "--database-url",
+            db,
+            "--json",
+        ]
+    )
     assert rc == 1
     rep = _json_out(capsys)
     assert rep["metrics"]["requests"]["failed"] == 3 and rep["metrics"]["error_rate"] == 1.0

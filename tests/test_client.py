@@ -495,7 +495,9 @@ def test_kernel_stamps_close_to_userspace_and_spaced() -> None:
     assert raw.clock is ClockSource.KERNEL and raw.kernel_reads > 0 and raw.user_reads == 0
     k = np.asarray(raw.ev_t)
     u = np.asarray(raw.ev_user_t)
-    assert np.all(u >= k) and np.all(u - k < 5_000_000)  # within a few ms
+    assert np.all(u >= k)
+    # within a few ms (median; the max is left loose: a shared CI host can preempt us)
+    assert np.median(u - k) < 2_000_000 and np.max(u - k) < 50_000_000
     assert np.all(k >= raw.t0_ns)
     gaps = np.diff(k[1:21])  # content events, 5 ms apart
     assert np.median(gaps) > 4_000_000

@@ -394,7 +394,13 @@ def test_fault_rates_are_deterministic_per_request_counter(sim_factory: Any) -> 
     assert draws == [decide_fault(cfg, i) for i in range(1, 20_001)]
     assert draws != [decide_fault(SimConfig(seed=12, error_rate=0.2), i) for i in range(1, 20_001)]
 
-    kw = {"seed": 3, "error_rate": 0.3, "malformed_rate": 0.3, "ttft_ms": 1.0, "itl_ms": 0.1}
+    kw: dict[str, Any] = {
+        "seed": 3,
+        "error_rate": 0.3,
+        "malformed_rate": 0.3,
+        "ttft_ms": 1.0,
+        "itl_ms": 0.1,
+    }
     seen = []
     for sim in (sim_factory(**kw), sim_factory(**kw)):
         with httpx.Client(base_url=sim.base_url, timeout=10) as c:
@@ -532,14 +538,18 @@ def test_300_concurrent_streams_in_a_separate_process() -> None:
     cfg = SimConfig(ttft_ms=20.0, itl_ms=itl_ms, role_chunk=True)
     with start_simulator_process(cfg) as sim:
 
-        async def run() -> list[tuple[int, list[str]]]:
+        async def one(i: int) -> tuple[int, list[str]]:
+            await asyncio.sleep(0.3 * i / n_streams)  # arrivals over 300 ms, not one burst
             body = {"prompt": "a b", "max_tokens": n_tokens, "stream": True}
-            return await asyncio.gather(
-                *(fetch(sim.port, "/v1/completions", body, f"c{i}") for i in range(n_streams))
-            )
+            return await fetch(sim.port, "/v1/completions", body, f"c{i}")
+
+        async def run() -> list[tuple[int, list[str]]]:
+            return await asyncio.gather(*(one(i) for i in range(n_streams)))
 
         results = asyncio.run(run())
         gt = sim.ground_truth()["requests"]
+        sim.reset()
+        assert sim.ground_truth()["requests"] == {}
     assert all(status == 200 for status, _ in results)
     assert all(TOK.count(content_text(p)) == n_tokens for _, p in results)
     assert len(gt) == n_streams
@@ -560,3 +570,29 @@ def test_300_concurrent_streams_in_a_separate_process() -> None:
         f"write lateness p50 {late_p50:.3f} ms, p99 {late_p99:.3f} ms"
     )
     assert late_p50 < 100.0 and dev_p99 < 1000.0  # sanity only: the figures are reported
+
+
+def test_client_going_away_frees_the_stream(sim_factory: Any) -> None:
+    sim = sim_factory(ttft_ms=5.0, itl_ms=20.0)
+    with socket.create_connection(("127.0.0.1", sim.port)) as s:
+        s.sendall(raw_request(sim.port, "/v1/chat/completions", chat_body(max_tokens=50), "gone"))
+        s.settimeout(5)
+        s.recv(65536)
+    for _ in range(100):
+        req = gt_request(sim, "gone")
+        if req["closed_ns"] is not None:
+            break
+        asyncio.run(asyncio.sleep(0.01))
+    assert req["closed_ns"] is not None
+    assert sum(req["events"]["tokens"]) < 50
+    metrics = parse_prom(httpx.get(sim.base_url + "/metrics").text)
+    assert metrics['vllm:num_requests_running{model_name="tokentrace-sim"}'] == 0
+
+
+@pytest.mark.parametrize(
+    "text", ["", "the cat, sat.  on\n\tthe mat!!", " a  b   c ", "naïve café 123 x1 — ok?", "\n\n"]
+)
+def test_fast_input_count_matches_builtin_tokenizer(text: str) -> None:
+    from app.loadgen.simulator import _count_tokens
+
+    assert _count_tokens(text) == TOK.count(text)

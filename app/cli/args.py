@@ -60,7 +60,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="chat | completions (or the path /v1/chat/completions, /v1/completions)",
     )
     p.add_argument("--dataset-name", default="random", help="random | jsonl")
-    p.add_argument("--dataset-path", default=None, help="JSONL prompt file for --dataset-name jsonl")
+    p.add_argument("--dataset-path", default=None, help="JSONL prompts (--dataset-name jsonl)")
     p.add_argument("--input-len", "--random-input-len", type=int, default=256, dest="input_len")
     p.add_argument("--output-len", "--random-output-len", type=int, default=128, dest="output_len")
     p.add_argument("--num-prompts", type=int, default=100)

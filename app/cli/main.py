@@ -16,19 +16,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
 from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
 from app.cli.render import render_report, render_runs
 from app.settings import get_settings
-
-from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
 
 
 def build_parser() -> Parser:
     p = Parser(prog="tokentrace", description="Exact LLM-serving benchmarks, kept and explained.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    sim = sub.add_parser("sim", help="run the deterministic simulated inference server",
-                         add_help=False)
+    sim = sub.add_parser(
+        "sim", help="run the deterministic simulated inference server", add_help=False
+    )
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)
 
     bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible server")
@@ -43,8 +43,13 @@ def build_parser() -> Parser:
     rep.add_argument("run_id")
     rep.add_argument("--json", action="store_true")
     rep.add_argument("--profile", choices=PROFILE_CHOICES, default=None)
-    rep.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
-                     help="recompute goodput under these SLOs")
+    rep.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="KEY:MS",
+        help="recompute goodput under these SLOs",
+    )
     rep.add_argument("--database-url", default=None)
 
     imp = sub.add_parser("import", help="import results from a file")
@@ -134,8 +139,7 @@ def cmd_report(ns: argparse.Namespace, console: Console) -> int:
 
     slos = parse_goodput(ns.goodput) if ns.goodput else None
     try:
-        report = run_report(_sessions(ns.database_url), ns.run_id, profile=ns.profile,
-                            slos_ms=slos)
+        report = run_report(_sessions(ns.database_url), ns.run_id, profile=ns.profile, slos_ms=slos)
     except RunNotFound:
         raise UsageError(f"run_id: no run {ns.run_id!r}") from None
     if ns.json:
@@ -168,7 +172,9 @@ def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
     from app.services.demo import run_demo
 
     return run_demo(
-        _sessions(ns.database_url), console, num_prompts=ns.num_prompts,
+        _sessions(ns.database_url),
+        console,
+        num_prompts=ns.num_prompts,
         request_rate=ns.request_rate,
     )
 

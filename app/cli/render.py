@@ -122,9 +122,14 @@ def render_profile(prof: dict[str, Any], console: Console) -> None:
     for entry in (prof.get("metrics") or {}).values():
         if entry.get("value") is not None or entry.get("count") in (0, None):
             value = entry.get("value")
-            t.add_row(f"{entry['label']} ({entry['unit']})", str(entry.get("definition", "")),
-                      fmt(value) if value is not None else (entry.get("reason") or "no data"),
-                      "", "", "")
+            t.add_row(
+                f"{entry['label']} ({entry['unit']})",
+                str(entry.get("definition", "")),
+                fmt(value) if value is not None else (entry.get("reason") or "no data"),
+                "",
+                "",
+                "",
+            )
             continue
         t.add_row(
             f"{entry['label']} ({entry['unit']})",
@@ -140,8 +145,19 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
         console.print("No runs yet. Start one with: tokentrace bench --base-url URL --model NAME")
         return
     t = Table(title="Runs")
-    for col in ("id", "created", "source", "model", "status", "valid", "TTFT p50 ms",
-                "TTFT p99 ms", "TPOT p50 ms", "out tok/s", "error rate"):
+    for col in (
+        "id",
+        "created",
+        "source",
+        "model",
+        "status",
+        "valid",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p50 ms",
+        "out tok/s",
+        "error rate",
+    ):
         t.add_column(col)
     for r in runs:
         s = r.get("summary") or {}

@@ -15,14 +15,14 @@ both counts are always recorded so reports can flag disagreement.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from app.domain import TOKEN_KINDS, EventKind, RequestRecord, RequestStatus, TokenCounting
 from app.loadgen.events import classify
 from app.loadgen.http_stream import RawStream
-from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, Tokenizer, tokens_per_chunk
+from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
 
 
 def _int_or_none(usage: dict[str, Any] | None, key: str) -> int | None:
@@ -60,9 +60,7 @@ def build_record(
             texts.append(c.text)
             token_idx.append(i)
 
-    # cast: the frozen BuiltinTokenizer's read-only ``name`` does not match the Protocol's
-    # settable attribute under mypy, although both tokenizers implement it.
-    counts = tokens_per_chunk(cast(Tokenizer, tokenizer), texts)
+    counts = tokens_per_chunk(tokenizer, texts)
     tok_total = sum(counts)
     usage_ct = _int_or_none(usage, "completion_tokens")
     ev_tokens = np.zeros(n, np.int32)

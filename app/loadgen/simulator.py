@@ -18,7 +18,10 @@ has ``seq``, ``endpoint``, ``stream``, ``received_ns``, ``headers_ns``, ``closed
 ``input_tokens``, ``output_tokens`` (planned), ``fault``, ``fault_ns``,
 ``fault_after_tokens``, ``status`` and columnar ``events``: ``t_ns`` (stamped just before
 the write), ``due_ns`` (when the model said it was due), ``kind`` (one of ``EVENT_KINDS``)
-and ``tokens``. Events written together in one write share one stamp.
+and ``tokens``. Events written together in one write share one stamp. ``received_ns`` is
+stamped when the read that completed the request returned. Kinds map onto
+``app.domain.EventKind``: content -> CONTENT, reasoning -> REASONING, role and finish ->
+ROLE, usage -> USAGE, done and malformed -> OTHER.
 """
 
 from __future__ import annotations
@@ -366,7 +369,7 @@ class _HttpProtocol(asyncio.Protocol):
         if not self._handled:
             self._h11.receive_data(b"")
             self._pump(monotonic_ns())
-        return True  # a half-closed client may still read the stream
+        return False  # the client went away (like real servers, no half-close): close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -974,7 +977,7 @@ class SimServer:
         route = routes.get(path)
         if route is None:
             proto.send_simple(404, _error_body(f"no route {path}", "not_found", 404))
-        elif method != route[0] and not (method == "HEAD" and route[0] == "GET"):
+        elif method != route[0]:
             proto.send_simple(405, _error_body(f"{method} not allowed", "invalid_request", 405))
         else:
             route[1]()

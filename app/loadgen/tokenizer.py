@@ -19,9 +19,8 @@ from typing import Protocol
 
 _PRETOKEN = re.compile(r" ?[A-Za-z0-9]+| ?[^\sA-Za-z0-9]|\s+(?!\S)|\s+")
 
-WORDS: tuple[str, ...] = tuple(
-    dict.fromkeys(
-    """the of and to in is was for on that with as by at from his her it an were are which this
+_WORD_TEXT = """
+    the of and to in is was for on that with as by at from his her it an were are which this
     be or has had not but first one their its new after who they have two been more other she
     when all time during into school there year city some only world also over three many
     most team later such up where these would can no may under since between about out high
@@ -31,13 +30,13 @@ WORDS: tuple[str, ...] = tuple(
     led left while early show game took main around band line place house name form area
     company system home power period great last small large long old public end set three
     water light paper model token speed measure bench server stream latency time value test
-    data point river north south east west field market value order study class level plan""".split()
-    )
-)
+    data point river north south east west field market value order study class level plan"""
+WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_TEXT.split()))
 
 
 class Tokenizer(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def count(self, text: str) -> int: ...
 

@@ -46,6 +46,8 @@ def run_demo(
     finally:
         sim.stop()
     render_report(outcome.report, console)
-    console.print(f"\nSaved as run [bold]{outcome.run_id}[/]. Try: tokentrace runs; "
-                  f"tokentrace report {outcome.run_id} --profile vllm")
+    console.print(
+        f"\nSaved as run [bold]{outcome.run_id}[/]. Try: tokentrace runs; "
+        f"tokentrace report {outcome.run_id} --profile vllm"
+    )
     return 1 if outcome.failed else 0
