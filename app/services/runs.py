@@ -29,6 +29,7 @@ from app.domain import (
 from app.loadgen.runner import LoadResult, Progress, run_load
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
+from app.wire import RunMeta
 
 PROFILES = ("tokentrace", "vllm", "guidellm", "aiperf")
 
@@ -104,13 +105,67 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
     }
 
 
-def _outcome_status(result: LoadResult) -> RunStatus:
+def outcome_status(result: LoadResult) -> RunStatus:
     measured = [r for r in result.records if not r.warmup]
     if result.stopped == "stopped":
         return RunStatus.PARTIAL
     if measured and not any(r.status is RequestStatus.OK for r in measured):
         return RunStatus.FAILED
     return RunStatus.SUCCEEDED
+
+
+def run_meta(result: LoadResult) -> RunMeta:
+    """What a finished load says about the run as a whole (validity, client health)."""
+    check = token_count_check(result.records)
+    return RunMeta(
+        start_mono_ns=result.start_mono_ns,
+        started_at=result.start_wall,
+        clock_source=result.clock_source.value,
+        client_limited=result.client_limited,
+        validity=validity_notes(result, check),
+        load_stats=load_stats(result) | {"token_counts": check},
+        client_host=platform.node(),
+        client_version=__version__,
+    )
+
+
+def store_requests(session: Session, run_id: str, records: list[RequestRecord]) -> int:
+    """Store request records with their per-request summary columns; idempotent per index."""
+    per_request = per_request_metrics(trace_from_records(records, include_warmup=True))
+    return repo.insert_requests(session, run_id, records, per_request)
+
+
+def finalize_run(
+    sessions: sessionmaker[Session],
+    run_id: str,
+    *,
+    status: RunStatus,
+    meta: RunMeta | None,
+    extra_notes: list[str] | None = None,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """Record the run's outcome, then compute its report and cache the headline figures."""
+    with session_scope(sessions) as s:
+        validity = list(meta.validity) if meta is not None else None
+        if extra_notes:
+            validity = (validity or list(repo.get_run(s, run_id).validity or [])) + extra_notes
+        clock = ClockSource(meta.clock_source) if meta and meta.clock_source else None
+        repo.finish_run(
+            s,
+            run_id,
+            status=status,
+            started_at=meta.started_at if meta else None,
+            finished_at=datetime.now(UTC),
+            start_mono_ns=meta.start_mono_ns if meta else None,
+            clock_source=clock,
+            client_limited=meta.client_limited if meta else None,
+            validity=validity,
+            load_stats=meta.load_stats if meta else None,
+        )
+    report = run_report(sessions, run_id, profile=profile)
+    with session_scope(sessions) as s:
+        repo.finish_run(s, run_id, summary=headline(report))
+    return report
 
 
 async def _load(
@@ -140,7 +195,7 @@ def execute_bench(
     handle_sigint: bool = False,
     profile: str | None = None,
 ) -> BenchOutcome:
-    """Run the load, then store the run (unless ``sessions`` is None) and report it."""
+    """Run the load here, then store the run (unless ``sessions`` is None) and report it."""
     run_id: str | None = None
     if sessions is not None:
         with session_scope(sessions) as s:
@@ -161,10 +216,8 @@ def execute_bench(
             with session_scope(sessions) as s:
                 repo.finish_run(s, run_id, status=RunStatus.FAILED)
         raise
-    check = token_count_check(result.records)
-    notes = validity_notes(result, check)
-    status = _outcome_status(result)
-    stats = load_stats(result) | {"token_counts": check}
+    meta = run_meta(result)
+    status = outcome_status(result)
     if sessions is None or run_id is None:
         report = assemble_report(
             run={
@@ -173,10 +226,11 @@ def execute_bench(
                 "status": status.value,
                 "source": "bench",
                 "spec": spec.model_dump(mode="json"),
-                "clock_source": result.clock_source.value,
-                "client_limited": result.client_limited,
-                "validity": notes,
-                "load_stats": stats,
+                "clock_source": meta.clock_source,
+                "client_limited": meta.client_limited,
+                "client_host": meta.client_host,
+                "validity": meta.validity,
+                "load_stats": meta.load_stats,
                 "summary_only": False,
                 "started_at": result.start_wall.isoformat(),
                 "finished_at": datetime.now(UTC).isoformat(),
@@ -186,26 +240,9 @@ def execute_bench(
             profile=profile,
         )
         return BenchOutcome(None, report, status is RunStatus.FAILED)
-
-    all_trace = trace_from_records(result.records, include_warmup=True)
-    per_request = per_request_metrics(all_trace)
     with session_scope(sessions) as s:
-        repo.insert_requests(s, run_id, result.records, per_request)
-        repo.finish_run(
-            s,
-            run_id,
-            status=status,
-            started_at=result.start_wall,
-            finished_at=datetime.now(UTC),
-            start_mono_ns=result.start_mono_ns,
-            clock_source=result.clock_source,
-            client_limited=result.client_limited,
-            validity=notes,
-            load_stats=stats,
-        )
-    report = run_report(sessions, run_id, profile=profile)
-    with session_scope(sessions) as s:
-        repo.finish_run(s, run_id, summary=headline(report))
+        store_requests(s, run_id, result.records)
+    report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
     return BenchOutcome(run_id, report, status is RunStatus.FAILED)
 
 

@@ -1,0 +1,241 @@
+"""The worker protocol: JSON bodies exchanged between ``tokentrace serve`` and workers.
+
+Shared by the server (``app.api``) and the worker (``app.worker``) so both sides agree by
+construction. All routes are under ``/api/v1`` and need ``Authorization: Bearer <token>``
+with the ``worker`` scope (see docs/api.md):
+
+    POST /workers/register            RegisterRequest  -> RegisterResponse
+    POST /workers/{worker_id}/lease   LeaseRequest     -> LeaseResponse (job or null)
+    POST /jobs/{job_id}/heartbeat     HeartbeatRequest -> HeartbeatResponse   (409: lease lost)
+    POST /jobs/{job_id}/results       ResultBatch      -> BatchAck            (409: lease lost)
+    POST /jobs/{job_id}/complete      CompleteRequest  -> CompleteResponse    (409: lease lost
+                                                          or batches missing, named in detail)
+
+Lease semantics: a lease lasts ``lease_ttl_s`` and each heartbeat renews it. When a lease
+expires, the job is requeued (attempt + 1) if the lost attempt uploaded nothing and attempts
+remain; it fails if attempts are used up; and if the lost attempt had uploaded results they
+are kept and the run is marked partial. A retried batch (same job, same ``batch_no``) is
+acknowledged as a duplicate and changes nothing; requests are unique per (run, index).
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.domain import RequestRecord, RequestStatus
+from app.storage.packing import pack_events, unpack_events
+
+JobKind = Literal["bench", "probe", "sweep"]
+JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
+TERMINAL_JOB_STATES: tuple[JobState, ...] = ("succeeded", "failed", "cancelled")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GPUInfo(_Model):
+    index: int
+    name: str
+    uuid: str | None = None
+    memory_total_mb: int | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+
+class WorkerCapabilities(_Model):
+    hostname: str
+    cpu: str | None = None
+    cpu_count: int | None = None
+    memory_total_mb: int | None = None
+    gpus: list[GPUInfo] = Field(default_factory=list)
+    torch_version: str | None = None
+    tokentrace_version: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class RegisterRequest(_Model):
+    name: str | None = None
+    capabilities: WorkerCapabilities
+
+
+class RegisterResponse(_Model):
+    worker_id: str
+    lease_ttl_s: float
+    heartbeat_interval_s: float
+    poll_interval_s: float
+
+
+class JobRequirements(_Model):
+    """Matched when a worker asks for work: every label equal, GPU name contained in one of
+    the worker's GPU names (case-insensitive), and some GPU with at least that memory."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpu_name: str | None = None
+    min_gpu_memory_mb: int | None = Field(None, ge=0)
+
+
+def _bench_only() -> list[JobKind]:
+    return ["bench"]
+
+
+class LeaseRequest(_Model):
+    kinds: list[JobKind] = Field(default_factory=_bench_only)
+
+
+class LeasedJob(_Model):
+    job_id: str
+    kind: JobKind
+    spec: dict[str, Any]  # for "bench": RunSpec.model_dump(mode="json") plus api_key if any
+    run_id: str | None
+    attempt: int
+    lease_id: str
+    lease_expires_at: datetime
+
+
+class LeaseResponse(_Model):
+    job: LeasedJob | None = None
+
+
+class JobProgress(_Model):
+    phase: str = "starting"
+    planned: int = 0
+    sent: int = 0
+    done: int = 0
+    errors: int = 0
+    in_flight: int = 0
+    output_tokens: int = 0
+    tokens_per_s: float = 0.0
+    elapsed_s: float = 0.0
+
+
+class HeartbeatRequest(_Model):
+    lease_id: str
+    progress: JobProgress | None = None
+
+
+class HeartbeatResponse(_Model):
+    cancel: bool
+    lease_expires_at: datetime
+
+
+class WireRequest(_Model):
+    """One ``RequestRecord``; its event arrays travel packed and base64-encoded."""
+
+    index: int = Field(ge=0)
+    scheduled_ns: int
+    sent_ns: int | None
+    end_ns: int | None
+    status: RequestStatus
+    error: str | None = None
+    http_status: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tokenizer_output_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    token_source: Literal["usage", "tokenizer", "imported"] | None = None
+    done_ns: int | None = None
+    warmup: bool = False
+    events_b64: str = ""
+
+    @classmethod
+    def from_record(cls, r: RequestRecord) -> WireRequest:
+        blob = pack_events(r.event_t_ns, r.event_bytes, r.event_kind, r.event_tokens)
+        return cls(
+            index=r.index,
+            scheduled_ns=r.scheduled_ns,
+            sent_ns=r.sent_ns,
+            end_ns=r.end_ns,
+            status=r.status,
+            error=r.error,
+            http_status=r.http_status,
+            input_tokens=r.input_tokens,
+            output_tokens=r.output_tokens,
+            tokenizer_output_tokens=r.tokenizer_output_tokens,
+            usage_prompt_tokens=r.usage_prompt_tokens,
+            usage_completion_tokens=r.usage_completion_tokens,
+            token_source=r.token_source,
+            done_ns=r.done_ns,
+            warmup=r.warmup,
+            events_b64=base64.b64encode(blob).decode("ascii"),
+        )
+
+    def to_record(self) -> RequestRecord:
+        """Raises ValueError when the events blob is not valid base64 or not a packed log."""
+        try:
+            blob = base64.b64decode(self.events_b64.encode("ascii"), validate=True)
+        except (ValueError, UnicodeEncodeError) as e:
+            raise ValueError(f"request {self.index}: events_b64 is not base64: {e}") from None
+        if blob:
+            t, nb, kind, tok = unpack_events(blob)
+        else:
+            t = np.zeros(0, np.int64)
+            nb = np.zeros(0, np.int32)
+            kind = np.zeros(0, np.int8)
+            tok = np.zeros(0, np.int32)
+        return RequestRecord(
+            index=self.index,
+            scheduled_ns=self.scheduled_ns,
+            sent_ns=self.sent_ns,
+            end_ns=self.end_ns,
+            status=self.status,
+            error=self.error,
+            http_status=self.http_status,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            tokenizer_output_tokens=self.tokenizer_output_tokens,
+            usage_prompt_tokens=self.usage_prompt_tokens,
+            usage_completion_tokens=self.usage_completion_tokens,
+            token_source=self.token_source,
+            done_ns=self.done_ns,
+            warmup=self.warmup,
+            event_t_ns=t,
+            event_bytes=nb,
+            event_kind=kind,
+            event_tokens=tok,
+        )
+
+
+class ResultBatch(_Model):
+    lease_id: str
+    batch_no: int = Field(ge=0)
+    requests: list[WireRequest]
+
+
+class BatchAck(_Model):
+    batch_no: int
+    accepted: int  # requests newly stored
+    duplicate: bool  # this batch_no was already stored: nothing changed
+
+
+class RunMeta(_Model):
+    """What the worker measured about the run as a whole (from ``LoadResult``)."""
+
+    start_mono_ns: int | None = None
+    started_at: datetime | None = None
+    clock_source: str | None = None
+    client_limited: bool = False
+    validity: list[str] = Field(default_factory=list)
+    load_stats: dict[str, Any] = Field(default_factory=dict)
+    client_host: str | None = None
+    client_version: str | None = None
+
+
+class CompleteRequest(_Model):
+    lease_id: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    error: str | None = None
+    total_batches: int = Field(ge=0)
+    run_meta: RunMeta | None = None
+
+
+class CompleteResponse(_Model):
+    job_id: str
+    state: JobState
+    run_id: str | None
