@@ -91,6 +91,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--profile", default=None, help="also show: vllm | guidellm | aiperf")
     p.add_argument("--database-url", default=None, help="overrides TOKENTRACE_DATABASE_URL")
+    p.add_argument(
+        "--server", default=None, help="submit to a tokentrace dashboard (URL) and follow it"
+    )
+    p.add_argument("--token", default=None, help="API token for --server (scope run)")
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:

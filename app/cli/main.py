@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
 from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
 from app.cli.render import render_report, render_runs
+from app.cli.serve_cmd import Handler
 from app.settings import get_settings
 
 
@@ -66,6 +67,14 @@ def build_parser() -> Parser:
     return p
 
 
+def extra_handlers(p: Parser) -> dict[str, Handler]:
+    """Subcommands defined in their own modules (serve, token, worker, ...)."""
+    from app.cli import serve_cmd, worker_cmd
+
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return serve_cmd.register(sub) | worker_cmd.register(sub)
+
+
 def _sessions(url: str | None) -> sessionmaker[Session]:
     from app.services.runs import open_database
 
@@ -80,6 +89,10 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
     from app.services.runs import execute_bench
 
     spec = spec_from_args(ns)
+    if ns.server:
+        from app.cli.worker_cmd import submit_and_follow
+
+        return submit_and_follow(spec, ns, console)
     if ns.profile is not None and ns.profile not in PROFILE_CHOICES:
         raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
     if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
@@ -186,11 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sim_main(args[1:])
     parser = build_parser()
+    extra = extra_handlers(parser)
     ns = parser.parse_args(args)
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    handlers = {
+    handlers: dict[str, Handler] = {
+        **extra,
         "bench": cmd_bench,
         "runs": cmd_runs,
         "report": cmd_report,
