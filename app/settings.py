@@ -23,6 +23,29 @@ class Settings(BaseSettings):
     )
     sql_echo: bool = False
 
+    # ``tokentrace serve``
+    host: str = Field("127.0.0.1", description="address `tokentrace serve` listens on")
+    port: int = Field(8000, ge=0, le=65535, description="port `tokentrace serve` listens on")
+    public_url: str | None = Field(
+        None, description="URL workers use to reach this server (default http://host:port)"
+    )
+    auth_reads: bool = Field(False, description="GET routes need a token with the read scope")
+    local_worker: bool = Field(True, description="`tokentrace serve` starts an embedded worker")
+    # jobs and workers
+    lease_ttl_s: float = Field(30.0, gt=0, description="a job lease lasts this long unrenewed")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="how often workers heartbeat")
+    poll_interval_s: float = Field(1.0, gt=0, description="how often idle workers ask for work")
+    max_attempts: int = Field(3, ge=1, description="leases a job gets before it fails")
+
+    def server_url(self) -> str:
+        """Where a worker on this machine reaches the server."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
 
 def get_settings() -> Settings:
     return Settings()

@@ -126,6 +126,7 @@ def main() -> int:
         "read_delay_ms": {"p99": res.read_delay.p99_ms, "max": res.read_delay.max_ms},
         "client_limited": res.client_limited,
         "client_limited_reasons": res.client_limited_reasons,
+        "notes": res.notes,
     }
     print(json.dumps(out, indent=None if args.json else 2))
     return 0

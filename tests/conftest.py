@@ -23,6 +23,8 @@ from sqlalchemy.orm import Session
 
 from app.storage.db import make_engine, session_factory, upgrade_database
 
+pytest_plugins = ["tests.live_server"]  # the `live_server` fixture
+
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 

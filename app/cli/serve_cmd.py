@@ -1,15 +1,142 @@
-"""CLI commands registered into `tokentrace` (see app.cli.main)."""
+"""``tokentrace serve`` (the REST API on uvicorn) and ``tokentrace token`` (API tokens)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
+from rich.table import Table
+
+from app.cli.args import Parser, UsageError
 
 Handler = Callable[[argparse.Namespace, Console], int]
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ignore[type-arg]
     """Add this module's subcommands to ``sub``; return command name -> handler."""
-    return {}
+    from app.services.auth import SCOPES
+
+    serve = sub.add_parser("serve", help="serve the REST API (and an embedded worker)")
+    serve.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="listen port (default 8000)")
+    serve.add_argument("--database-url", default=None)
+    serve.add_argument(
+        "--no-local-worker", action="store_true", help="do not start the embedded worker"
+    )
+    serve.add_argument("--log-level", default="info")
+
+    tok = sub.add_parser("token", help="create, list and revoke API tokens")
+    tsub = tok.add_subparsers(dest="token_command", required=True, parser_class=Parser)
+    create = tsub.add_parser("create", help="create a token and print its secret once")
+    create.add_argument(
+        "--scope",
+        action="append",
+        required=True,
+        choices=SCOPES,
+        help="read, run, admin or worker (repeat for several)",
+    )
+    create.add_argument("--name", default=None)
+    create.add_argument("--json", action="store_true")
+    create.add_argument("--database-url", default=None)
+    lst = tsub.add_parser("list", help="list tokens (never their secrets)")
+    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--database-url", default=None)
+    rev = tsub.add_parser("revoke", help="revoke a token by id")
+    rev.add_argument("token_id")
+    rev.add_argument("--database-url", default=None)
+    return {"serve": cmd_serve, "token": cmd_token}
+
+
+def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
+    import uvicorn
+
+    from app.api import create_app
+    from app.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if ns.host is not None:
+        overrides["host"] = ns.host
+    if ns.port is not None:
+        if not 0 < ns.port < 65536:
+            raise UsageError(f"--port: {ns.port} is not a port number")
+        overrides["port"] = ns.port
+    if ns.database_url is not None:
+        overrides["database_url"] = ns.database_url
+    if ns.no_local_worker:
+        overrides["local_worker"] = False
+    settings = Settings(**overrides)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=ns.log_level)
+    return 0
+
+
+def _sessions(url: str | None) -> Any:
+    from app.services.runs import open_database
+    from app.settings import get_settings
+
+    return open_database(url or get_settings().database_url)
+
+
+def cmd_token(ns: argparse.Namespace, console: Console) -> int:
+    from app.services import auth
+    from app.storage.db import session_scope
+
+    sessions = _sessions(ns.database_url)
+    if ns.token_command == "create":
+        with session_scope(sessions) as s:
+            row, secret = auth.create_token(s, scopes=ns.scope, name=ns.name)
+            info: dict[str, Any] = {
+                "id": row.id,
+                "name": row.name,
+                "scopes": row.scopes,
+                "secret": secret,
+            }
+        if ns.json:
+            sys.stdout.write(json.dumps(info) + "\n")
+        else:
+            sys.stdout.write(f"{secret}\n")
+            sys.stderr.write(
+                f"token {info['id']} ({', '.join(info['scopes'])}): the secret above is shown "
+                "only now\n"
+            )
+        return 0
+    if ns.token_command == "list":
+        with session_scope(sessions) as s:
+            rows: list[dict[str, Any]] = [
+                {
+                    "id": t.id,
+                    "name": t.name,
+                    "scopes": list(t.scopes),
+                    "prefix": t.prefix,
+                    "created_at": t.created_at.isoformat(),
+                    "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
+                    "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+                }
+                for t in auth.list_tokens(s)
+            ]
+        if ns.json:
+            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+            return 0
+        table = Table("id", "name", "scopes", "prefix", "created", "last used", "revoked")
+        for r in rows:
+            table.add_row(
+                r["id"],
+                r["name"] or "",
+                ",".join(r["scopes"]),
+                r["prefix"] + "…",
+                (r["created_at"] or "")[:19],
+                (r["last_used_at"] or "")[:19],
+                (r["revoked_at"] or "")[:19],
+            )
+        console.print(table)
+        return 0
+    with session_scope(sessions) as s:
+        revoked = auth.revoke_token(s, ns.token_id)
+    if revoked is None:
+        raise UsageError(f"token_id: no token {ns.token_id!r}")
+    sys.stdout.write(f"revoked {ns.token_id}\n")
+    return 0

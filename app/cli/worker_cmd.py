@@ -1,23 +1,317 @@
-"""CLI commands registered into `tokentrace` (see app.cli.main)."""
+"""``tokentrace worker`` (pull jobs from a dashboard and run them) and ``tokentrace bench
+--server`` (submit a run to a dashboard and follow it).
+
+Exit codes as everywhere: 0 success, 1 the run or the connection failed (one-line reason),
+2 bad arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
+import httpx
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.cli.args import UsageError
 from app.domain import RunSpec
+from app.wire import TERMINAL_JOB_STATES, JobKind
 
 Handler = Callable[[argparse.Namespace, Console], int]
+TOKEN_ENV = "TOKENTRACE_WORKER_TOKEN"
+SUBMIT_TOKEN_ENV = "TOKENTRACE_TOKEN"
+POLL_S = 1.0
+
+
+class Failure(Exception):
+    """A one-line reason to exit 1."""
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ignore[type-arg]
     """Add this module's subcommands to ``sub``; return command name -> handler."""
-    return {}
+    w = sub.add_parser("worker", help="pull jobs from a tokentrace server and run them")
+    w.add_argument("--server", required=True, help="the dashboard, e.g. http://10.0.0.5:8000")
+    w.add_argument("--token", default=None, help=f"API token (scope worker); or ${TOKEN_ENV}")
+    w.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a label jobs can require (repeatable), e.g. --label rack=a",
+    )
+    w.add_argument("--name", default=None, help="worker name shown in the dashboard")
+    w.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where unsent results are kept (default: the user state directory)",
+    )
+    w.add_argument("--kind", action="append", default=None, choices=("bench", "probe", "sweep"))
+    w.add_argument("--once", action="store_true", help="run at most one job, then exit")
+    w.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    return {"worker": cmd_worker}
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(c.isspace() for c in key):
+            raise UsageError(f"--label: expected KEY=VALUE, got {item!r}")
+        labels[key] = value.strip()
+    return labels
+
+
+def _check_url(flag: str, url: str) -> str:
+    if not (url.startswith("http://") or url.startswith("https://")):
+        raise UsageError(f"{flag}: must start with http:// or https://, got {url!r}")
+    return url.rstrip("/")
+
+
+def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
+    from app.worker.client import AuthError, ServerUnreachable
+    from app.worker.loop import Worker
+
+    labels = parse_labels(ns.label)
+    server = _check_url("--server", ns.server)
+    token = ns.token or os.environ.get(TOKEN_ENV)
+    if not token:
+        raise UsageError(f"--token: required (or set {TOKEN_ENV})")
+    level = getattr(logging, str(ns.log_level).upper(), None)
+    if not isinstance(level, int):
+        raise UsageError(f"--log-level: unknown level {ns.log_level!r}")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    kinds: list[JobKind] = ns.kind or ["bench"]
+    worker = Worker(server, token, labels=labels, state_dir=ns.state_dir, kinds=kinds, name=ns.name)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        if ns.once:
+            outcome = await worker.run_once(stop)
+            return 1 if outcome is not None and outcome.status == "failed" else 0
+        await worker.run_forever(stop)
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except AuthError as e:
+        return _fail(f"tokentrace worker: error: the server refused the token ({e})")
+    except ServerUnreachable as e:
+        return _fail(f"tokentrace worker: error: server unreachable: {e}")
+    except RuntimeError as e:  # the state directory is in use
+        return _fail(f"tokentrace worker: error: {e}")
+
+
+def _fail(line: str) -> int:
+    sys.stderr.write(line.splitlines()[0] + "\n" if line else "\n")
+    return 1
+
+
+# --------------------------------------------------------------------------- bench --server
+
+
+def submission_body(spec: RunSpec, name: str | None) -> dict[str, Any]:
+    """POST /api/v1/runs body (``app.api.schemas.RunCreate``): the spec's fields as JSON, plus
+    ``api_key`` (spec dumps omit it) and the run's name."""
+    body: dict[str, Any] = spec.model_dump(mode="json")
+    if math.isinf(spec.request_rate):  # the default; JSON has no infinity
+        del body["request_rate"]
+    if spec.api_key:
+        body["api_key"] = spec.api_key
+    if name:
+        body["name"] = name
+    return body
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text.strip()[:200] or resp.reason_phrase
+    d = body.get("detail", body) if isinstance(body, dict) else body
+    return d if isinstance(d, str) else json.dumps(d)[:300]
+
+
+def _check(resp: httpx.Response, what: str) -> Any:
+    if resp.status_code in (401, 403):
+        raise Failure(f"the server refused the token (HTTP {resp.status_code}: {_detail(resp)})")
+    if resp.status_code >= 400:
+        raise Failure(f"{what}: HTTP {resp.status_code}: {_detail(resp)}")
+    try:
+        return resp.json()
+    except ValueError:
+        raise Failure(f"{what}: the server did not answer JSON") from None
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """(event name, data) of each SSE event in ``lines``."""
+    event, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", list[str]()
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+    if data:
+        yield event, "\n".join(data)
+
+
+def _state_and_progress(payload: Any) -> tuple[str | None, dict[str, Any]]:
+    """A progress event or job object: its job state (if any) and its progress fields."""
+    if not isinstance(payload, dict):
+        return None, {}
+    state = payload.get("state")
+    prog = payload.get("progress")
+    if not isinstance(prog, dict):
+        prog = payload
+    return (state if isinstance(state, str) else None), prog
+
+
+class _Follower:
+    """Follows a job's progress: SSE stream, falling back to polling the job."""
+
+    def __init__(
+        self, http: httpx.Client, job_id: str, on_progress: Callable[[dict[str, Any]], None]
+    ):
+        self.http = http
+        self.job_id = job_id
+        self.on_progress = on_progress
+
+    def follow(self) -> str | None:
+        state = self._stream()
+        while state not in TERMINAL_JOB_STATES:
+            state, prog = _state_and_progress(_check(self.http.get(f"/jobs/{self.job_id}"), "job"))
+            if prog:
+                self.on_progress(prog)
+            if state in TERMINAL_JOB_STATES:
+                break
+            time.sleep(POLL_S)
+        return state
+
+    def _stream(self) -> str | None:
+        state: str | None = None
+        try:
+            with self.http.stream(
+                "GET",
+                f"/jobs/{self.job_id}/progress/stream",
+                headers={"Accept": "text/event-stream"},
+                timeout=httpx.Timeout(30.0, read=None),
+            ) as resp:
+                if resp.status_code in (401, 403):
+                    resp.read()
+                    _check(resp, "progress")
+                if resp.status_code != 200:
+                    return None
+                for event, data in sse_events(resp.iter_lines()):
+                    try:
+                        payload = json.loads(data)
+                    except ValueError:
+                        continue
+                    st, prog = _state_and_progress(payload)
+                    if prog:
+                        self.on_progress(prog)
+                    if st is not None:
+                        state = st
+                    if state in TERMINAL_JOB_STATES or event in ("end", "done", "complete"):
+                        break
+        except httpx.TransportError:
+            return state  # the poll loop takes over (and reports the server if it is gone)
+        return state
+
+
+def _report_of(body: Any) -> dict[str, Any]:
+    if isinstance(body, dict):
+        if "metrics" in body:
+            return body
+        rep = body.get("report")
+        if isinstance(rep, dict):
+            return rep
+    raise Failure("the server's run has no report")
 
 
 def submit_and_follow(spec: RunSpec, ns: argparse.Namespace, console: Console) -> int:
     """``tokentrace bench --server URL``: submit the run to a dashboard and follow it."""
-    raise UsageError("--server: submitting to a dashboard is not available yet")
+    server = _check_url("--server", ns.server)
+    token = ns.token or os.environ.get(SUBMIT_TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    err = Console(stderr=True)
+    try:
+        with httpx.Client(
+            base_url=server + "/api/v1", headers=headers, timeout=30.0, trust_env=False
+        ) as http:
+            return _submit_and_follow(http, spec, ns, console, err)
+    except Failure as e:
+        return _fail(f"tokentrace bench: error: {e}")
+    except httpx.TransportError as e:
+        return _fail(f"tokentrace bench: error: cannot reach {server}: {type(e).__name__}: {e}")
+
+
+def _submit_and_follow(
+    http: httpx.Client, spec: RunSpec, ns: argparse.Namespace, console: Console, err: Console
+) -> int:
+    sub = _check(http.post("/runs", json=submission_body(spec, ns.name)), "submit")
+    run_id = sub.get("run_id") or (sub.get("run") or {}).get("id")
+    job_id = sub.get("job_id") or (sub.get("job") or {}).get("id")
+    if not run_id or not job_id:
+        raise Failure(f"submit: unexpected answer {json.dumps(sub)[:200]}")
+    err.print(f"submitted run {run_id} (job {job_id}) to {ns.server}")
+    total = spec.num_prompts
+    with Progress(
+        TextColumn("[bold]bench[/]"),
+        TextColumn("{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=ns.json or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("bench", total=total, info="", phase="queued")
+
+        def on_progress(p: dict[str, Any]) -> None:
+            bar.update(
+                task,
+                completed=int(p.get("done") or 0),
+                phase=str(p.get("phase") or ""),
+                info=f"errors {p.get('errors', 0)}  in flight {p.get('in_flight', 0)}  "
+                f"{float(p.get('tokens_per_s') or 0):,.0f} tok/s",
+            )
+
+        state = _Follower(http, str(job_id), on_progress).follow()
+    report = _report_of(_check(http.get(f"/runs/{run_id}"), "report"))
+    if ns.json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+    else:
+        from app.cli.render import render_report
+
+        render_report(report, console)
+    status = report.get("status")
+    return 1 if status == "failed" or (state == "failed" and status != "partial") else 0

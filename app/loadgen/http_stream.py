@@ -1,4 +1,4 @@
-"""The hot path: one streaming HTTP/1.1 request on a raw non-blocking socket driven by h11.
+"""The hot path: one streaming HTTP/1.1 request on a raw non-blocking socket.
 
 Timing model
 ------------
@@ -16,13 +16,19 @@ Timing model
 * Otherwise (TLS, non-Linux, option refused, ``kernel_stamps=False``) each read is stamped
   with ``time.monotonic_ns()`` first thing in the read callback (user-space stamps).
 
-HTTP framing: h11 writes the request and parses the response head (status, headers, 1xx);
-the body is then decoded by ``ChunkedBody`` / ``LengthBody`` here, because h11's per-chunk
-event machinery cost ~13 us per SSE event, most of the client's per-read budget at
-hundreds of streams. The read callback only stamps, decodes the framing, splits SSE events
-and appends ``(stamp, nbytes, data)``; JSON parsing and token counting happen after the
-stream ends, in small slices between I/O rounds (``app.loadgen.records``, the runner), so
-parsing work cannot delay another stream's reads.
+HTTP framing: the request bytes are formatted once (``build_request``, the runner does it
+before the request is due). The read callback does as little as possible: one
+``recvmsg_into`` into a per-thread buffer, the stamp, an append of the bytes to the stream's
+``bytearray`` and of ``(stamp, user stamp, end offset)`` to three int lists, then a cheap end
+check: the response head is parsed once (status, chunked / Content-Length / until-close); the
+end is the terminal chunk at the tail (``\r\n0\r\n\r\n``; with trailers, the server's close),
+the byte count, EOF, or a complete ``data: [DONE]`` line near the tail. A raw byte cap
+(``max_response_bytes``) bounds memory. No chunk decoding, SSE splitting or JSON happens there.
+
+``RawStream.finalize()`` (run by ``StreamRequest.run()``, or by the runner between I/O rounds)
+decodes the body, splits the SSE events (max event size checked there) and maps each event's
+last byte back to the read that delivered it: an event gets that read's stamp, the same
+semantics as decoding in the callback, at a fraction of the per-read cost.
 
 An EOF (read-until-close body) carries no segment, hence no kernel stamp: its read is
 stamped in user space and not counted against ``RawStream.clock``.
@@ -31,22 +37,24 @@ stamped in user space and not counted against ``RawStream.clock``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import re
 import socket
 import ssl
 import struct
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
-
 from app.domain import ClockSource, RequestStatus
 from app.loadgen.events import snippet
-from app.loadgen.sse import DEFAULT_MAX_EVENT_BYTES, SSEEventTooLarge, SSEParser
+from app.loadgen.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
 
 SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
 SCM_TIMESTAMPNS: int = getattr(socket, "SCM_TIMESTAMPNS", SO_TIMESTAMPNS)
@@ -54,6 +62,7 @@ _TIMESPEC = struct.Struct("@qq")  # struct timespec on 64-bit Linux
 _ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 _ERROR_BODY_CAP = 2048
 _DONE = b"[DONE]"
+_SOL_SOCKET = socket.SOL_SOCKET
 USER_AGENT = "tokentrace/0.1"
 
 
@@ -89,6 +98,7 @@ class ClockMap:
 
     def __post_init__(self) -> None:
         self.initial_offset_ns = self.offset_ns
+        keep_kernel_stamps_on()
 
     def resample(self) -> int:
         self.offset_ns = sample_clock_offset()
@@ -103,6 +113,28 @@ class ClockMap:
 
 def kernel_stamps_supported() -> bool:
     return sys.platform.startswith("linux") and _ANCBUF > 0
+
+
+_stamp_keeper: socket.socket | None = None
+
+
+def keep_kernel_stamps_on() -> None:
+    """Hold one socket with ``SO_TIMESTAMPNS`` open for the process's lifetime.
+
+    Linux turns receive timestamping on system-wide only while some socket wants it, and it
+    does so asynchronously (a deferred static-key switch): the first segments a fresh socket
+    receives right after ``setsockopt`` can come without a stamp. Turning it on early (at
+    clock setup, before any request) and keeping it on avoids that race.
+    """
+    global _stamp_keeper
+    if _stamp_keeper is not None or not kernel_stamps_supported():
+        return
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return
+    _stamp_keeper = s
 
 
 # --------------------------------------------------------------------------- requests
@@ -272,29 +304,150 @@ class LengthBody:
         return data
 
 
-def body_decoder(resp: h11.Response) -> ChunkedBody | LengthBody:
-    te = b""
-    cl: bytes | None = None
-    for name, value in resp.headers:
-        if name == b"transfer-encoding":
-            te = value.lower()
-        elif name == b"content-length":
-            cl = value
-    if resp.status_code in (204, 304):
-        return LengthBody(0)
-    if b"chunked" in te:
-        return ChunkedBody()
-    if cl is not None:
-        return LengthBody(int(cl))
-    return LengthBody(None)
-
-
 # --------------------------------------------------------------------------- one stream
+
+_MODE_HEAD = 0  # still reading the response head
+_MODE_CHUNKED = 1
+_MODE_LENGTH = 2  # Content-Length (or an empty body: 204/304, HEAD)
+_MODE_CLOSE = 3  # read until the server closes
+_LAST_CHUNK = b"\r\n0\r\n\r\n"
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_MAX_HEAD_BYTES = 64 * 1024
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+
+# How the capture ended (RawStream._end), decided in the read callback; ``finalize`` turns it
+# into status and error once the body has been decoded.
+_END_NONE = 0  # cut off: timeout, abort, read error (status and error already final)
+_END_BODY = 1  # the body ended normally (terminal chunk, byte count, or close)
+_END_DONE = 2  # a "data: [DONE]" event ended the stream
+_END_EOF = 3  # the server closed the connection before the body ended
+_END_CAP = 4  # the response outgrew the client's byte cap
+
+
+def _done_at(buf: bytearray, j: int, body_start: int) -> int:
+    """If ``buf[j:]`` starts a complete ``[DONE]`` line ending an event, the offset just past
+    that event's blank line, else -1. ``j`` points at ``[DONE]``."""
+    if buf[j - 6 : j] == b"data: ":
+        k = j - 6
+    elif buf[j - 5 : j] == b"data:":
+        k = j - 5
+    else:
+        return -1
+    if k > body_start and buf[k - 1] not in (10, 13):
+        return -1  # not at the start of a line
+    e = j + 6
+    tail = bytes(buf[e : e + 4])
+    if tail.startswith(b"\n\n") or tail.startswith(b"\r\r"):
+        return e + 2
+    if tail == b"\r\n\r\n":
+        return e + 4
+    return -1
+
+
+def dechunk(
+    buf: bytes | bytearray, start: int
+) -> tuple[bytes, list[int], list[int], bool, str | None]:
+    """Decode a chunked body from ``buf[start:]`` at once.
+
+    Returns ``(payload, seg_payload, seg_raw, done, error)``: the payload bytes; where each
+    chunk's data starts, in the payload and in ``buf`` (to map payload offsets back to the
+    raw stream); whether the terminal chunk was reached; a framing error, if any (the
+    payload before it is kept). An incomplete last chunk is not an error.
+    """
+    mv = memoryview(buf)
+    n = len(buf)
+    pos = start
+    parts: list[bytes] = []
+    seg_p: list[int] = []
+    seg_r: list[int] = []
+    plen = 0
+    try:
+        while pos < n:
+            i = buf.find(b"\n", pos)
+            if i < 0:
+                if n - pos > 1024:
+                    return (
+                        b"".join(parts),
+                        seg_p,
+                        seg_r,
+                        False,
+                        ("chunked body: chunk-size line too long"),
+                    )
+                break
+            line = bytes(buf[pos:i]).split(b";", 1)[0].strip()
+            try:
+                size = int(line, 16)
+            except ValueError:
+                msg = f"chunked body: bad chunk size {line[:40]!r}"
+                return b"".join(parts), seg_p, seg_r, False, msg
+            if size < 0:
+                return b"".join(parts), seg_p, seg_r, False, "chunked body: negative chunk size"
+            pos = i + 1
+            if size == 0:
+                return b"".join(parts), seg_p, seg_r, True, None
+            end = pos + size
+            seg_p.append(plen)
+            seg_r.append(pos)
+            if end > n:  # cut off inside this chunk's data
+                parts.append(bytes(mv[pos:n]))
+                break
+            parts.append(bytes(mv[pos:end]))
+            plen += size
+            if n - end < 2:
+                break
+            if buf[end : end + 2] != b"\r\n":
+                return (
+                    b"".join(parts),
+                    seg_p,
+                    seg_r,
+                    False,
+                    ("chunked body: missing CRLF after chunk data"),
+                )
+            pos = end + 2
+    finally:
+        mv.release()
+    return b"".join(parts), seg_p, seg_r, False, None
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    """Status code and (lower-cased) headers of one response head; ValueError if malformed."""
+    lines = head.split(b"\n")
+    status_line = lines[0].rstrip(b"\r")
+    parts = status_line.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3:
+        raise ValueError(f"bad status line {status_line[:60]!r}")
+    try:
+        status = int(parts[1])
+    except ValueError:
+        raise ValueError(f"bad status line {status_line[:60]!r}") from None
+    headers: dict[bytes, bytes] = {}
+    for ln in lines[1:]:
+        ln = ln.rstrip(b"\r")
+        if not ln:
+            continue
+        name, sep, value = ln.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise ValueError(f"bad header line {ln[:60]!r}")
+        key = name.lower()
+        v = value.strip()
+        if key in headers and key in (b"transfer-encoding",):
+            headers[key] = headers[key] + b"," + v
+        elif key == b"content-length" and key in headers and headers[key] != v:
+            raise ValueError("conflicting Content-Length headers")
+        else:
+            headers[key] = v
+    return status, headers
 
 
 @dataclass(slots=True)
 class RawStream:
-    """What one request observed, before classification. Times: absolute monotonic ns."""
+    """What one request observed, before classification. Times: absolute monotonic ns.
+
+    The read callback only fills the capture (``buf``: the raw response bytes; per read its
+    stamp, user-space stamp and end offset in ``buf``); ``finalize()`` decodes the body,
+    splits the SSE events and fills ``ev_*``, each event stamped by the read in which its
+    last byte arrived. ``StreamRequest.run()`` finalizes unless told not to.
+    """
 
     request_id: str
     t0_ns: int = 0
@@ -311,18 +464,157 @@ class RawStream:
     kernel_reads: int = 0
     user_reads: int = 0
     body_bytes: int = 0
+    # ---- capture (filled by the read callback, consumed by finalize)
+    buf: bytearray = field(default_factory=bytearray, repr=False)
+    read_t: list[int] = field(default_factory=list, repr=False)
+    read_user_t: list[int] = field(default_factory=list, repr=False)
+    read_end: list[int] = field(default_factory=list, repr=False)
+    body_start: int = -1  # offset of the body in buf, once the head is parsed
+    body_end: int = -1  # Content-Length bodies: where the body ends in buf
+    mode: int = _MODE_HEAD
+    end_kind: int = _END_NONE
+    end_stamp: int = 0
+    count_events: bool = False  # append "(N events received)" to the error on finalize
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    finalized: bool = False
+
+    def finalize(self) -> RawStream:
+        """Decode the captured body into events (idempotent); never raises."""
+        if self.finalized:
+            return self
+        self.finalized = True
+        try:
+            self._finalize()
+        except Exception as e:  # a bug here must not lose the request
+            self.status = RequestStatus.ERROR
+            self.error = f"client failed to decode the stream: {e!r}"
+        self.buf = bytearray()
+        self.read_t = []
+        self.read_user_t = []
+        self.read_end = []
+        return self
+
+    def _finalize(self) -> None:
+        end = self.end_kind
+        if self.mode == _MODE_HEAD:
+            if self.count_events:
+                self.error = f"{self.error} (0 events received)"
+            return
+        buf = self.buf
+        bs = self.body_start
+        mode = self.mode
+        seg_p: list[int] = [0]
+        seg_r: list[int] = [bs]
+        body_error: str | None = None
+        complete = end in (_END_BODY, _END_DONE)
+        if mode == _MODE_CHUNKED:
+            payload, seg_p, seg_r, chunk_done, body_error = dechunk(buf, bs)
+            if chunk_done:
+                complete = complete or end == _END_EOF  # terminal chunk with trailers
+        elif mode == _MODE_LENGTH:
+            stop = min(len(buf), self.body_end)
+            payload = bytes(buf[bs:stop])
+            complete = complete or stop == self.body_end
+        else:
+            payload = bytes(buf[bs:])
+            complete = complete or end == _END_EOF
+        self.body_bytes = len(payload)
+        if self.http_status != 200:
+            if complete and self.status is RequestStatus.OK:
+                self.status = RequestStatus.ERROR
+                self.error = f"HTTP {self.http_status}: {snippet(payload[:_ERROR_BODY_CAP])}"
+            elif self.count_events:
+                self.error = f"{self.error} (0 events received)"
+            return
+        events, rest, sse_error = split_events(payload, self.max_event_bytes)
+        ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
+        rt, ru, re_ = self.read_t, self.read_user_t, self.read_end
+        nseg = len(seg_p)
+        s = 0  # current chunk segment
+        k = 0  # current read
+        nreads = len(re_)
+        done_i = -1
+        for data, nbytes, e in events:
+            last = e - 1  # payload offset of the event's last byte
+            while s + 1 < nseg and seg_p[s + 1] <= last:
+                s += 1
+            raw_pos = seg_r[s] + (last - seg_p[s])
+            while k + 1 < nreads and re_[k] <= raw_pos:
+                k += 1
+            ev_t.append(rt[k])
+            ev_u.append(ru[k])
+            ev_b.append(nbytes)
+            ev_d.append(data)
+            if data == _DONE:
+                done_i = len(ev_t) - 1
+                break
+        if done_i >= 0:
+            self.done_ns = ev_t[done_i]
+            if self.status is RequestStatus.OK or end in (_END_EOF, _END_CAP):
+                self.status, self.error = RequestStatus.OK, None
+            return
+        error = body_error or sse_error
+        if error is None and end == _END_CAP:
+            error = f"response larger than {len(buf)} bytes (client cap)"
+        if error is not None:
+            self.status, self.error = RequestStatus.ERROR, error
+            return
+        if end == _END_DONE:  # a "[DONE]" look-alike that was not an event: cut short
+            self.status = RequestStatus.ERROR
+            self.error = f"stream cut short at a false [DONE] marker ({len(ev_t)} events received)"
+            return
+        if complete and self.status is RequestStatus.OK:
+            ev = trailing_event(payload[rest:])
+            if ev is not None:
+                ev_t.append(self.end_stamp)
+                ev_u.append(self.end_stamp)
+                ev_b.append(ev[1])
+                ev_d.append(ev[0])
+            self.done_ns = self.end_stamp
+            return
+        if end == _END_EOF:
+            self.status = RequestStatus.ERROR
+            self.error = f"connection closed mid-stream ({len(ev_t)} events received)"
+        elif self.count_events:
+            self.error = f"{self.error} ({len(ev_t)} events received)"
+
+
+_tls = threading.local()
+
+
+def _read_buffer(size: int) -> list[memoryview]:
+    """A per-thread receive buffer (reads are copied out of it at once)."""
+    bufs: dict[int, list[memoryview]] | None = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    b = bufs.get(size)
+    if b is None:
+        b = bufs[size] = [memoryview(bytearray(size))]
+    return b
+
+
+def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """The HTTP/1.1 request bytes (fixed and simple: no h11 needed)."""
+    lines = [f"POST {path} HTTP/1.1"]
+    for k, v in headers:
+        if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
+            raise ValueError(f"invalid header {k!r}")
+        lines.append(f"{k}: {v}")
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 class StreamRequest:
     """One streaming request. ``await run()`` returns its ``RawStream``; ``abort()`` ends it.
 
     ``addr`` is a resolved socket address (resolve once per run: DNS is not part of TTFT).
+    ``request_bytes``, when given, is the prebuilt request (``build_request``).
     """
 
     __slots__ = (
-        "_addr", "_anc", "_body", "_bufsize", "_clock", "_conn", "_done", "_err_body", "_family",
-        "_finished", "_in_io", "_kernel", "_loop", "_parser", "_reader_fd", "_req_bytes",
-        "_sock", "_target", "_task", "_timeout_s", "_timer", "raw",
+        "_addr", "_anc", "_clock", "_done", "_family", "_finished", "_in_io", "_kernel",
+        "_loop", "_max_bytes", "_rbuf", "_reader_fd", "_req_bytes", "_sent", "_sock",
+        "_target", "_task", "_timeout_s", "_timer", "_writer_fd", "raw",
     )  # fmt: skip
 
     def __init__(
@@ -339,7 +631,9 @@ class StreamRequest:
         clock: ClockMap,
         kernel_stamps: bool = True,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         bufsize: int = 65536,
+        request_bytes: bytes | None = None,
     ) -> None:
         self._target = target
         self._addr = addr
@@ -347,23 +641,19 @@ class StreamRequest:
         self._timeout_s = timeout_s
         self._clock = clock
         self._kernel = kernel_stamps and not target.tls and kernel_stamps_supported()
-        self._bufsize = bufsize
         self._anc = _ANCBUF if self._kernel else 0
-        self._parser = SSEParser(max_event_bytes)
-        self._conn = h11.Connection(h11.CLIENT)
-        hdrs = [*headers, ("Content-Length", str(len(body)))]
+        self._rbuf = _read_buffer(bufsize)
+        self._max_bytes = max_response_bytes
         self._req_bytes = (
-            self._conn.send(h11.Request(method="POST", target=path, headers=hdrs))
-            + self._conn.send(h11.Data(data=body))
-            + self._conn.send(h11.EndOfMessage())
+            request_bytes if request_bytes is not None else build_request(path, headers, body)
         )
-        self.raw = RawStream(request_id=request_id)
-        self._err_body = bytearray()
-        self._body: ChunkedBody | LengthBody | None = None
+        self._sent = 0
+        self.raw = RawStream(request_id=request_id, max_event_bytes=max_event_bytes)
         self._finished = False
         self._in_io = False
         self._sock: socket.socket | None = None
         self._reader_fd = -1
+        self._writer_fd = -1
         self._task: asyncio.Task[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -373,19 +663,18 @@ class StreamRequest:
 
     def abort(self, status: RequestStatus, reason: str) -> None:
         """End the request now (timeout, run stopped); what was measured is kept."""
+        self.raw.count_events = False
         self._finish(status, reason, time.monotonic_ns())
 
     def _on_timeout(self) -> None:
         r = self.raw
-        phase = (
-            "waiting for the response headers" if r.http_status is None else
-            f"streaming ({len(r.ev_t)} events received)"
-        )  # fmt: skip
-        self._finish(
-            RequestStatus.TIMEOUT,
-            f"request timeout after {self._timeout_s:g} s, {phase}",
-            time.monotonic_ns(),
-        )
+        msg = f"request timeout after {self._timeout_s:g} s, "
+        if r.mode == _MODE_HEAD:
+            msg += "waiting for the response headers"
+        else:
+            msg += "streaming"
+            r.count_events = True
+        self._finish(RequestStatus.TIMEOUT, msg, time.monotonic_ns())
 
     def _finish(self, status: RequestStatus, error: str | None, t_ns: int) -> None:
         if self._finished:
@@ -395,38 +684,51 @@ class StreamRequest:
         r.status = status
         r.error = error
         r.end_ns = t_ns
-        if self._reader_fd >= 0 and self._loop is not None:
-            self._loop.remove_reader(self._reader_fd)
-            self._reader_fd = -1
+        loop = self._loop
+        if loop is not None:
+            if self._reader_fd >= 0:
+                loop.remove_reader(self._reader_fd)
+                self._reader_fd = -1
+            if self._writer_fd >= 0:
+                loop.remove_writer(self._writer_fd)
+                self._writer_fd = -1
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
         if self._in_io and self._task is not None:
             self._task.cancel()
 
+    def _end(self, kind: int, stamp: int) -> None:
+        r = self.raw
+        r.end_kind = kind
+        r.end_stamp = stamp
+        self._finish(RequestStatus.OK, None, stamp)
+
     # ---- run
 
-    async def run(self) -> RawStream:
+    async def run(self, *, finalize: bool = True) -> RawStream:
+        """Run the request. With ``finalize=False`` the body is left undecoded: call
+        ``raw.finalize()`` later (the runner does it between I/O rounds)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._task = asyncio.current_task()
         self._done = loop.create_future()
         self._timer = loop.call_later(self._timeout_s, self._on_timeout)
         try:
             if self._target.tls:
+                self._task = asyncio.current_task()
                 await self._run_tls()
             else:
-                await self._run_plain(loop)
+                self._start_plain()
+                await self._done
         finally:
             self._timer.cancel()
-            if self._reader_fd >= 0:
-                loop.remove_reader(self._reader_fd)
-                self._reader_fd = -1
+            if not self._finished:  # cancelled from outside
+                self._finish(RequestStatus.CANCELLED, "request cancelled", time.monotonic_ns())
             if self._sock is not None:
                 self._sock.close()
         r = self.raw
         if r.kernel_reads and not r.user_reads:
             r.clock = ClockSource.KERNEL
-        return r
+        return r.finalize() if finalize else r
 
     def _swallow_own_cancel(self) -> bool:
         """True when a CancelledError came from our own ``_finish`` (timeout/abort)."""
@@ -435,8 +737,15 @@ class StreamRequest:
             return True
         return False
 
-    async def _run_plain(self, loop: asyncio.AbstractEventLoop) -> None:
-        sock = socket.socket(self._family, socket.SOCK_STREAM)
+    def _start_plain(self) -> None:
+        """Connect and send from callbacks (no futures or task switches on the way)."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            sock = socket.socket(self._family, socket.SOCK_STREAM)
+        except OSError as e:
+            self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
+            return
         self._sock = sock
         sock.setblocking(False)
         if self._kernel:
@@ -448,26 +757,53 @@ class StreamRequest:
         if self._family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.raw.t0_ns = time.monotonic_ns()
-        self._in_io = True  # while set, _finish() cancels this task to end the await
+        err = sock.connect_ex(self._addr)
+        if err == 0 or err == errno.EISCONN:
+            self._send()
+        elif err in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+            self._writer_fd = sock.fileno()
+            loop.add_writer(self._writer_fd, self._on_writable)
+        else:
+            self._connect_failed(err)
+
+    def _connect_failed(self, err: int) -> None:
+        e = OSError(err, os.strerror(err))  # OSError picks the subclass from errno
+        self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
+
+    def _on_writable(self) -> None:
+        sock = self._sock
+        assert sock is not None and self._loop is not None
+        if self._sent == 0 and not self.raw.read_end:
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self._connect_failed(err)
+                return
+        self._send()
+
+    def _send(self) -> None:
+        sock = self._sock
+        loop = self._loop
+        assert sock is not None and loop is not None
         try:
-            await loop.sock_connect(sock, self._addr)
-            await loop.sock_sendall(sock, self._req_bytes)
-        except asyncio.CancelledError:
-            self._in_io = False
-            if not self._swallow_own_cancel():
-                raise
-            return
+            n = sock.send(self._req_bytes[self._sent :] if self._sent else self._req_bytes)
+        except (BlockingIOError, InterruptedError):
+            n = 0
         except OSError as e:
-            self._in_io = False
             self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
             return
-        self._in_io = False
-        if self._finished:
+        self._sent += n
+        fd = sock.fileno()
+        if self._sent < len(self._req_bytes):
+            if self._writer_fd < 0:
+                self._writer_fd = fd
+                loop.add_writer(fd, self._on_writable)
             return
-        self._reader_fd = sock.fileno()
-        loop.add_reader(self._reader_fd, self._on_readable)
-        assert self._done is not None
-        await self._done
+        if self._writer_fd >= 0:
+            loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+        if self._reader_fd < 0:
+            self._reader_fd = fd
+            loop.add_reader(fd, self._on_readable)
 
     async def _run_tls(self) -> None:
         t = self._target
@@ -482,11 +818,16 @@ class StreamRequest:
             writer.write(self._req_bytes)
             await writer.drain()
             while not self._finished:
-                data = await reader.read(self._bufsize)
+                data = await reader.read(65536)
                 now = time.monotonic_ns()
-                self.raw.user_reads += 1
                 self._in_io = False
-                self._on_data(data, now, now)
+                if data:
+                    self.raw.user_reads += 1
+                    old = len(self.raw.buf)
+                    self.raw.buf += data
+                    self._took(old, len(data), now, now)
+                else:
+                    self._on_eof(now)
                 self._in_io = True
         except asyncio.CancelledError:
             self._in_io = False
@@ -500,115 +841,124 @@ class StreamRequest:
             if writer is not None:
                 writer.close()
 
-    # ---- the read callback (keep it small)
+    # ---- the read callback (keep it small: no decoding here)
 
     def _on_readable(self) -> None:
         t_user = time.monotonic_ns()
-        sock = self._sock
-        assert sock is not None
+        rbuf = self._rbuf
         try:
-            data, anc, _flags, _addr = sock.recvmsg(self._bufsize, self._anc)
+            n, anc, _flags, _addr = self._sock.recvmsg_into(rbuf, self._anc)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
             return
+        r = self.raw
         stamp = t_user
         if anc:
             for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == SCM_TIMESTAMPNS:
+                if level == _SOL_SOCKET and typ == SCM_TIMESTAMPNS:
                     sec, nsec = _TIMESPEC.unpack_from(cdata)
                     k = sec * 1_000_000_000 + nsec - self._clock.offset_ns
-                    stamp = k if k < t_user else t_user
-            self.raw.kernel_reads += 1
-        elif data:  # an EOF read carries no segment, hence no kernel stamp: not counted
-            self.raw.user_reads += 1
-        self._on_data(data, stamp, t_user)
+                    if k < t_user:
+                        stamp = k
+            r.kernel_reads += 1
+        elif n:
+            r.user_reads += 1
+        else:  # an EOF read carries no segment, hence no kernel stamp: not counted
+            self._on_eof(t_user)
+            return
+        buf = r.buf
+        old = len(buf)
+        buf += rbuf[0][:n]
+        self._took(old, n, stamp, t_user)
 
-    def _on_data(self, data: bytes, stamp: int, t_user: int) -> None:
-        body = self._body
-        try:
-            if body is None:  # response head: h11 parses it, then hands over the rest
-                data = self._on_head(data)
-                body = self._body
-                if body is None:
-                    return
-                if not data:  # nothing after the head in this read
-                    if body.done:
-                        self._end_of_body(stamp)
-                    return
-            if not data:
-                if isinstance(body, LengthBody) and body.until_close:
-                    self._end_of_body(stamp)
-                else:
-                    n = len(self.raw.ev_t)
-                    msg = f"connection closed mid-stream ({n} events received)"
-                    self._finish(RequestStatus.ERROR, msg, stamp)
+    def _took(self, old: int, n: int, stamp: int, t_user: int) -> None:
+        """Record a read of ``n`` bytes appended at ``old``; detect the end of the response."""
+        r = self.raw
+        buf = r.buf
+        total = old + n
+        r.read_t.append(stamp)
+        r.read_user_t.append(t_user)
+        r.read_end.append(total)
+        mode = r.mode
+        if mode == _MODE_HEAD:
+            self._on_head(stamp)
+            mode = r.mode
+            if mode == _MODE_HEAD or self._finished:
                 return
-            payload = body.feed(data)
-            if payload:
-                self._on_body(payload, stamp, t_user)
-            if body.done and not self._finished:
-                self._end_of_body(stamp)
-        except h11.RemoteProtocolError as e:
-            if not data:
-                msg = "server closed the connection without a response"
-            else:
-                msg = f"HTTP protocol error: {e}"
-            self._finish(RequestStatus.ERROR, msg, stamp)
-        except (SSEEventTooLarge, BodyError) as e:
-            self._finish(RequestStatus.ERROR, str(e), stamp)
-        except Exception as e:  # never let a callback die silently: the stream would hang
-            self._finish(RequestStatus.ERROR, f"client error: {e!r}", stamp)
+        if mode == _MODE_CHUNKED:
+            if buf.endswith(_LAST_CHUNK):
+                self._end(_END_BODY, stamp)
+                return
+        elif mode == _MODE_LENGTH and total >= r.body_end:
+            self._end(_END_BODY, stamp)
+            return
+        bs = r.body_start
+        j = buf.find(b"[DONE]", max(bs, old - 12))
+        if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
+            self._end(_END_DONE, stamp)
+            return
+        if total > self._max_bytes:
+            self._end(_END_CAP, stamp)
 
-    def _on_head(self, data: bytes) -> bytes:
-        """Feed h11 until the final response head; return the body bytes that followed it."""
-        conn = self._conn
-        conn.receive_data(data)
+    def _on_head(self, stamp: int) -> None:
+        """Parse the final response head once it is complete (1xx heads are skipped)."""
+        r = self.raw
+        buf = r.buf
+        pos = r.body_start if r.body_start > 0 else 0  # after a 1xx head
         while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA or ev is h11.PAUSED:
-                return b""
-            if isinstance(ev, h11.Response):
-                self.raw.http_status = ev.status_code
-                self._body = body_decoder(ev)
-                rest, closed = conn.trailing_data
-                return bytes(rest) if rest or not closed else b""
-            # InformationalResponse (1xx): keep reading
-
-    def _on_body(self, chunk: bytes, stamp: int, t_user: int) -> None:
-        r = self.raw
-        if type(chunk) is not bytes:
-            chunk = bytes(chunk)  # h11 hands out bytearray slices
-        r.body_bytes += len(chunk)
-        if r.http_status != 200:
-            room = _ERROR_BODY_CAP - len(self._err_body)
-            if room > 0:
-                self._err_body += chunk[:room]
-            return
-        for data, nbytes in self._parser.feed(chunk):
-            r.ev_t.append(stamp)
-            r.ev_user_t.append(t_user)
-            r.ev_bytes.append(nbytes)
-            r.ev_data.append(data)
-            if data == _DONE:
-                r.done_ns = stamp
-                self._finish(RequestStatus.OK, None, stamp)
+            m = _HEAD_END.search(buf, pos)
+            if m is None:
+                if len(buf) - pos > _MAX_HEAD_BYTES:
+                    self._finish(RequestStatus.ERROR, "HTTP protocol error: head too large", stamp)
                 return
-
-    def _end_of_body(self, stamp: int) -> None:
-        r = self.raw
-        if r.http_status != 200:
-            body = snippet(bytes(self._err_body))
-            self._finish(RequestStatus.ERROR, f"HTTP {r.http_status}: {body}", stamp)
+            try:
+                status, headers = _parse_head(bytes(buf[pos : m.start()]))
+            except ValueError as e:
+                self._finish(RequestStatus.ERROR, f"HTTP protocol error: {e}", stamp)
+                return
+            pos = m.end()
+            if 100 <= status < 200:
+                r.body_start = pos
+                continue
+            r.http_status = status
+            r.body_start = pos
+            te = headers.get(b"transfer-encoding", b"").lower()
+            cl = headers.get(b"content-length")
+            if status in (204, 304):
+                r.mode, r.body_end = _MODE_LENGTH, pos
+            elif b"chunked" in te:
+                r.mode = _MODE_CHUNKED
+            elif cl is not None:
+                try:
+                    length = int(cl)
+                    if length < 0:
+                        raise ValueError
+                except ValueError:
+                    self._finish(
+                        RequestStatus.ERROR,
+                        f"HTTP protocol error: bad Content-Length {cl[:40]!r}",
+                        stamp,
+                    )
+                    return
+                r.mode, r.body_end = _MODE_LENGTH, pos + length
+            else:
+                r.mode = _MODE_CLOSE
             return
-        for data, nbytes in self._parser.flush():
-            r.ev_t.append(stamp)
-            r.ev_user_t.append(stamp)
-            r.ev_bytes.append(nbytes)
-            r.ev_data.append(data)
-        r.done_ns = stamp
-        self._finish(RequestStatus.OK, None, stamp)
+
+    def _on_eof(self, stamp: int) -> None:
+        r = self.raw
+        if r.mode == _MODE_HEAD:
+            self._finish(
+                RequestStatus.ERROR, "server closed the connection without a response", stamp
+            )
+        elif r.mode == _MODE_CLOSE:
+            self._end(_END_BODY, stamp)
+        else:  # finalize decides: a chunked body may have ended with trailers
+            r.end_kind = _END_EOF
+            r.end_stamp = stamp
+            self._finish(RequestStatus.OK, None, stamp)
 
 
 def _os_error(phase: str, e: BaseException) -> str:
@@ -617,6 +967,32 @@ def _os_error(phase: str, e: BaseException) -> str:
     if isinstance(e, ConnectionResetError):
         return f"connection reset by peer ({phase})"
     return f"{phase} failed: {e.__class__.__name__}: {e}"
+
+
+def reserve_fds(n: int) -> None:
+    """Grow the process's file-descriptor table now so it holds ``n`` more sockets.
+
+    The kernel grows it by doubling when a new fd does not fit; in a process with threads
+    (asyncio's resolver pool) that waits for an RCU grace period inside ``socket()``:
+    10-20 ms, once per doubling, in the middle of a burst of request starts.
+    """
+    try:
+        import fcntl
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fd = os.open(os.devnull, os.O_RDONLY)
+    except (ImportError, OSError, ValueError):
+        return
+    try:
+        want = min(soft - 1, fd + n + 32) if soft > 0 else fd + n + 32
+        if want > fd:
+            high = fcntl.fcntl(fd, fcntl.F_DUPFD, want)  # lowest free fd >= want: no clobbering
+            os.close(high)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 async def resolve(target: Target) -> tuple[int, tuple[Any, ...]]:

@@ -43,6 +43,7 @@ def build_record(
     warmup: bool = False,
     input_tokens: int | None = None,
 ) -> RequestRecord:
+    raw.finalize()  # no-op when already decoded
     n = len(raw.ev_t)
     kinds = np.full(n, int(EventKind.OTHER), np.int8)
     texts: list[str] = []

@@ -7,7 +7,9 @@ unsent requests are not sent (``counts["unsent"]``) and in-flight ones end as CA
 
 Client health is measured alongside: send lag (actual send minus when the request was due:
 its scheduled time, or the moment a concurrency slot freed if it had to wait for one), and
-event-loop lag (a monitor task sleeping ~5 ms records how late it wakes). Either p99 above
+event-loop lag (a monitor task sleeping ~5 ms records how late it wakes). With an unlimited
+rate, the initial burst (every request due at t=0) is excluded from send lag and reported as a
+note: it has no schedule to fall behind. Either p99 above
 ``spec.client_lag_bound_ms`` marks the run ``client_limited``. With kernel receive stamps
 ``read_delay`` (user-space stamp minus kernel stamp of the same read) shows how late the
 client read data it had already received: timings stay exact, but events that one read
@@ -37,10 +39,12 @@ from app.loadgen.http_stream import (
     RawStream,
     StreamRequest,
     Target,
+    build_request,
     kernel_stamps_supported,
     parse_target,
     request_body,
     request_headers,
+    reserve_fds,
     resolve,
 )
 from app.loadgen.records import build_record
@@ -136,6 +140,7 @@ class _Run:
         self.path = target.path_for(spec.endpoint)
         self.on_progress = on_progress
         self.stop = stop
+        self.on_record: Callable[[RequestRecord], None] | None = None
         self.kernel_stamps = kernel_stamps
         self.clock = ClockMap()
         self.start_ns = time.monotonic_ns()
@@ -157,6 +162,7 @@ class _Run:
         self.sent_total = 0
         self.send_times: list[int] = []
         self.send_lag: list[int] = []
+        self.burst_lag: list[int] = []
         self.loop_lag: list[int] = []
         self.read_delay: list[np.ndarray] = []
         self.in_flight = 0
@@ -212,6 +218,10 @@ class _Run:
                 ignore_eos=spec.ignore_eos,
                 extra_body=spec.extra_body,
             )
+            # the request bytes are built before the request is due: starting it is then
+            # only socket setup, connect and one send
+            rid = f"{self.run_tag}-{it.index}"
+            req = build_request(self.path, request_headers(self.target, rid, spec.api_key), body)
             due = self.start_ns + it.scheduled_ns
             if due > time.monotonic_ns():
                 await self.sleep_until(due)
@@ -227,7 +237,7 @@ class _Run:
                 if self.halted:
                     self.sem.release()
                     break
-            task = asyncio.create_task(self.one(it, body, due))
+            task = asyncio.create_task(self.one(it, rid, req, due))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             self.sent_total += 1
@@ -242,9 +252,8 @@ class _Run:
         while self.tasks:
             await asyncio.wait(set(self.tasks))
 
-    async def one(self, it: _Item, body: bytes, due_ns: int) -> None:
+    async def one(self, it: _Item, rid: str, req: bytes, due_ns: int) -> None:
         spec = self.spec
-        rid = f"{self.run_tag}-{it.index}"
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -260,16 +269,18 @@ class _Run:
                     addr,
                     family,
                     self.path,
-                    body,
-                    request_headers(self.target, rid, spec.api_key),
+                    b"",
+                    [],
                     request_id=rid,
                     timeout_s=spec.request_timeout_s,
                     clock=self.clock,
                     kernel_stamps=self.kernel_stamps,
+                    request_bytes=req,
                 )
                 self.active.add(sr)
                 try:
-                    raw = await sr.run()
+                    # the body is decoded later, in post-processing slices
+                    raw = await sr.run(finalize=False)
                 finally:
                     self.active.discard(sr)
         finally:
@@ -282,8 +293,9 @@ class _Run:
         self.backlog_ready.set()
 
     async def postprocess(self) -> None:
-        """Classify finished streams in slices of <= ~0.5 ms between I/O rounds, so JSON
-        parsing and token counting never hold up reads for long."""
+        """Decode and classify finished streams in slices of <= ~0.5 ms between I/O rounds,
+        so body decoding, SSE splitting, JSON parsing and token counting never hold up
+        reads for long."""
         while True:
             if not self.backlog:
                 self.backlog_ready.clear()
@@ -300,6 +312,7 @@ class _Run:
 
     def finish(self, it: _Item, raw: RawStream, due_ns: int) -> None:
         try:
+            raw.finalize()  # decode the body, split and stamp the SSE events
             rec = build_record(
                 raw,
                 index=it.index,
@@ -321,6 +334,8 @@ class _Run:
                 warmup=it.warmup,
             )
         self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
         if raw.t0_ns:
             if raw.clock is ClockSource.KERNEL:
                 self.kernel_streams += 1
@@ -333,7 +348,13 @@ class _Run:
         if it.warmup:
             return
         if raw.t0_ns:
-            self.send_lag.append(max(0, raw.t0_ns - due_ns))
+            lag = max(0, raw.t0_ns - due_ns)
+            # With an unlimited rate every request is due at once: how long the client takes
+            # to start that burst is reported apart (it offers no schedule to fall behind).
+            burst = math.isinf(self.spec.request_rate) and due_ns == self.start_ns + (
+                it.scheduled_ns
+            )
+            (self.burst_lag if burst else self.send_lag).append(lag)
             self.send_times.append(raw.t0_ns)
         self.done += 1
         if rec.status is not RequestStatus.OK:
@@ -397,12 +418,14 @@ async def run_load(
     on_progress: Callable[[Progress], None] | None = None,
     stop: asyncio.Event | None = None,
     kernel_stamps: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> LoadResult:
     """Run ``spec`` against its target and return every request's record plus client health.
 
     ``run_tag`` prefixes each request's ``X-Request-Id`` (``<run_tag>-<index>``; warm-ups
     take indices 0..W-1, measured requests W..W+N-1). ``kernel_stamps=False`` forces
-    user-space receive stamps.
+    user-space receive stamps. ``on_record`` is called with each request's record (warm-ups
+    included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
     """
     tok = load_tokenizer(spec.tokenizer)
     workload = build_workload(spec, tok)
@@ -413,7 +436,9 @@ async def run_load(
     gc.collect()
     gc.freeze()
     try:
-        return await _run(spec, run_tag, tok, target, workload, on_progress, stop, kernel_stamps)
+        return await _run(
+            spec, run_tag, tok, target, workload, on_progress, stop, kernel_stamps, on_record
+        )
     finally:
         gc.unfreeze()
 
@@ -427,15 +452,19 @@ async def _run(
     on_progress: Callable[[Progress], None] | None,
     stop: asyncio.Event | None,
     kernel_stamps: bool,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> LoadResult:
     schedule = schedule_for(spec)
     items = _items(spec, workload.warmup, workload.measured)
     warm, measured = items[: len(workload.warmup)], items[len(workload.warmup) :]
     r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
+    r.on_record = on_record
     try:
         r.addr = await resolve(target)
     except OSError as e:
         r.resolve_error = f"cannot resolve {target.host}: {e}"
+    # sockets for every stream that can be open at once, allocated before the clock matters
+    reserve_fds((spec.max_concurrency or len(items)) + 8)
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
     try:
@@ -511,6 +540,11 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         reasons.append(f"send lag p99 {send_lag.p99_ms:.2f} ms > {bound:g} ms")
     if loop_lag.p99_ms is not None and loop_lag.p99_ms > bound:
         reasons.append(f"event-loop lag p99 {loop_lag.p99_ms:.2f} ms > {bound:g} ms")
+    if r.burst_lag:
+        notes.append(
+            f"starting the initial burst of {len(r.burst_lag)} requests took "
+            f"{max(r.burst_lag) / 1e6:.1f} ms (TTFT counts from each request's own start)"
+        )
     drift = r.clock.max_drift_ns
     if clock is ClockSource.KERNEL and drift > 1_000_000:
         notes.append(f"realtime/monotonic offset moved by {drift / 1e6:.2f} ms during the run")

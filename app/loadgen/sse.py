@@ -14,6 +14,7 @@ The hot path (LF-only streams, the common case) is a ``bytes.find`` per event. S
 from __future__ import annotations
 
 SSEEvent = tuple[bytes | None, int]
+SSEEventAt = tuple[bytes | None, int, int]  # (data, nbytes, end offset in the buffer)
 
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
@@ -41,6 +42,86 @@ def _data_of_lines(lines: list[bytes]) -> bytes | None:
     return b"\n".join(parts) if parts else None
 
 
+def split_events(
+    buf: bytes, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, scan_from: int = 0
+) -> tuple[list[SSEEventAt], int, str | None]:
+    """Split a whole buffer at once: ``(events, rest, error)``.
+
+    Each event is ``(data, nbytes, end)`` with ``end`` the offset just past its blank line;
+    ``rest`` is where the trailing incomplete event starts; ``error`` is set (and the events
+    before it kept) when an event is larger than ``max_event_bytes``. ``scan_from`` lets an
+    incremental caller skip separators it already searched for (LF-only buffers).
+    """
+    if b"\r" in buf:
+        return _split_lines(buf, max_event_bytes)
+    out: list[SSEEventAt] = []
+    start = 0
+    i = buf.find(b"\n\n", scan_from)
+    while i >= 0:
+        if i - start > max_event_bytes:
+            return out, start, f"SSE event larger than {max_event_bytes} bytes"
+        block = buf[start:i]
+        if block:
+            out.append((_data_of_lf(block), i + 2 - start, i + 2))
+        start = i + 2
+        i = buf.find(b"\n\n", start)
+    # a lone separator "\n" between events is absorbed into the next block
+    if len(buf) - start > max_event_bytes:
+        return out, start, _too_large_open(max_event_bytes)
+    return out, start, None
+
+
+def _too_large_open(max_event_bytes: int) -> str:
+    return f"SSE event larger than {max_event_bytes} bytes without an event separator"
+
+
+def _split_lines(buf: bytes, max_event_bytes: int) -> tuple[list[SSEEventAt], int, str | None]:
+    """General path: lines ending in CR, LF or CRLF."""
+    out: list[SSEEventAt] = []
+    n = len(buf)
+    ev_start = 0
+    pos = 0
+    lines: list[bytes] = []
+    while pos < n:
+        lf = buf.find(b"\n", pos)
+        cr = buf.find(b"\r", pos, lf if lf >= 0 else n)
+        if cr >= 0:
+            if cr == n - 1:
+                break  # a CR at the very end may be the first half of CRLF
+            end, nxt = cr, (cr + 2 if buf[cr + 1] == 10 else cr + 1)
+        elif lf >= 0:
+            end, nxt = lf, lf + 1
+        else:
+            break
+        line = buf[pos:end]
+        pos = nxt
+        if line:
+            lines.append(line)
+            if pos - ev_start > max_event_bytes:
+                return out, ev_start, f"SSE event larger than {max_event_bytes} bytes"
+        elif lines:
+            out.append((_data_of_lines(lines), pos - ev_start, pos))
+            lines = []
+            ev_start = pos
+        else:
+            pass  # blank line with no event: stays part of the next event's bytes
+    if n - ev_start > max_event_bytes:
+        return out, ev_start, _too_large_open(max_event_bytes)
+    return out, ev_start, None
+
+
+def trailing_event(rest: bytes) -> SSEEvent | None:
+    """At end of stream: a trailing event that lacked its blank line, if any.
+
+    Lenient on purpose (strict SSE discards it): a server that ends the body right after
+    its last ``data:`` line still sent that line.
+    """
+    lines = [ln for ln in rest.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n") if ln]
+    if not lines:
+        return None
+    return (_data_of_lines(lines), len(rest))
+
+
 class SSEParser:
     """Stateful, incremental SSE event splitter (one per stream)."""
 
@@ -59,73 +140,15 @@ class SSEParser:
         """Add bytes; return the events they complete, in order."""
         old = self._buf
         buf = old + chunk if old else chunk
-        if b"\r" in buf:
-            return self._feed_lines(buf)
-        out: list[SSEEvent] = []
-        start = 0
-        i = buf.find(b"\n\n", len(old) - 1 if old else 0)
-        while i >= 0:
-            if i - start > self._max:
-                raise SSEEventTooLarge(f"SSE event larger than {self._max} bytes")
-            block = buf[start:i]
-            if block:
-                out.append((_data_of_lf(block), i + 2 - start))
-            start = i + 2
-            i = buf.find(b"\n\n", start)
-        # a lone separator "\n" between events is absorbed into the next block
-        self._buf = buf[start:] if start < len(buf) else b""
-        if len(self._buf) > self._max:
-            raise SSEEventTooLarge(
-                f"SSE event larger than {self._max} bytes without an event separator"
-            )
-        return out
-
-    def _feed_lines(self, buf: bytes) -> list[SSEEvent]:
-        """General path: lines ending in CR, LF or CRLF (re-scans the incomplete event)."""
-        out: list[SSEEvent] = []
-        n = len(buf)
-        ev_start = 0
-        pos = 0
-        lines: list[bytes] = []
-        while pos < n:
-            lf = buf.find(b"\n", pos)
-            cr = buf.find(b"\r", pos, lf if lf >= 0 else n)
-            if cr >= 0:
-                if cr == n - 1:
-                    break  # a CR at the very end may be the first half of CRLF
-                end, nxt = cr, (cr + 2 if buf[cr + 1] == 10 else cr + 1)
-            elif lf >= 0:
-                end, nxt = lf, lf + 1
-            else:
-                break
-            line = buf[pos:end]
-            pos = nxt
-            if line:
-                lines.append(line)
-                if pos - ev_start > self._max:
-                    raise SSEEventTooLarge(f"SSE event larger than {self._max} bytes")
-            elif lines:
-                out.append((_data_of_lines(lines), pos - ev_start))
-                lines = []
-                ev_start = pos
-            else:
-                pass  # blank line with no event: stays part of the next event's bytes
-        self._buf = buf[ev_start:]
-        if len(self._buf) > self._max:
-            raise SSEEventTooLarge(
-                f"SSE event larger than {self._max} bytes without an event separator"
-            )
-        return out
+        events, rest, error = split_events(buf, self._max, len(old) - 1 if old else 0)
+        if error is not None:
+            raise SSEEventTooLarge(error)
+        self._buf = buf[rest:] if rest < len(buf) else b""
+        return [(d, n) for d, n, _ in events]
 
     def flush(self) -> list[SSEEvent]:
-        """At end of stream: a trailing event that lacked its blank line, if any.
-
-        Lenient on purpose (strict SSE discards it): a server that ends the body right after
-        its last ``data:`` line still sent that line.
-        """
+        """At end of stream: a trailing event that lacked its blank line, if any (see
+        ``trailing_event``)."""
         buf, self._buf = self._buf, b""
-        lines = [ln for ln in buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")]
-        lines = [ln for ln in lines if ln]
-        if not lines:
-            return []
-        return [(_data_of_lines(lines), len(buf))]
+        ev = trailing_event(buf)
+        return [] if ev is None else [ev]

@@ -183,3 +183,89 @@ class Request(Base):
 
     def __repr__(self) -> str:
         return f"Request(run_id={self.run_id!r}, idx={self.idx}, status={self.status!r})"
+
+
+# ------------------------------------------------ jobs, workers, tokens (migration 0002)
+
+
+class Job(Base):
+    """Work for a worker: ``queued -> leased -> running -> succeeded | failed | cancelled``."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    requirements: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    run_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # leases handed out so far
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    lease_id: Mapped[str | None] = mapped_column(String(32))
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    __table_args__ = (
+        Index("ix_jobs_state_created_at", "state", "created_at"),
+        Index("ix_jobs_run_id", "run_id"),
+    )
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, kind={self.kind!r}, state={self.state!r})"
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(255))
+    hostname: Mapped[str] = mapped_column(String(255))
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JSON)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    current_job_id: Mapped[str | None] = mapped_column(String(32))
+    token_id: Mapped[str | None] = mapped_column(String(32))
+
+
+class ApiToken(Base):
+    """An API token: only the SHA-256 of its secret is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(255))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+
+class JobBatch(Base):
+    """One uploaded result batch; the unique (job_id, batch_no) makes uploads idempotent."""
+
+    __tablename__ = "job_batches"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+    )
+    batch_no: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    n_requests: Mapped[int] = mapped_column(Integer)
+    received_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("job_id", "batch_no", name="uq_job_batches_job_id_batch_no"),
+    )

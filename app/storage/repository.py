@@ -274,9 +274,18 @@ def _filtered(
     status: RunStatus | str | None,
     tag: str | None,
     source: str | None,
+    target: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
 ) -> Select[Any]:
     if model is not None:
         stmt = stmt.where(Run.model == model)
+    if target is not None:
+        stmt = stmt.where(Run.target_url == target.rstrip("/"))
+    if since is not None:
+        stmt = stmt.where(Run.created_at >= _aware(since, "since"))
+    if until is not None:
+        stmt = stmt.where(Run.created_at < _aware(until, "until"))
     if status is not None:
         stmt = stmt.where(Run.status == RunStatus(status))
     if source is not None:
@@ -307,11 +316,25 @@ def list_runs(
     status: RunStatus | str | None = None,
     tag: str | None = None,
     source: str | None = None,
+    target: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
 ) -> list[Run]:
-    """Runs, newest first, optionally filtered by model, status, tag and source."""
+    """Runs, newest first, optionally filtered by model, status, tag, source, target URL and
+    creation time (``since`` inclusive, ``until`` exclusive)."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
-    stmt = _filtered(session, select(Run), model=model, status=status, tag=tag, source=source)
+    stmt = _filtered(
+        session,
+        select(Run),
+        model=model,
+        status=status,
+        tag=tag,
+        source=source,
+        target=target,
+        since=since,
+        until=until,
+    )
     stmt = stmt.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(stmt))
 
@@ -323,6 +346,9 @@ def count_runs(
     status: RunStatus | str | None = None,
     tag: str | None = None,
     source: str | None = None,
+    target: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
 ) -> int:
     """How many runs ``list_runs`` would page through with these filters."""
     stmt = _filtered(
@@ -332,6 +358,9 @@ def count_runs(
         status=status,
         tag=tag,
         source=source,
+        target=target,
+        since=since,
+        until=until,
     )
     return int(session.scalar(stmt) or 0)
 

@@ -1,0 +1,123 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Its lifespan migrates the database, opens the engine (``app.state.sessions``), gives active
+leases one more TTL, runs the lost-lease sweeper every ``lease_ttl_s / 3`` and, unless
+``settings.local_worker`` is off, starts an embedded worker with a fresh worker token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import __version__
+from app.api import routes_jobs, routes_runs, routes_tokens, routes_workers
+from app.api.schemas import Health
+from app.services import auth
+from app.services import jobs as job_svc
+from app.services.errors import ServiceError
+from app.settings import Settings
+from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
+
+log = logging.getLogger(__name__)
+
+
+async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            expired = await anyio.to_thread.run_sync(job_svc.sweep_expired, sessions)
+            for e in expired:
+                log.warning("lease of job %s expired: %s", e.job_id, e.outcome)
+        except Exception:
+            log.exception("lease sweep failed")
+
+
+def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
+    """The embedded worker (app.worker.embedded), with a fresh worker-scope token."""
+    try:
+        from app.worker.embedded import start_local_worker
+    except ImportError as e:
+        log.warning("no embedded worker available (%s): start `tokentrace worker`", e)
+        return None
+    with session_scope(app.state.sessions) as s:
+        row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")
+    app.state.local_worker_token_id = row.id
+    return start_local_worker(settings.server_url(), secret)
+
+
+def _revoke_local_token(app: FastAPI) -> None:
+    token_id = getattr(app.state, "local_worker_token_id", None)
+    if token_id is not None:
+        with session_scope(app.state.sessions) as s:
+            auth.revoke_token(s, token_id)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    url = settings.database_url
+    await anyio.to_thread.run_sync(upgrade_database, url)
+    backend = make_url(url).get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        kwargs["connect_args"] = {"check_same_thread": False}
+    engine = make_engine(url, echo=settings.sql_echo, **kwargs)
+    app.state.engine = engine
+    app.state.sessions = session_factory(engine)
+    app.state.lease_lock = job_svc.new_lease_lock(backend)
+    moved = job_svc.extend_leases(app.state.sessions, ttl_s=settings.lease_ttl_s)
+    if moved:
+        log.info("gave %d active lease(s) one more TTL after the restart", moved)
+    sweeper = asyncio.create_task(_sweeper(app.state.sessions, settings.lease_ttl_s / 3))
+    worker = _start_local_worker(app, settings) if settings.local_worker else None
+    try:
+        yield
+    finally:
+        if worker is not None:
+            await anyio.to_thread.run_sync(worker.stop)
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        _revoke_local_token(app)
+        engine.dispose()
+
+
+async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    if exc.loc is not None:  # shaped like FastAPI's own 422 so clients parse one format
+        body: Any = [{"loc": list(exc.loc), "msg": exc.detail, "type": "value_error"}]
+    else:
+        body = exc.detail
+    return JSONResponse({"detail": body}, status_code=exc.status_code)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The tokentrace server. ``settings`` default: ``Settings()`` from the environment."""
+    app = FastAPI(
+        title="tokentrace",
+        version=__version__,
+        description="Benchmark runs, jobs and workers. Writes need a bearer token "
+        "(docs/api.md); the worker protocol is described in app/wire.py.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings or Settings()
+    app.add_exception_handler(ServiceError, _service_error)
+    for module in (routes_runs, routes_jobs, routes_workers, routes_tokens):
+        app.include_router(module.router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz(request: Request) -> Health:
+        backend = make_url(request.app.state.settings.database_url).get_backend_name()
+        return Health(status="ok", version=__version__, database=backend)
+
+    return app

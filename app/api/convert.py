@@ -1,0 +1,103 @@
+"""ORM rows -> API models."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from app.api.schemas import JobInfo, RequestRow, RunSummary, TokenInfo, WorkerInfo
+from app.services.jobs import public_spec
+from app.storage.models import ApiToken, Job, Run, Worker
+from app.wire import JobRequirements
+
+
+def run_summary(row: Run) -> RunSummary:
+    return RunSummary(
+        id=row.id,
+        name=row.name,
+        status=row.status,
+        source=row.source,
+        model=row.model,
+        target_url=row.target_url,
+        endpoint=row.endpoint,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        tags=list(row.tags or []),
+        note=row.note,
+        client_limited=bool(row.client_limited),
+        summary=dict(row.summary or {}),
+    )
+
+
+def job_info(row: Job) -> JobInfo:
+    return JobInfo(
+        id=row.id,
+        kind=row.kind,  # type: ignore[arg-type]
+        state=row.state,  # type: ignore[arg-type]
+        run_id=row.run_id,
+        spec=public_spec(row.spec or {}),
+        requirements=JobRequirements.model_validate(row.requirements or {}),
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        worker_id=row.worker_id,
+        lease_expires_at=row.lease_expires_at,
+        progress=row.progress,
+        cancel_requested=bool(row.cancel_requested),
+        error=row.error,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _ms(ns: Any) -> float | None:
+    return None if ns is None else float(ns) / 1e6
+
+
+def request_row(r: dict[str, Any]) -> RequestRow:
+    return RequestRow(
+        index=r["idx"],
+        warmup=bool(r["warmup"]),
+        status=str(r["status"]),
+        error=r["error"],
+        http_status=r["http_status"],
+        scheduled_ms=float(r["scheduled_ns"]) / 1e6,
+        sent_ms=_ms(r["sent_ns"]),
+        end_ms=_ms(r["end_ns"]),
+        input_tokens=r["input_tokens"],
+        output_tokens=r["output_tokens"],
+        token_source=r["token_source"],
+        ttft_ms=_ms(r["ttft_ns"]),
+        ttfot_ms=_ms(r["ttfot_ns"]),
+        e2e_ms=_ms(r["e2e_ns"]),
+        tpot_ms=_ms(r["tpot_ns"]),
+        n_events=int(r["n_events"] or 0),
+    )
+
+
+def worker_info(row: Worker, *, now: dt.datetime, ttl_s: float) -> WorkerInfo:
+    return WorkerInfo(
+        id=row.id,
+        name=row.name,
+        hostname=row.hostname,
+        capabilities=dict(row.capabilities or {}),
+        labels=dict(row.labels or {}),
+        registered_at=row.registered_at,
+        last_seen_at=row.last_seen_at,
+        current_job_id=row.current_job_id,
+        online=(now - row.last_seen_at).total_seconds() <= ttl_s,
+    )
+
+
+def token_info(row: ApiToken) -> TokenInfo:
+    return TokenInfo(
+        id=row.id,
+        name=row.name,
+        scopes=list(row.scopes),
+        prefix=row.prefix,
+        created_at=row.created_at,
+        last_used_at=row.last_used_at,
+        revoked_at=row.revoked_at,
+    )

@@ -1,0 +1,103 @@
+"""Dependencies: the settings, one database session per request, and auth by scope."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.services import auth
+from app.services.auth import Principal
+from app.settings import Settings
+
+bearer = HTTPBearer(auto_error=False, description="an API token: `tt_...`")
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_sessions(request: Request) -> sessionmaker[Session]:
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    return sessions
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request: committed when the route returns, rolled back on error."""
+    session = get_sessions(request)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def _authenticate(
+    creds: HTTPAuthorizationCredentials | None,
+    sessions: sessionmaker[Session],
+    scope: str,
+) -> Principal:
+    if creds is None or not creds.credentials:
+        raise _unauthorized(
+            f"missing token: send 'Authorization: Bearer <token>' with the {scope!r} scope"
+        )
+    with sessions() as s:
+        principal = auth.authenticate(s, creds.credentials)
+    if principal is None:
+        raise _unauthorized("invalid or revoked token")
+    if not principal.has(scope):
+        who = f"token {principal.name!r}" if principal.name else f"token {principal.token_id}"
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"{who} lacks the {scope!r} scope (it has: {', '.join(principal.scopes)})",
+        )
+    auth.touch(sessions, principal)
+    return principal
+
+
+def require(scope: auth.Scope) -> Callable[..., Principal]:
+    """A dependency: the caller's principal, which must hold ``scope`` (401/403 otherwise)."""
+
+    def dependency(creds: Credentials, sessions: SessionsDep) -> Principal:
+        return _authenticate(creds, sessions, scope)
+
+    dependency.__name__ = f"require_{scope}"
+    return dependency
+
+
+def read_access(
+    creds: Credentials, sessions: SessionsDep, settings: SettingsDep
+) -> Principal | None:
+    """GET routes: open unless ``auth_reads`` (then the 'read' scope is needed)."""
+    if not settings.auth_reads:
+        return None
+    return _authenticate(creds, sessions, "read")
+
+
+Reader = Annotated[Principal | None, Depends(read_access)]
+Runner = Annotated[Principal, Depends(require("run"))]
+Admin = Annotated[Principal, Depends(require("admin"))]
+WorkerCaller = Annotated[Principal, Depends(require("worker"))]
+
+
+def state(request: Request, name: str) -> Any:
+    return getattr(request.app.state, name)

@@ -1,0 +1,117 @@
+"""/api/v1/workers and the worker protocol (bodies in app.wire; semantics in its docstring)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from app.api import convert
+from app.api.deps import Reader, SessionDep, SessionsDep, SettingsDep, WorkerCaller
+from app.api.schemas import WorkerList
+from app.services import jobs as job_svc
+from app.services import workers as worker_svc
+from app.storage import workers as worker_repo
+from app.storage.models import utcnow
+from app.wire import (
+    BatchAck,
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRequest,
+    LeaseResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultBatch,
+)
+
+router = APIRouter(prefix="/api/v1", tags=["workers"])
+
+LEASE_LOST: dict[int | str, dict[str, Any]] = {
+    409: {"description": "lease lost (expired, requeued, finished or deleted)"}
+}
+
+
+@router.get("/workers")
+def list_workers(
+    session: SessionDep,
+    settings: SettingsDep,
+    _: Reader,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> WorkerList:
+    """Registered workers, most recently seen first, with their capabilities."""
+    rows = worker_repo.list_workers(session, limit=limit, offset=offset)
+    now = utcnow()
+    return WorkerList(
+        items=[convert.worker_info(w, now=now, ttl_s=settings.lease_ttl_s) for w in rows],
+        total=worker_repo.count_workers(session),
+    )
+
+
+@router.post("/workers/register", tags=["worker protocol"])
+def register(
+    body: RegisterRequest, session: SessionDep, settings: SettingsDep, caller: WorkerCaller
+) -> RegisterResponse:
+    """A worker announces itself and its capabilities; the answer carries the timings."""
+    return worker_svc.register(session, body, caller, settings)
+
+
+@router.post("/workers/{worker_id}/lease", tags=["worker protocol"])
+def lease(
+    worker_id: str,
+    body: LeaseRequest,
+    request: Request,
+    session: SessionDep,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    caller: WorkerCaller,
+) -> LeaseResponse:
+    """The oldest queued job this worker can run (requirements matched), or null."""
+    worker = worker_svc.own_worker(session, worker_id, caller)
+    job_svc.sweep_expired(sessions)
+    job = job_svc.lease(
+        session,
+        worker,
+        body.kinds,
+        ttl_s=settings.lease_ttl_s,
+        lock=request.app.state.lease_lock,
+    )
+    return LeaseResponse(job=job)
+
+
+@router.post("/jobs/{job_id}/heartbeat", tags=["worker protocol"], responses=LEASE_LOST)
+def heartbeat(
+    job_id: str,
+    body: HeartbeatRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: WorkerCaller,
+) -> HeartbeatResponse:
+    """Renew the lease and report progress; ``cancel: true`` asks the worker to stop."""
+    return job_svc.heartbeat(session, job_id, body, caller, ttl_s=settings.lease_ttl_s)
+
+
+@router.post("/jobs/{job_id}/results", tags=["worker protocol"], responses=LEASE_LOST)
+def upload_results(
+    job_id: str, body: ResultBatch, session: SessionDep, caller: WorkerCaller
+) -> BatchAck:
+    """Store one numbered batch of requests; a retried batch is acknowledged as duplicate."""
+    return job_svc.ingest_batch(session, job_id, body, caller)
+
+
+@router.post(
+    "/jobs/{job_id}/complete",
+    tags=["worker protocol"],
+    responses={409: {"description": "lease lost, or batches missing (named in detail)"}},
+)
+def complete(
+    job_id: str,
+    body: CompleteRequest,
+    session: SessionDep,
+    sessions: SessionsDep,
+    caller: WorkerCaller,
+) -> CompleteResponse:
+    """End the job; the run is finalized and its report computed from the uploaded events."""
+    return job_svc.complete(session, sessions, job_id, body, caller)

@@ -1,0 +1,197 @@
+"""Typed request and response bodies of the REST API (the worker protocol's are in app.wire)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.domain import RunSpec, RunStatus
+from app.services.auth import Scope
+from app.wire import JobKind, JobRequirements, JobState
+
+
+class RunCreate(RunSpec):
+    """A run to queue: every ``tokentrace bench`` field, plus a name and job requirements."""
+
+    name: str | None = Field(None, max_length=255)
+    requirements: JobRequirements = Field(default_factory=JobRequirements)
+
+    def to_spec(self) -> RunSpec:
+        data = self.model_dump(exclude={"name", "requirements"})
+        data["api_key"] = self.api_key
+        return RunSpec.model_validate(data)
+
+
+class RunCreated(BaseModel):
+    run_id: str
+    job_id: str
+
+
+class JobInfo(BaseModel):
+    id: str
+    kind: JobKind
+    state: JobState
+    run_id: str | None
+    spec: dict[str, Any]
+    requirements: JobRequirements
+    attempt: int
+    max_attempts: int
+    worker_id: str | None
+    lease_expires_at: dt.datetime | None
+    progress: dict[str, Any] | None
+    cancel_requested: bool
+    error: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    updated_at: dt.datetime
+
+
+class JobList(BaseModel):
+    items: list[JobInfo]
+    total: int
+    limit: int
+    offset: int
+
+
+class RunSummary(BaseModel):
+    id: str
+    name: str | None
+    status: RunStatus
+    source: str
+    model: str | None
+    target_url: str | None
+    endpoint: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    tags: list[str]
+    note: str | None
+    client_limited: bool
+    summary: dict[str, Any]
+
+
+class RunList(BaseModel):
+    items: list[RunSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class RunDetail(BaseModel):
+    run: RunSummary
+    job: JobInfo | None
+    report: dict[str, Any] = Field(description="the whole report, as `tokentrace report --json`")
+
+
+class RequestRow(BaseModel):
+    index: int
+    warmup: bool
+    status: str
+    error: str | None
+    http_status: int | None
+    scheduled_ms: float
+    sent_ms: float | None
+    end_ms: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+    token_source: str | None
+    ttft_ms: float | None
+    ttfot_ms: float | None
+    e2e_ms: float | None
+    tpot_ms: float | None
+    n_events: int
+
+
+class RequestPage(BaseModel):
+    items: list[RequestRow]
+    total: int
+    limit: int
+    offset: int
+
+
+class RequestEvents(BaseModel):
+    run_id: str
+    index: int
+    sent_ms: float | None = Field(description="when the request was sent (run-relative ms)")
+    t_ms: list[float] = Field(description="arrival of each event, run-relative ms")
+    bytes: list[int]
+    kinds: list[str] = Field(description="content, reasoning, role, usage or other")
+    tokens: list[int]
+
+
+class CancelResponse(BaseModel):
+    run_id: str
+    job_id: str
+    state: str
+    cancel_requested: bool = Field(description="true: the worker stops at its next heartbeat")
+
+
+class DeleteResponse(BaseModel):
+    run_id: str
+    deleted: bool
+
+
+class TagsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tags: list[str] = Field(max_length=100)
+
+
+class TagsResponse(BaseModel):
+    run_id: str
+    tags: list[str]
+
+
+class NoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str | None = Field(None, max_length=100_000)
+
+
+class NoteResponse(BaseModel):
+    run_id: str
+    note: str | None
+
+
+class WorkerInfo(BaseModel):
+    id: str
+    name: str | None
+    hostname: str
+    capabilities: dict[str, Any]
+    labels: dict[str, str]
+    registered_at: dt.datetime
+    last_seen_at: dt.datetime
+    current_job_id: str | None
+    online: bool = Field(description="seen within the last lease TTL")
+
+
+class WorkerList(BaseModel):
+    items: list[WorkerInfo]
+    total: int
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    scopes: list[Scope] = Field(min_length=1)
+    name: str | None = Field(None, max_length=255)
+
+
+class TokenInfo(BaseModel):
+    id: str
+    name: str | None
+    scopes: list[str]
+    prefix: str = Field(description="the secret's first characters, for recognizing it")
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+
+
+class TokenCreated(TokenInfo):
+    secret: str = Field(description="shown once; only its SHA-256 is stored")
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    database: str

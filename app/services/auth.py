@@ -1,0 +1,124 @@
+"""API tokens: ``tt_<random>`` secrets, stored as SHA-256 digests, with scopes.
+
+Scopes: ``read`` (GET routes, when reads are protected), ``run`` (create, cancel, delete,
+tag and annotate runs; implies read), ``admin`` (tokens; implies every other scope) and
+``worker`` (only the worker protocol routes, only for jobs leased to its own workers).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.storage import tokens as token_repo
+from app.storage.db import session_scope
+from app.storage.models import ApiToken, utcnow
+
+Scope = Literal["read", "run", "admin", "worker"]
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+IMPLIED: dict[str, frozenset[str]] = {
+    "read": frozenset({"read"}),
+    "run": frozenset({"run", "read"}),
+    "admin": frozenset({"admin", "run", "read", "worker"}),
+    "worker": frozenset({"worker"}),
+}
+SECRET_PREFIX = "tt_"
+TOUCH_EVERY = dt.timedelta(seconds=60)  # last_used_at is refreshed at most this often
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who called: a valid, unrevoked token."""
+
+    token_id: str
+    name: str | None
+    scopes: tuple[str, ...]  # as granted
+    effective: frozenset[str]  # with implied scopes
+
+    def has(self, scope: str) -> bool:
+        return scope in self.effective
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.effective
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def generate_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def effective_scopes(scopes: list[str] | tuple[str, ...]) -> frozenset[str]:
+    out: set[str] = set()
+    for s in scopes:
+        out |= IMPLIED.get(s, frozenset())
+    return frozenset(out)
+
+
+def normalize_scopes(scopes: list[str] | tuple[str, ...]) -> list[str]:
+    """Validated, de-duplicated scopes; ValueError names an unknown one."""
+    out: list[str] = []
+    for s in scopes:
+        if s not in SCOPES:
+            raise ValueError(f"unknown scope {s!r}; choose from {', '.join(SCOPES)}")
+        if s not in out:
+            out.append(s)
+    if not out:
+        raise ValueError(f"a token needs at least one scope ({', '.join(SCOPES)})")
+    return out
+
+
+def create_token(
+    session: Session, *, scopes: list[str] | tuple[str, ...], name: str | None = None
+) -> tuple[ApiToken, str]:
+    """A new token row and its secret (shown once; only its digest is stored)."""
+    granted = normalize_scopes(scopes)
+    secret = generate_secret()
+    row = token_repo.insert_token(
+        session, name=name, scopes=granted, digest=hash_secret(secret), prefix=secret[:10]
+    )
+    return row, secret
+
+
+def authenticate(session: Session, secret: str) -> Principal | None:
+    """The principal of a valid, unrevoked token secret, else None."""
+    if not secret.startswith(SECRET_PREFIX) or len(secret) > 200:
+        return None
+    digest = hash_secret(secret)
+    row = token_repo.find_by_hash(session, digest)
+    if row is None or row.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(row.hash, digest):
+        return None
+    return Principal(
+        token_id=row.id,
+        name=row.name,
+        scopes=tuple(row.scopes),
+        effective=effective_scopes(list(row.scopes)),
+    )
+
+
+def touch(sessions: sessionmaker[Session], principal: Principal) -> None:
+    """Record that a token was used (in its own short transaction, throttled)."""
+    now = utcnow()
+    with session_scope(sessions) as s:
+        row = token_repo.get_token(s, principal.token_id)
+        if row is not None and (row.last_used_at is None or now - row.last_used_at > TOUCH_EVERY):
+            token_repo.touch(s, principal.token_id, now)
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return token_repo.list_tokens(session)
+
+
+def revoke_token(session: Session, token_id: str) -> ApiToken | None:
+    return token_repo.revoke(session, token_id)

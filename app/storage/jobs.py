@@ -1,0 +1,217 @@
+"""SQL for jobs and their uploaded result batches. The caller owns the transaction.
+
+State changes are conditional ``UPDATE ... WHERE state IN (...) [AND lease_id = ...]``
+statements whose row count says whether this caller won, so two servers (or threads) can
+never both move the same job. On PostgreSQL the candidate queries also take row locks with
+``FOR UPDATE SKIP LOCKED`` so concurrent lease calls skip each other's rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from collections.abc import Collection, Sequence
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Select, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.storage.models import Job, JobBatch, Request, utcnow
+
+ACTIVE_STATES = ("leased", "running")
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _locking(session: Session, stmt: Select[Any]) -> Select[Any]:
+    """``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has no row locks (one writer)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return stmt.with_for_update(skip_locked=True)
+    return stmt
+
+
+def create_job(
+    session: Session,
+    *,
+    kind: str,
+    spec: dict[str, Any],
+    requirements: dict[str, Any],
+    run_id: str | None,
+    max_attempts: int,
+) -> Job:
+    now = utcnow()
+    job = Job(
+        id=new_id(),
+        kind=kind,
+        state="queued",
+        spec=spec,
+        requirements=requirements,
+        run_id=run_id,
+        attempt=0,
+        max_attempts=max_attempts,
+        cancel_requested=False,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def refresh(session: Session, job: Job) -> Job:
+    session.refresh(job)
+    return job
+
+
+def job_for_run(session: Session, run_id: str) -> Job | None:
+    """The newest job of a run (a bench run has exactly one)."""
+    stmt = select(Job).where(Job.run_id == run_id).order_by(Job.created_at.desc()).limit(1)
+    return session.scalars(stmt).first()
+
+
+def _job_filters(stmt: Select[Any], state: str | None, kind: str | None) -> Select[Any]:
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    if kind is not None:
+        stmt = stmt.where(Job.kind == kind)
+    return stmt
+
+
+def list_jobs(
+    session: Session, *, state: str | None, kind: str | None, limit: int, offset: int
+) -> list[Job]:
+    stmt = _job_filters(select(Job), state, kind)
+    stmt = stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+    return list(session.scalars(stmt))
+
+
+def count_jobs(session: Session, *, state: str | None, kind: str | None) -> int:
+    stmt = _job_filters(select(func.count()).select_from(Job), state, kind)
+    return int(session.scalar(stmt) or 0)
+
+
+def queued_candidates(session: Session, kinds: Collection[str], limit: int) -> list[Job]:
+    """Oldest queued jobs of these kinds, row-locked (skipping locked rows) on PostgreSQL."""
+    stmt = (
+        select(Job)
+        .where(Job.state == "queued", Job.kind.in_(list(kinds)))
+        .order_by(Job.created_at, Job.id)
+        .limit(limit)
+    )
+    return list(session.scalars(_locking(session, stmt)))
+
+
+def _rowcount(result: Any) -> int:
+    return int(cast(CursorResult[Any], result).rowcount or 0)
+
+
+def transition(
+    session: Session,
+    job_id: str,
+    *,
+    from_states: Sequence[str],
+    holding_lease: str | None = None,
+    expired_before: dt.datetime | None = None,
+    **values: Any,
+) -> bool:
+    """Set ``values`` on the job if it is in one of ``from_states`` (and, when given, holds
+    the lease ``holding_lease`` and its lease expired before ``expired_before``). Returns
+    whether the row changed; the session's copy is refreshed."""
+    stmt = update(Job).where(Job.id == job_id, Job.state.in_(list(from_states)))
+    if holding_lease is not None:
+        stmt = stmt.where(Job.lease_id == holding_lease)
+    if expired_before is not None:
+        stmt = stmt.where(Job.lease_expires_at < expired_before)
+    values.setdefault("updated_at", utcnow())
+    result = session.execute(stmt.values(**values).execution_options(synchronize_session=False))
+    changed = _rowcount(result) == 1
+    job = session.get(Job, job_id)
+    if job is not None:
+        session.refresh(job)
+    return changed
+
+
+def expired_leases(session: Session, now: dt.datetime, limit: int = 100) -> list[Job]:
+    """Leased or running jobs whose lease ran out (row-locked on PostgreSQL)."""
+    stmt = (
+        select(Job)
+        .where(Job.state.in_(ACTIVE_STATES), Job.lease_expires_at < now)
+        .order_by(Job.lease_expires_at)
+        .limit(limit)
+    )
+    return list(session.scalars(_locking(session, stmt)))
+
+
+def extend_active_leases(session: Session, until: dt.datetime) -> int:
+    """Push every active lease's expiry to at least ``until``; returns how many moved."""
+    stmt = (
+        update(Job)
+        .where(Job.state.in_(ACTIVE_STATES))
+        .where((Job.lease_expires_at.is_(None)) | (Job.lease_expires_at < until))
+        .values(lease_expires_at=until, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return _rowcount(session.execute(stmt))
+
+
+def delete_jobs_of_run(session: Session, run_id: str) -> int:
+    """Delete a run's jobs (their batches go by cascade)."""
+    n = 0
+    for job in session.scalars(select(Job).where(Job.run_id == run_id)):
+        session.delete(job)
+        n += 1
+    session.flush()
+    return n
+
+
+# ------------------------------------------------------------------------------ batches
+
+
+def add_batch(session: Session, job_id: str, batch_no: int, attempt: int, n_requests: int) -> bool:
+    """Record an uploaded batch; False (and nothing changed) when it was already recorded."""
+    if batch_exists(session, job_id, batch_no):
+        return False
+    try:
+        with session.begin_nested():
+            session.add(
+                JobBatch(job_id=job_id, batch_no=batch_no, attempt=attempt, n_requests=n_requests)
+            )
+    except IntegrityError:  # a concurrent retry of the same batch won the race
+        return False
+    return True
+
+
+def batch_exists(session: Session, job_id: str, batch_no: int) -> bool:
+    stmt = select(JobBatch.id).where(JobBatch.job_id == job_id, JobBatch.batch_no == batch_no)
+    return session.scalar(stmt) is not None
+
+
+def batch_numbers(session: Session, job_id: str) -> set[int]:
+    return set(session.scalars(select(JobBatch.batch_no).where(JobBatch.job_id == job_id)))
+
+
+def count_batches(session: Session, job_id: str) -> int:
+    stmt = select(func.count()).select_from(JobBatch).where(JobBatch.job_id == job_id)
+    return int(session.scalar(stmt) or 0)
+
+
+def measured_counts(session: Session, run_id: str) -> tuple[int, int]:
+    """(measured requests stored, of which ok) for a run; warm-ups excluded."""
+    stmt = select(func.count(), func.count().filter(Request.status == "ok")).where(
+        Request.run_id == run_id, Request.warmup.is_(False)
+    )
+    row = session.execute(stmt).one()
+    return int(row[0] or 0), int(row[1] or 0)
+
+
+def stored_requests(session: Session, run_id: str) -> int:
+    stmt = select(func.count()).select_from(Request).where(Request.run_id == run_id)
+    return int(session.scalar(stmt) or 0)

@@ -1,0 +1,293 @@
+"""Execute one leased bench job: run the load, heartbeat, upload as requests finish, complete.
+
+- A heartbeat every ``heartbeat_interval_s`` renews the lease and carries the latest progress.
+  ``cancel`` in its answer stops the load cleanly: what was measured is uploaded and the job
+  completes as ``cancelled``. A 409 (lease lost) stops the load and drops the job: nothing
+  more is uploaded, nothing is completed.
+- Finished records are cut into numbered batches every ``batch_interval_s`` or
+  ``batch_max_requests`` records, spooled, and sent by the ``Uploader``.
+- When the worker itself is stopped, the load stops and the job completes as ``cancelled``
+  within ``shutdown_grace_s``; what could not be sent by then stays spooled for next time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
+from app.loadgen.runner import LoadResult, Progress
+from app.services.runs import outcome_status, run_meta
+from app.wire import CompleteRequest, HeartbeatRequest, JobProgress, LeasedJob, RunMeta
+from app.worker.backoff import Backoff
+from app.worker.client import (
+    AuthError,
+    LeaseLost,
+    NotFound,
+    ProtocolError,
+    ServerUnreachable,
+    WorkerClient,
+    describe,
+)
+from app.worker.load_thread import LoadThread
+from app.worker.spool import JobSpool
+from app.worker.uploader import Uploader
+
+log = logging.getLogger(__name__)
+
+CompleteStatus = Literal["succeeded", "failed", "cancelled"]
+CUT_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    heartbeat_interval_s: float = 5.0
+    batch_interval_s: float = 1.0
+    batch_max_requests: int = 256
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 10.0
+    shutdown_grace_s: float = 10.0
+    kernel_stamps: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    job_id: str
+    status: CompleteStatus | None  # None: dropped (lease lost) or left spooled (shutdown)
+    detail: str | None = None
+
+
+def job_progress(p: Progress | None) -> JobProgress:
+    if p is None:
+        return JobProgress()
+    return JobProgress(
+        phase=p.phase,
+        planned=p.planned,
+        sent=p.sent,
+        done=p.done,
+        errors=p.errors,
+        in_flight=p.in_flight,
+        output_tokens=p.output_tokens,
+        tokens_per_s=p.tokens_per_s,
+        elapsed_s=p.elapsed_s,
+    )
+
+
+def spec_from_job(data: dict[str, Any]) -> RunSpec:
+    """The job's RunSpec. JSON has no infinity: an unlimited ``request_rate`` (the default)
+    arrives as null (how pydantic writes inf) or absent."""
+    data = dict(data)
+    if data.get("request_rate") is None:
+        data.pop("request_rate", None)
+    return RunSpec.model_validate(data)
+
+
+def failure_reason(result: LoadResult) -> str:
+    measured = [r for r in result.records if not r.warmup]
+    first = next((r.error for r in measured if r.status is not RequestStatus.OK and r.error), None)
+    msg = f"no measured request succeeded ({len(measured)} finished)"
+    return f"{msg}; first error: {first}" if first else msg
+
+
+class JobRun:
+    def __init__(
+        self,
+        client: WorkerClient,
+        spool: JobSpool,
+        options: JobOptions,
+        worker_stop: asyncio.Event,
+    ) -> None:
+        self.client = client
+        self.spool = spool
+        self.job: LeasedJob = spool.job
+        self.opts = options
+        self.worker_stop = worker_stop
+        self.uploader = Uploader(
+            client, spool, Backoff(options.backoff_initial_s, options.backoff_max_s)
+        )
+        self.records: deque[RequestRecord] = deque()  # appended by the load thread
+        self.progress: Progress | None = None  # replaced by the load thread
+        self.cancelled = False
+        self.stopping = False
+        self.deadline: float | None = None
+        self.load: LoadThread | None = None
+
+    # ---- callbacks from the load thread (cheap, thread-safe)
+
+    def _on_record(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+
+    def _on_progress(self, p: Progress) -> None:
+        self.progress = p
+
+    def _stop_load(self) -> None:
+        if self.load is not None:
+            self.load.stop()
+
+    # ---- main
+
+    async def run(self) -> JobOutcome:
+        self.uploader.start()
+        try:
+            return await self._run()
+        finally:
+            await self.uploader.close()
+
+    async def _run(self) -> JobOutcome:
+        job = self.job
+        if job.kind != "bench":
+            return await self._complete("failed", f"this worker cannot run {job.kind!r} jobs")
+        try:
+            spec = spec_from_job(job.spec)
+        except ValidationError as e:
+            return await self._complete("failed", f"invalid run spec: {e}")
+        self.load = LoadThread(
+            spec,
+            run_tag=job.run_id or job.job_id,
+            on_record=self._on_record,
+            on_progress=self._on_progress,
+            kernel_stamps=self.opts.kernel_stamps,
+        )
+        side = [
+            asyncio.create_task(self._heartbeats(), name=f"heartbeat-{job.job_id}"),
+            asyncio.create_task(self._cutter(), name=f"cut-{job.job_id}"),
+            asyncio.create_task(self._watch_stop(), name=f"watch-{job.job_id}"),
+        ]
+        try:
+            self.load.start()
+            try:
+                result: LoadResult | None = await self.load.result()
+                error = None
+            except Exception as e:
+                result, error = None, f"the load failed: {describe(e)}"
+                log.exception("job %s: load failed", job.job_id)
+            await self._cut_all()
+            if self.uploader.lost is not None:
+                return self._drop(self.uploader.lost)
+            status, error = self._status(result, error)
+            meta = run_meta(result) if result is not None else None
+            return await self._complete(status, error, meta)
+        finally:
+            self._stop_load()
+            for t in side:
+                t.cancel()
+            for t in side:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+    def _status(
+        self, result: LoadResult | None, error: str | None
+    ) -> tuple[CompleteStatus, str | None]:
+        if self.cancelled:
+            return "cancelled", None
+        if self.stopping:
+            return "cancelled", "the worker was stopped during the run"
+        if result is None:
+            return "failed", error
+        st = outcome_status(result)
+        if st is RunStatus.FAILED:
+            return "failed", failure_reason(result)
+        if st is RunStatus.PARTIAL:
+            return "cancelled", "the run was stopped"
+        return "succeeded", None
+
+    async def _complete(
+        self, status: CompleteStatus, error: str | None, meta: RunMeta | None = None
+    ) -> JobOutcome:
+        job = self.job
+        req = CompleteRequest(
+            lease_id=job.lease_id,
+            status=status,
+            error=error,
+            total_batches=self.uploader.next_batch_no,
+            run_meta=meta,
+        )
+        # spooled first: a worker restarted before the server answered still completes it
+        await asyncio.to_thread(self.spool.write_complete, req)
+        if not await self.uploader.drain(self.deadline):
+            return self._give_up()
+        resp = await self.uploader.complete(req, self.deadline)
+        if resp is None:
+            return self._give_up()
+        await asyncio.to_thread(self.spool.remove)
+        log.info(
+            "job %s: %s (%d batches, %d requests stored)%s",
+            job.job_id,
+            status,
+            req.total_batches,
+            self.uploader.accepted,
+            f": {error}" if error else "",
+        )
+        return JobOutcome(job.job_id, status, error)
+
+    def _give_up(self) -> JobOutcome:
+        if self.uploader.lost is not None:
+            return self._drop(self.uploader.lost)
+        log.warning("job %s: not completed before shutdown; results stay spooled", self.job.job_id)
+        return JobOutcome(self.job.job_id, None, "left spooled at shutdown")
+
+    def _drop(self, reason: str) -> JobOutcome:
+        self.spool.remove()
+        return JobOutcome(self.job.job_id, None, reason)
+
+    # ---- side tasks
+
+    async def _cut(self) -> None:
+        n = min(len(self.records), self.opts.batch_max_requests)
+        if n and self.uploader.lost is None:
+            await self.uploader.add([self.records.popleft() for _ in range(n)])
+
+    async def _cut_all(self) -> None:
+        while self.records and self.uploader.lost is None:
+            await self._cut()
+
+    async def _cutter(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(CUT_POLL_S)
+            full = len(self.records) >= self.opts.batch_max_requests
+            if full or (self.records and time.monotonic() - last >= self.opts.batch_interval_s):
+                await self._cut()
+                last = time.monotonic()
+
+    async def _heartbeats(self) -> None:
+        job = self.job
+        lost = self.uploader.lost_event()
+        while True:
+            try:
+                resp = await self.client.heartbeat(
+                    job.job_id,
+                    HeartbeatRequest(lease_id=job.lease_id, progress=job_progress(self.progress)),
+                )
+            except ServerUnreachable as e:
+                log.info("job %s: heartbeat not sent: %s", job.job_id, e)
+            except (LeaseLost, NotFound) as e:
+                self.uploader.lose(f"lease lost at heartbeat: {e}")
+                self._stop_load()
+                return
+            except (AuthError, ProtocolError) as e:
+                log.warning("job %s: heartbeat refused: %s", job.job_id, e)
+            else:
+                if resp.cancel and not self.cancelled:
+                    log.info("job %s: cancel requested; stopping the load", job.job_id)
+                    self.cancelled = True
+                    self._stop_load()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lost.wait(), self.opts.heartbeat_interval_s)
+            if lost.is_set():
+                self._stop_load()
+                return
+
+    async def _watch_stop(self) -> None:
+        await self.worker_stop.wait()
+        log.info("job %s: worker stopping; ending the load", self.job.job_id)
+        self.stopping = True
+        self.deadline = time.monotonic() + self.opts.shutdown_grace_s
+        self._stop_load()

@@ -1,0 +1,172 @@
+"""The worker's on-disk spool: result batches survive a lost connection or a worker restart.
+
+Layout under the worker's state directory::
+
+    jobs/<job_id>-a<attempt>/job.json          the LeasedJob (lease id, run id, ...)
+    jobs/<job_id>-a<attempt>/batch-000007.json a ResultBatch written but not yet acknowledged
+    jobs/<job_id>-a<attempt>/complete.json     the CompleteRequest, once the load has ended
+
+Every file is written atomically (temporary file, fsync, rename, fsync of the directory)
+before it is sent, and a batch file is deleted once the server acknowledged it. What is left
+after a crash is exactly what the server may not have: a new worker re-sends it (the server
+deduplicates by (job, batch_no), so a batch that did arrive is acknowledged as a duplicate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import IO
+
+import platformdirs
+from pydantic import BaseModel, ValidationError
+
+from app.wire import CompleteRequest, LeasedJob, ResultBatch
+
+BATCH_PREFIX = "batch-"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _dump(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+class JobSpool:
+    """The spool of one leased job attempt."""
+
+    def __init__(self, path: Path, job: LeasedJob) -> None:
+        self.path = path
+        self.job = job
+
+    def _batch_path(self, batch_no: int) -> Path:
+        return self.path / f"{BATCH_PREFIX}{batch_no:06d}.json"
+
+    def write(self, batch: ResultBatch) -> bytes:
+        """Spool ``batch`` durably; returns its JSON (the body to send)."""
+        data = _dump(batch)
+        atomic_write(self._batch_path(batch.batch_no), data)
+        return data
+
+    def read(self, batch_no: int) -> bytes | None:
+        """The spooled JSON of batch ``batch_no``, or None when it is not (or no longer) here."""
+        try:
+            return self._batch_path(batch_no).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def ack(self, batch_no: int) -> None:
+        self._batch_path(batch_no).unlink(missing_ok=True)
+
+    def pending(self) -> list[int]:
+        """Batch numbers written but not acknowledged, ascending."""
+        nos: list[int] = []
+        for p in self.path.glob(f"{BATCH_PREFIX}*.json"):
+            with contextlib.suppress(ValueError):
+                nos.append(int(p.stem.removeprefix(BATCH_PREFIX)))
+        return sorted(nos)
+
+    def write_complete(self, req: CompleteRequest) -> None:
+        atomic_write(self.path / "complete.json", _dump(req))
+
+    def read_complete(self) -> CompleteRequest | None:
+        try:
+            return CompleteRequest.model_validate_json((self.path / "complete.json").read_bytes())
+        except (FileNotFoundError, ValidationError, ValueError):
+            return None
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Spool:
+    """All job spools of one worker state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.jobs_dir = root / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    def open_job(self, job: LeasedJob) -> JobSpool:
+        path = self.jobs_dir / f"{job.job_id}-a{job.attempt}"
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write(path / "job.json", _dump(job))
+        return JobSpool(path, job)
+
+    def leftovers(self) -> list[JobSpool]:
+        """Job spools left by an earlier worker process (unreadable ones are removed)."""
+        out: list[JobSpool] = []
+        for d in sorted(self.jobs_dir.iterdir()):
+            if not d.is_dir():
+                continue
+            try:
+                job = LeasedJob.model_validate_json((d / "job.json").read_bytes())
+            except (OSError, ValidationError, ValueError):
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            out.append(JobSpool(d, job))
+        return out
+
+
+def default_state_root() -> Path:
+    return Path(platformdirs.user_state_dir("tokentrace"))
+
+
+def worker_key(server_url: str, name: str | None) -> str:
+    """A stable local id: the same server and name find the same state directory again."""
+    h = hashlib.sha256(f"{server_url.rstrip('/')}|{name or ''}".encode()).hexdigest()[:10]
+    return f"{name}-{h}" if name and name.replace("-", "").replace("_", "").isalnum() else h
+
+
+class StateDirLock:
+    """An exclusive lock on a worker state directory, held while the worker runs.
+
+    ``acquire`` picks ``<root>/worker-<key>``, or ``-2``, ``-3``, ... when another live worker
+    holds that one: a restarted worker finds its own spool again, and two workers on one
+    machine never share one."""
+
+    def __init__(self, path: Path, handle: IO[bytes]) -> None:
+        self.path = path
+        self._handle = handle
+
+    @classmethod
+    def acquire(cls, root: Path, key: str, *, exact: bool = False) -> StateDirLock:
+        for n in range(1, 1000):
+            path = root if exact else root / (f"worker-{key}" + ("" if n == 1 else f"-{n}"))
+            path.mkdir(parents=True, exist_ok=True)
+            handle = open(path / "lock", "ab")  # noqa: SIM115 (held until release)
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                if exact:
+                    raise RuntimeError(f"{path} is in use by another worker") from None
+                continue
+            return cls(path, handle)
+        raise RuntimeError(f"no free worker state directory under {root}")
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+        self._handle.close()

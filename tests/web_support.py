@@ -1,0 +1,76 @@
+"""Real runs for the dashboard tests: benchmarks against the simulator, an import, and an
+empty database; plus the app with the pages mounted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.domain import RunSpec
+from app.loadgen.sim_config import SimConfig
+from app.loadgen.simulator import start_simulator_thread
+from app.services.imports import import_csv
+from app.services.runs import execute_bench, open_database
+from app.settings import Settings
+from app.web.serve import dashboard_app
+
+CSV_LOG = """request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens
+r1,100.000,100.120,100.900,200,50
+r2,100.100,100.260,101.300,210,60
+r3,100.200,100.350,100.700,190,1
+"""
+
+
+@dataclass(frozen=True)
+class Seeded:
+    url: str
+    sessions: sessionmaker[Session]
+    normal: str  # 60 requests, some errors, SLOs set
+    all_errors: str  # every request failed
+    one: str  # a single request
+    imported: str  # summary-only CSV import
+
+
+def bench(sessions: sessionmaker[Session], config: SimConfig, name: str, **spec: object) -> str:
+    sim = start_simulator_thread(config)
+    try:
+        fields: dict[str, object] = {
+            "base_url": sim.base_url,
+            "model": "tokentrace-sim",
+            "num_prompts": 60,
+            "request_rate": 200.0,
+            "input_len": 64,
+            "output_len": 24,
+            "seed": 3,
+        }
+        fields.update(spec)
+        out = execute_bench(RunSpec.model_validate(fields), sessions=sessions, name=name)
+    finally:
+        sim.stop()
+    assert out.run_id is not None
+    return out.run_id
+
+
+def seed(tmp: Path) -> Seeded:
+    url = f"sqlite:///{tmp / 'web.db'}"
+    sessions = open_database(url)
+    normal = bench(
+        sessions,
+        SimConfig(ttft_ms=15, itl_ms=1.5, itl_jitter_ms=0.5, error_rate=0.1, seed=5),
+        "<b>normal</b> & co",
+        goodput={"ttft": 30.0},
+        tags=["web", "<i>x</i>"],
+    )
+    all_errors = bench(sessions, SimConfig(error_rate=1.0, seed=2), "all errors", num_prompts=5)
+    one = bench(sessions, SimConfig(ttft_ms=5, itl_ms=1), "one request", num_prompts=1)
+    f = tmp / "log.csv"
+    f.write_text(CSV_LOG)
+    imported = import_csv(sessions, f, name="imported log")
+    return Seeded(url, sessions, normal, all_errors, one, imported)
+
+
+def web_app(url: str) -> FastAPI:
+    return dashboard_app(Settings(database_url=url, local_worker=False))
