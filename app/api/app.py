@@ -44,11 +44,8 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
 
 def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     """The embedded worker (app.worker.embedded), with a fresh worker-scope token."""
-    try:
-        from app.worker.embedded import start_local_worker
-    except ImportError as e:
-        log.warning("no embedded worker available (%s): start `tokentrace worker`", e)
-        return None
+    from app.worker.embedded import start_local_worker
+
     with session_scope(app.state.sessions) as s:
         row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")
     app.state.local_worker_token_id = row.id
