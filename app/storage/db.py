@@ -110,8 +110,10 @@ def alembic_config(url: str | URL) -> Any:
     return cfg
 
 
-def upgrade_database(url: str | URL, revision: str = "head") -> None:
-    """Run Alembic migrations up to ``revision`` (default: head) on ``url``."""
+def upgrade_database(url: str | URL, revision: str = "heads") -> None:
+    """Run Alembic migrations up to ``revision`` (default: every head) on ``url``.
+
+    Feature migrations may branch from a common parent; "heads" applies every branch."""
     from alembic import command
 
     u = make_url(url)
