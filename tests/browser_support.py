@@ -31,7 +31,7 @@ def browser_missing() -> str | None:
 
 
 class DashboardServer:
-    """``uvicorn --factory app.web.serve:dashboard_app`` on 127.0.0.1 with its own DB."""
+    """``uvicorn --factory app.api.app:create_app`` on 127.0.0.1 with its own DB."""
 
     def __init__(self, db_url: str, log_path: Path, *, local_worker: bool = True) -> None:
         self.port = free_port()
@@ -53,7 +53,7 @@ class DashboardServer:
             "-m",
             "uvicorn",
             "--factory",
-            "app.web.serve:dashboard_app",
+            "app.api.app:create_app",
             "--host",
             "127.0.0.1",
             "--port",

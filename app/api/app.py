@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,6 +28,7 @@ from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
+from app.web.mount import mount
 
 log = logging.getLogger(__name__)
 
@@ -117,4 +119,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         backend = make_url(request.app.state.settings.database_url).get_backend_name()
         return Health(status="ok", version=__version__, database=backend)
 
+    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    mount(app)
     return app

@@ -290,7 +290,7 @@ def assemble_report(
     return report
 
 
-def _run_dict(row: Any) -> dict[str, Any]:
+def run_dict(row: Any) -> dict[str, Any]:
     def iso(v: datetime | None) -> str | None:
         return v.isoformat() if v is not None else None
 
@@ -327,7 +327,7 @@ def run_report(
             row = repo.get_run(s, run_id)
         except repo.NotFoundError:
             raise RunNotFound(run_id) from None
-        run = _run_dict(row)
+        run = run_dict(row)
         trace = repo.load_trace(s, run_id)
     return assemble_report(run=run, trace=trace, slos_ms=slos_ms, profile=profile)
 
@@ -355,4 +355,4 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
 def list_runs(sessions: sessionmaker[Session], *, limit: int = 50) -> list[dict[str, Any]]:
     with session_scope(sessions) as s:
         rows = repo.list_runs(s, limit=limit, offset=0)
-        return [_run_dict(r) | {"summary": r.summary or {}} for r in rows]
+        return [run_dict(r) | {"summary": r.summary or {}} for r in rows]

@@ -1,0 +1,130 @@
+"""What every page needs: the Jinja environment, the database, the settings and the signed-in
+principal (an API token kept in an HttpOnly cookie)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import __version__
+from app.services import auth
+from app.services.auth import Principal
+from app.settings import Settings
+from app.storage.db import session_scope
+
+COOKIE = "tt_token"
+ROOT = Path(__file__).resolve().parents[2]
+_PACKAGED = Path(__file__).resolve().parent / "_assets"
+
+
+def asset_dir(name: str) -> Path:
+    """``templates`` or ``static``: the packaged copy if present, else the checkout's."""
+    packaged = _PACKAGED / name
+    return packaged if packaged.is_dir() else ROOT / name
+
+
+# ----------------------------------------------------------------------- formatting
+
+
+def fmt_num(v: Any, digits: int = 1) -> str:
+    """A number for a table cell; an em dash for None/NaN."""
+    if v is None or isinstance(v, bool):
+        return "—" if v is None else str(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if not math.isfinite(f):
+        return "—"
+    if abs(f) >= 1000:
+        return f"{f:,.0f}"
+    return f"{f:.{digits}f}"
+
+
+def fmt_ms(v: Any) -> str:
+    if v is None:
+        return "—"
+    f = float(v)
+    if not math.isfinite(f):
+        return "—"
+    digits = 2 if abs(f) < 10 else 1
+    return fmt_num(f, digits)
+
+
+def fmt_pct(v: Any) -> str:
+    if v is None:
+        return "—"
+    return f"{float(v) * 100:.1f}%"
+
+
+def fmt_dt(v: Any) -> str:
+    if v is None:
+        return "—"
+    text = v.isoformat() if hasattr(v, "isoformat") else str(v)
+    return text.replace("T", " ")[:19]
+
+
+def make_templates() -> Jinja2Templates:
+    env = Environment(
+        loader=FileSystemLoader(str(asset_dir("templates"))),
+        autoescape=True,  # every template: names, notes and errors show escaped
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = fmt_num
+    env.filters["ms"] = fmt_ms
+    env.filters["pct"] = fmt_pct
+    env.filters["dt"] = fmt_dt
+    env.globals["version"] = __version__
+    return Jinja2Templates(env=env)
+
+
+templates = make_templates()
+
+
+# ----------------------------------------------------------------------- app state
+
+
+def sessions_of(request: Request) -> sessionmaker[Session]:
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    return sessions
+
+
+def settings_of(request: Request) -> Settings:
+    settings = getattr(request.app.state, "settings", None)
+    return settings if isinstance(settings, Settings) else Settings()
+
+
+def principal_of(request: Request) -> Principal | None:
+    """The principal of the token in the sign-in cookie, if it is valid."""
+    secret = request.cookies.get(COOKIE)
+    if not secret:
+        return None
+    with session_scope(sessions_of(request)) as s:
+        return auth.authenticate(s, secret)
+
+
+def reads_allowed(request: Request, principal: Principal | None) -> bool:
+    """Pages are open unless the server protects reads (``auth_reads``)."""
+    if not settings_of(request).auth_reads:
+        return True
+    return principal is not None and principal.has("read")
+
+
+def render(
+    request: Request,
+    name: str,
+    ctx: dict[str, Any],
+    *,
+    principal: Principal | None = None,
+    status_code: int = 200,
+) -> Response:
+    base = {"principal": principal, "nav": ctx.pop("nav", "")}
+    resp: Response = templates.TemplateResponse(request, name, base | ctx, status_code=status_code)
+    return resp

@@ -1,0 +1,578 @@
+"""Plotly figure builders: plain arrays in, a Plotly figure dict (``{"data", "layout"}``) out.
+
+Pure functions, testable without a browser. Where a plot would carry more points than a
+screen can show, the builder keeps a subset (``MAX_POINTS``) and says so on the plot with an
+annotation ``downsampled: N of M points``. Percentiles and metrics never come from here:
+these functions only arrange samples for display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.analysis.percentiles import percentiles
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Figure = dict[str, Any]
+
+MAX_POINTS = 2000  # scatter / line points per trace
+MAX_BARS = 1000  # request bars in the timeline
+HIST_BINS = 60
+TIME_BINS = 200  # throughput / in-flight time bins
+
+STATUS_COLORS = {
+    "ok": "#2e7d32",
+    "error": "#c62828",
+    "timeout": "#ef6c00",
+    "cancelled": "#6d6d6d",
+}
+KIND_NAMES = {0: "content", 1: "reasoning", 2: "role", 3: "usage", 4: "other"}
+KIND_COLORS = {0: "#1565c0", 1: "#8e24aa", 2: "#9e9e9e", 3: "#00897b", 4: "#bdbdbd"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def values(arr: npt.ArrayLike, ndigits: int = 3) -> list[float | None]:
+    """A JSON-safe list: rounded floats, NaN/inf as ``None`` (Plotly draws a gap)."""
+    a = np.asarray(arr, np.float64)
+    if a.size == 0:
+        return []
+    out: list[float | None] = np.round(a, ndigits).tolist()
+    bad = ~np.isfinite(a)
+    if bad.any():
+        for i in np.flatnonzero(bad).tolist():
+            out[i] = None
+    return out
+
+
+def evenly(n: int, k: int) -> I64:
+    """``k`` evenly spaced indices into ``range(n)``, first and last included (all if n <= k)."""
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    out: I64 = np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
+    return out
+
+
+def sample(n: int, k: int, seed: int = 0) -> I64:
+    """``k`` indices into ``range(n)`` drawn without replacement (sorted); all if n <= k."""
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    out: I64 = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+    return out
+
+
+def downsample_note(shown: int, total: int) -> dict[str, Any]:
+    return _note(f"downsampled: {shown:,} of {total:,} points", y=1.0, yanchor="bottom")
+
+
+def _note(text: str, *, y: float = 0.5, yanchor: str = "middle") -> dict[str, Any]:
+    return {
+        "text": text,
+        "xref": "paper",
+        "yref": "paper",
+        "x": 1.0,
+        "y": y,
+        "xanchor": "right",
+        "yanchor": yanchor,
+        "showarrow": False,
+        "font": {"size": 11, "color": "#555"},
+    }
+
+
+def _layout(title: str, xtitle: str, ytitle: str, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 14}},
+        "xaxis": {"title": {"text": xtitle}, "zeroline": False},
+        "yaxis": {"title": {"text": ytitle}, "zeroline": False},
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 45},
+        "height": 320,
+        "showlegend": False,
+        "annotations": [],
+    }
+    layout.update(extra)
+    return layout
+
+
+def empty_figure(title: str, reason: str) -> Figure:
+    """A figure with no traces and the reason written in the middle."""
+    layout = _layout(title, "", "")
+    layout["xaxis"]["visible"] = False
+    layout["yaxis"]["visible"] = False
+    layout["annotations"] = [
+        {**_note(f"no data: {reason}"), "x": 0.5, "xanchor": "center", "font": {"size": 13}}
+    ]
+    return {"data": [], "layout": layout}
+
+
+def point_count(fig: Figure) -> int:
+    """Total number of x values over a figure's traces (gaps included)."""
+    return sum(len(t.get("x") or []) for t in fig["data"])
+
+
+def _finite(arr: npt.ArrayLike) -> F64:
+    a = np.asarray(arr, np.float64)
+    out: F64 = a[np.isfinite(a)]
+    return out
+
+
+# --------------------------------------------------------------------------- distributions
+
+
+def cdf_figure(
+    samples: npt.ArrayLike,
+    *,
+    title: str,
+    unit: str = "ms",
+    max_points: int = MAX_POINTS,
+    no_data_reason: str = "no samples",
+) -> Figure:
+    """Empirical CDF of the finite ``samples`` (x sorted, y = rank / N)."""
+    x = np.sort(_finite(samples))
+    n = int(x.shape[0])
+    if n == 0:
+        return empty_figure(title, no_data_reason)
+    keep = evenly(n, max_points)
+    y = (keep + 1) / n
+    trace = {
+        "type": "scatter",
+        "mode": "lines",
+        "x": values(x[keep]),
+        "y": values(y, 5),
+        "line": {"shape": "hv", "color": "#1565c0"},
+        "hovertemplate": f"%{{x}} {unit}<br>%{{y:.2%}}<extra></extra>",
+    }
+    layout = _layout(title, unit, "fraction of samples")
+    layout["yaxis"]["range"] = [0, 1.02]
+    if keep.shape[0] < n:
+        layout["annotations"].append(downsample_note(int(keep.shape[0]), n))
+    return {"data": [trace], "layout": layout}
+
+
+def histogram_figure(
+    samples: npt.ArrayLike,
+    *,
+    title: str,
+    unit: str = "ms",
+    bins: int = HIST_BINS,
+    no_data_reason: str = "no samples",
+) -> Figure:
+    """Histogram of the finite ``samples``, binned here (the browser gets ``bins`` bars)."""
+    x = _finite(samples)
+    n = int(x.shape[0])
+    if n == 0:
+        return empty_figure(title, no_data_reason)
+    lo, hi = float(x.min()), float(x.max())
+    if hi <= lo:
+        hi = lo + max(abs(lo) * 1e-3, 1e-3)
+    counts, edges = np.histogram(x, bins=bins, range=(lo, hi))
+    centers = (edges[:-1] + edges[1:]) / 2
+    trace = {
+        "type": "bar",
+        "x": values(centers, 4),
+        "y": counts.astype(np.int64).tolist(),
+        "width": float(edges[1] - edges[0]),
+        "marker": {"color": "#1565c0"},
+        "hovertemplate": f"%{{x}} {unit}: %{{y}}<extra></extra>",
+    }
+    layout = _layout(title, unit, "samples")
+    layout["bargap"] = 0.02
+    layout["annotations"].append(_note(f"{n:,} samples in {bins} bins", y=1.0, yanchor="bottom"))
+    return {"data": [trace], "layout": layout}
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def _segments(start: F64, stop: F64, rows: F64) -> tuple[list[float | None], list[float | None]]:
+    """x/y lists of horizontal segments start->stop at height ``rows``, separated by gaps."""
+    k = start.shape[0]
+    xs = np.full((k, 3), np.nan)
+    ys = np.full((k, 3), np.nan)
+    xs[:, 0], xs[:, 1] = start, stop
+    ys[:, 0], ys[:, 1] = rows, rows
+    return values(xs.ravel()), values(ys.ravel(), 0)
+
+
+def timeline_figure(
+    sent_s: npt.ArrayLike,
+    first_s: npt.ArrayLike,
+    last_s: npt.ArrayLike,
+    end_s: npt.ArrayLike,
+    status: Sequence[str],
+    index: npt.ArrayLike,
+    *,
+    max_bars: int = MAX_BARS,
+) -> Figure:
+    """One bar per request, ordered by send time: sent -> first token (thin, grey) and
+    first token -> last token (thick, coloured by status). Failed requests without tokens
+    run sent -> end. Times in s (run-relative); NaN where unknown. ``index`` (the request
+    index) is attached for click-through."""
+    sent = np.asarray(sent_s, np.float64)
+    first = np.asarray(first_s, np.float64)
+    last = np.asarray(last_s, np.float64)
+    end = np.asarray(end_s, np.float64)
+    idx = np.asarray(index, np.int64)
+    st = np.asarray(list(status), dtype=object)
+    was_sent = np.flatnonzero(np.isfinite(sent))
+    total = int(was_sent.shape[0])
+    title = "Request timeline"
+    if total == 0:
+        return empty_figure(title, "no request was sent")
+    order = was_sent[np.argsort(sent[was_sent], kind="stable")]
+    keep = order[evenly(total, max_bars)]
+    rows = np.arange(keep.shape[0], dtype=np.float64)
+    s, f, la, e = sent[keep], first[keep], last[keep], end[keep]
+    stream_end = np.where(np.isfinite(la), la, e)
+    stream_start = np.where(np.isfinite(f), f, s)
+    wait_end = np.where(np.isfinite(f), f, s)
+    data: list[dict[str, Any]] = []
+    wx, wy = _segments(s, wait_end, rows)
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "waiting for first token",
+            "x": wx,
+            "y": wy,
+            "line": {"color": "#b0bec5", "width": 1},
+            "hoverinfo": "skip",
+        }
+    )
+    statuses = st[keep]
+    bar_px = float(np.clip(300.0 / max(keep.shape[0], 1), 1.0, 6.0))  # bars must not overlap
+    for name in sorted(set(statuses.tolist())):
+        m = statuses == name
+        x, y = _segments(stream_start[m], stream_end[m], rows[m])
+        custom = np.repeat(idx[keep][m], 3).tolist()
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": str(name),
+                "x": x,
+                "y": y,
+                "customdata": custom,
+                "line": {"color": STATUS_COLORS.get(str(name), "#333"), "width": bar_px},
+                "hovertemplate": "request %{customdata}<br>%{x:.3f} s<extra>"
+                + str(name)
+                + "</extra>",
+            }
+        )
+    layout = _layout(title, "time since run start (s)", "requests (by send time)")
+    layout["showlegend"] = True
+    layout["legend"] = {"orientation": "h", "y": -0.2}
+    layout["height"] = 380
+    layout["yaxis"]["showticklabels"] = False
+    if keep.shape[0] < total:
+        note = downsample_note(int(keep.shape[0]), total)
+        note["text"] = f"downsampled: {keep.shape[0]:,} of {total:,} requests"
+        layout["annotations"].append(note)
+    return {"data": data, "layout": layout}
+
+
+def throughput_figure(
+    token_t_s: npt.ArrayLike,
+    token_counts: npt.ArrayLike,
+    sent_s: npt.ArrayLike,
+    end_s: npt.ArrayLike,
+    *,
+    bins: int = TIME_BINS,
+    max_points: int = MAX_POINTS,
+) -> Figure:
+    """Output tokens/s per time bin (left axis) and requests in flight (right axis).
+
+    ``token_t_s`` / ``token_counts``: arrival time (s) and token count of each token-bearing
+    event of the successful requests; ``sent_s`` / ``end_s``: per request (NaN unknown)."""
+    t = np.asarray(token_t_s, np.float64)
+    k = np.asarray(token_counts, np.float64)
+    sent = np.asarray(sent_s, np.float64)
+    end = np.asarray(end_s, np.float64)
+    title = "Throughput and requests in flight"
+    known = np.isfinite(sent)
+    if not known.any():
+        return empty_figure(title, "no request was sent")
+    lo = float(sent[known].min())
+    hi_parts = [float(sent[known].max())]
+    if np.isfinite(end).any():
+        hi_parts.append(float(np.nanmax(end)))
+    if t.size:
+        hi_parts.append(float(t.max()))
+    hi = max(hi_parts)
+    if hi <= lo:
+        hi = lo + 1e-3
+    data: list[dict[str, Any]] = []
+    layout = _layout(title, "time since run start (s)", "output tokens/s")
+    if t.size:
+        counts, edges = np.histogram(t, bins=bins, range=(lo, hi), weights=k)
+        width = float(edges[1] - edges[0])
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "output tok/s",
+                "x": values((edges[:-1] + edges[1:]) / 2, 4),
+                "y": values(counts / width, 1),
+                "line": {"shape": "hvh", "color": "#1565c0"},
+                "hovertemplate": "%{x:.2f} s: %{y:.0f} tok/s<extra></extra>",
+            }
+        )
+        layout["annotations"].append(
+            _note(f"tokens/s in {bins} bins of {width:.3g} s", y=1.0, yanchor="bottom")
+        )
+    x, y, total = in_flight_steps(sent, end, hi, max_points)
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "in flight",
+            "x": values(x, 4),
+            "y": values(y, 0),
+            "yaxis": "y2",
+            "line": {"shape": "hv", "color": "#ef6c00"},
+            "hovertemplate": "%{x:.2f} s: %{y} in flight<extra></extra>",
+        }
+    )
+    if len(x) < total:
+        layout["annotations"].append(
+            {**downsample_note(len(x), total), "x": 0.0, "xanchor": "left"}
+        )
+    layout["yaxis2"] = {
+        "title": {"text": "requests in flight"},
+        "overlaying": "y",
+        "side": "right",
+        "rangemode": "tozero",
+        "showgrid": False,
+    }
+    layout["yaxis"]["rangemode"] = "tozero"
+    layout["showlegend"] = True
+    layout["legend"] = {"orientation": "h", "y": -0.2}
+    layout["margin"]["r"] = 60
+    return {"data": data, "layout": layout}
+
+
+def in_flight_steps(
+    sent: F64, end: F64, horizon: float, max_points: int = MAX_POINTS
+) -> tuple[F64, F64, int]:
+    """The step function "requests in flight" at every send/end: (x, y, exact point count).
+
+    Requests without an end stay in flight until ``horizon``. Above ``max_points`` steps the
+    function is reduced to the maximum of each of ``max_points // 2`` time bins (peaks kept).
+    """
+    s = sent[np.isfinite(sent)]
+    e = np.where(np.isfinite(end), end, horizon)[np.isfinite(sent)]
+    times = np.concatenate([s, e])
+    delta = np.concatenate([np.ones(s.shape[0]), -np.ones(e.shape[0])])
+    order = np.lexsort((delta, times))  # at equal times, ends (-1) before sends (+1)
+    x = times[order]
+    y = np.cumsum(delta[order])
+    total = int(x.shape[0])
+    if total <= max_points:
+        return x, y, total
+    nb = max(1, max_points // 2)
+    lo, hi = float(x[0]), float(x[-1])
+    edges = np.linspace(lo, hi, nb + 1)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
+    starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
+    peaks = np.maximum.reduceat(y, starts)
+    return edges[which[starts]], peaks, total
+
+
+def itl_position_figure(
+    position: npt.ArrayLike,
+    itl_ms: npt.ArrayLike,
+    *,
+    max_points: int = MAX_POINTS,
+    no_data_reason: str = "no per-token data",
+    position_bins: int = 100,
+) -> Figure:
+    """ITL (per token, ms) against the token's position in its response: a sample of the
+    points plus the median per position bin."""
+    pos = np.asarray(position, np.float64)
+    itl = np.asarray(itl_ms, np.float64)
+    ok = np.isfinite(pos) & np.isfinite(itl)
+    pos, itl = pos[ok], itl[ok]
+    n = int(pos.shape[0])
+    title = "ITL against token position"
+    if n == 0:
+        return empty_figure(title, no_data_reason)
+    keep = sample(n, max_points)
+    data: list[dict[str, Any]] = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "samples",
+            "x": values(pos[keep], 0),
+            "y": values(itl[keep]),
+            "marker": {"size": 3, "color": "rgba(21,101,192,0.35)"},
+            "hovertemplate": "token %{x}: %{y} ms<extra></extra>",
+        }
+    ]
+    mx, my = _binned_median(pos, itl, position_bins)
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "median",
+            "x": values(mx, 1),
+            "y": values(my),
+            "line": {"color": "#c62828", "width": 2},
+            "hovertemplate": "token ≈%{x:.0f}: median %{y} ms<extra></extra>",
+        }
+    )
+    layout = _layout(title, "token position in the response", "ITL (ms)")
+    layout["showlegend"] = True
+    layout["legend"] = {"orientation": "h", "y": -0.2}
+    if keep.shape[0] < n:
+        layout["annotations"].append(downsample_note(int(keep.shape[0]), n))
+    return {"data": data, "layout": layout}
+
+
+def _binned_median(x: F64, y: F64, bins: int) -> tuple[F64, F64]:
+    """Median of ``y`` in each of up to ``bins`` equal-width bins of ``x`` (non-empty bins)."""
+    lo, hi = float(x.min()), float(x.max())
+    nb = max(1, min(bins, int(hi - lo) + 1))
+    edges = np.linspace(lo, hi + 1e-9, nb + 1)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
+    order = np.argsort(which, kind="stable")
+    w = which[order]
+    ys = y[order]
+    starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
+    stops = np.r_[starts[1:], w.shape[0]]
+    centers = (edges[w[starts]] + edges[w[starts] + 1]) / 2
+    med = np.array(
+        [percentiles(ys[a:b], (50.0,))[50.0] for a, b in zip(starts, stops, strict=True)]
+    )
+    return centers, med.astype(np.float64)
+
+
+def scatter_figure(
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    *,
+    title: str,
+    xtitle: str,
+    ytitle: str,
+    max_points: int = MAX_POINTS,
+    no_data_reason: str = "no samples",
+    color: str = "#1565c0",
+    hover: str = "%{x}, %{y}<extra></extra>",
+) -> Figure:
+    """A scatter of the finite (x, y) pairs, randomly thinned to ``max_points``."""
+    xa = np.asarray(x, np.float64)
+    ya = np.asarray(y, np.float64)
+    ok = np.isfinite(xa) & np.isfinite(ya)
+    xa, ya = xa[ok], ya[ok]
+    n = int(xa.shape[0])
+    if n == 0:
+        return empty_figure(title, no_data_reason)
+    keep = sample(n, max_points)
+    trace = {
+        "type": "scatter",
+        "mode": "markers",
+        "x": values(xa[keep]),
+        "y": values(ya[keep]),
+        "marker": {"size": 4, "color": color},
+        "hovertemplate": hover,
+    }
+    layout = _layout(title, xtitle, ytitle)
+    if keep.shape[0] < n:
+        layout["annotations"].append(downsample_note(int(keep.shape[0]), n))
+    return {"data": [trace], "layout": layout}
+
+
+def ttft_input_figure(
+    input_tokens: npt.ArrayLike, ttft_ms: npt.ArrayLike, *, max_points: int = MAX_POINTS
+) -> Figure:
+    """TTFT (ms) of each successful request against its input length (tokens)."""
+    inp = np.asarray(input_tokens, np.float64)
+    inp = np.where(inp < 0, np.nan, inp)
+    return scatter_figure(
+        inp,
+        ttft_ms,
+        title="TTFT against input length",
+        xtitle="input tokens",
+        ytitle="TTFT (ms)",
+        max_points=max_points,
+        no_data_reason="no successful request with a known input length",
+        hover="%{x} tokens: %{y} ms<extra></extra>",
+    )
+
+
+def send_lag_figure(
+    scheduled_s: npt.ArrayLike, lag_ms: npt.ArrayLike, *, max_points: int = MAX_POINTS
+) -> Figure:
+    """How late each request was sent (sent - scheduled, ms) against its scheduled time."""
+    return scatter_figure(
+        scheduled_s,
+        lag_ms,
+        title="Send lag against schedule",
+        xtitle="scheduled time since run start (s)",
+        ytitle="send lag (ms)",
+        max_points=max_points,
+        no_data_reason="no request was sent",
+        color="#6a1b9a",
+        hover="scheduled %{x:.3f} s: %{y} ms late<extra></extra>",
+    )
+
+
+def request_events_figure(
+    t_ms: npt.ArrayLike,
+    kind: npt.ArrayLike,
+    tokens: npt.ArrayLike,
+    *,
+    max_points: int = 5 * MAX_POINTS,
+) -> Figure:
+    """One request's events on a time axis (ms since sent): cumulative tokens, one marker
+    colour per event kind; hover shows the kind and the token delta."""
+    t = np.asarray(t_ms, np.float64)
+    kd = np.asarray(kind, np.int64)
+    tk = np.asarray(tokens, np.int64)
+    title = "Events of this request"
+    total = int(t.shape[0])
+    if total == 0:
+        return empty_figure(title, "this request recorded no events")
+    cum = np.cumsum(tk)
+    keep = evenly(total, max_points)
+    t, kd, tk, cum = t[keep], kd[keep], tk[keep], cum[keep]
+    data: list[dict[str, Any]] = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "tokens so far",
+            "x": values(t),
+            "y": cum.tolist(),
+            "line": {"shape": "hv", "color": "#90a4ae", "width": 1},
+            "hoverinfo": "skip",
+        }
+    ]
+    for code in sorted(set(kd.tolist())):
+        m = kd == code
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": KIND_NAMES.get(code, str(code)),
+                "x": values(t[m]),
+                "y": cum[m].tolist(),
+                "customdata": tk[m].tolist(),
+                "marker": {"size": 6, "color": KIND_COLORS.get(code, "#333")},
+                "hovertemplate": "%{x} ms: +%{customdata} tokens (total %{y})<extra>"
+                + KIND_NAMES.get(code, str(code))
+                + "</extra>",
+            }
+        )
+    layout = _layout(title, "ms since the request was sent", "output tokens received")
+    layout["showlegend"] = True
+    layout["legend"] = {"orientation": "h", "y": -0.2}
+    if keep.shape[0] < total:
+        note = downsample_note(int(keep.shape[0]), total)
+        note["text"] = f"downsampled: {keep.shape[0]:,} of {total:,} events"
+        layout["annotations"].append(note)
+    return {"data": data, "layout": layout}

@@ -1,0 +1,144 @@
+"""Write pages: launch a run (form POST) and sign in / out (token in an HttpOnly cookie)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from app.services import auth
+from app.services import jobs as job_svc
+from app.services.errors import ServiceError
+from app.storage import repository as repo
+from app.storage.db import session_scope
+from app.web import launch_form
+from app.web.context import COOKIE, principal_of, reads_allowed, render, sessions_of, settings_of
+
+router = APIRouter(include_in_schema=False)
+
+COOKIE_MAX_AGE_S = 30 * 24 * 3600
+MAX_FORM_BYTES = 256 * 1024
+
+
+async def form_values(request: Request) -> dict[str, str]:
+    """An urlencoded form body as a dict (last value wins); no multipart needed."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return {}
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+def _safe_next(target: str | None) -> str:
+    if target and target.startswith("/") and not target.startswith("//"):
+        return target
+    return "/"
+
+
+def _launch(
+    request: Request,
+    values: dict[str, str],
+    errors: dict[str, str],
+    principal: Any,
+    status_code: int = 200,
+) -> Response:
+    return render(
+        request,
+        "launch.html",
+        {
+            "nav": "launch",
+            "fields": launch_form.FIELDS,
+            "groups": launch_form.GROUPS,
+            "values": values,
+            "errors": errors,
+            "can_run": principal is not None and principal.has("run"),
+        },
+        principal=principal,
+        status_code=status_code,
+    )
+
+
+@router.get("/launch")
+def launch_page(request: Request, again: str | None = None) -> Response:
+    principal = principal_of(request)
+    if not reads_allowed(request, principal):
+        return RedirectResponse("/signin?next=/launch", status_code=303)
+    values = launch_form.defaults()
+    if again:
+        with session_scope(sessions_of(request)) as s:
+            row = repo.find_run(s, again)
+            if row is not None and row.spec:
+                values = launch_form.values_from_spec(dict(row.spec), row.name)
+    return _launch(request, values, {}, principal)
+
+
+@router.post("/launch")
+async def launch_submit(request: Request) -> Response:
+    principal = principal_of(request)
+    values = await form_values(request)
+    if principal is None or not principal.has("run"):
+        msg = "sign in with a token that has the 'run' scope to launch runs"
+        return _launch(request, values, {"__all__": msg}, principal, 403)
+    created, errors = launch_form.parse(values)
+    if created is None:  # 200: the form is shown again, messages beside the fields
+        return _launch(request, values, errors, principal)
+    settings = settings_of(request)
+    try:
+        with session_scope(sessions_of(request)) as s:
+            run_id, _job_id = job_svc.create_bench_run(
+                s,
+                created.to_spec(),
+                requirements=created.requirements,
+                name=created.name,
+                max_attempts=settings.max_attempts,
+            )
+    except ServiceError as e:
+        field = str(e.loc[-1]) if e.loc else "__all__"
+        return _launch(request, values, {field: e.detail}, principal, e.status_code)
+    auth.touch(sessions_of(request), principal)
+    return RedirectResponse(f"/runs/{quote(run_id)}", status_code=303)
+
+
+@router.get("/signin")
+def signin_page(request: Request, next: str | None = None) -> Response:
+    return render(
+        request,
+        "signin.html",
+        {"nav": "signin", "next": _safe_next(next), "error": None},
+        principal=principal_of(request),
+    )
+
+
+@router.post("/signin")
+async def signin_submit(request: Request) -> Response:
+    values = await form_values(request)
+    secret = (values.get("token") or "").strip()
+    nxt = _safe_next(values.get("next"))
+    with session_scope(sessions_of(request)) as s:
+        principal = auth.authenticate(s, secret) if secret else None
+    if principal is None:
+        return render(
+            request,
+            "signin.html",
+            {"nav": "signin", "next": nxt, "error": "invalid or revoked token"},
+            status_code=401,
+        )
+    resp = RedirectResponse(nxt, status_code=303)
+    resp.set_cookie(
+        COOKIE,
+        secret,
+        max_age=COOKIE_MAX_AGE_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return resp
+
+
+@router.post("/signout")
+def signout(request: Request) -> Response:
+    resp = RedirectResponse("/", status_code=303)
+    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return resp

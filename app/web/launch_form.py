@@ -1,0 +1,212 @@
+"""The launch form: its fields, their defaults, and form values -> ``RunCreate`` (or errors
+keyed by field, for messages beside the fields)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.api.schemas import RunCreate
+from app.domain import RunSpec
+
+
+@dataclass(frozen=True, slots=True)
+class FormField:
+    name: str
+    label: str
+    kind: str = "text"  # text | number | select | checkbox | textarea | password
+    help: str = ""
+    choices: tuple[str, ...] = ()
+    required: bool = False
+    group: str = "Target"
+
+
+def _help(name: str) -> str:
+    info = RunSpec.model_fields.get(name)
+    return (info.description or "") if info is not None else ""
+
+
+FIELDS: tuple[FormField, ...] = (
+    FormField("name", "Run name", help="shown in the runs table", group="Target"),
+    FormField("base_url", "Base URL", required=True, help=_help("base_url")),
+    FormField("model", "Model", required=True, help="the model name the server expects"),
+    FormField("endpoint", "Endpoint", "select", choices=("chat", "completions")),
+    FormField("api_key", "API key", "password", help="sent to the target; never stored"),
+    FormField("dataset", "Dataset", "select", choices=("random", "jsonl"), group="Workload"),
+    FormField("dataset_path", "Dataset path", help="JSONL file on the worker", group="Workload"),
+    FormField("input_len", "Input length (tokens)", "number", group="Workload"),
+    FormField("output_len", "Output length (tokens)", "number", group="Workload"),
+    FormField("num_prompts", "Number of requests", "number", group="Workload"),
+    FormField("seed", "Seed", "number", group="Workload"),
+    FormField("tokenizer", "Tokenizer path", help=_help("tokenizer"), group="Workload"),
+    FormField("ignore_eos", "Ignore EOS", "checkbox", group="Workload"),
+    FormField(
+        "token_counting",
+        "Token counting",
+        "select",
+        choices=("auto", "usage", "tokenizer"),
+        group="Workload",
+    ),
+    FormField("request_rate", "Request rate (req/s)", help="inf sends all at once", group="Load"),
+    FormField(
+        "arrival", "Arrival", "select", choices=("poisson", "gamma", "constant"), group="Load"
+    ),
+    FormField("burstiness", "Burstiness", "number", help=_help("burstiness"), group="Load"),
+    FormField("max_concurrency", "Max concurrency", "number", help="blank: no cap", group="Load"),
+    FormField("warmup_requests", "Warm-up requests", "number", group="Load"),
+    FormField("request_timeout_s", "Request timeout (s)", "number", group="Load"),
+    FormField("max_duration_s", "Max duration (s)", "number", help="blank: none", group="Load"),
+    FormField("goodput_ttft", "TTFT SLO (ms)", "number", help="blank: none", group="Goodput"),
+    FormField("goodput_tpot", "TPOT SLO (ms)", "number", help="blank: none", group="Goodput"),
+    FormField("goodput_e2el", "E2E SLO (ms)", "number", help="blank: none", group="Goodput"),
+    FormField(
+        "client_lag_bound_ms",
+        "Client lag bound (ms)",
+        "number",
+        help=_help("client_lag_bound_ms"),
+        group="Goodput",
+    ),
+    FormField("engine", "Engine", help="e.g. vllm (for reproduction)", group="Reproduction"),
+    FormField("engine_version", "Engine version", group="Reproduction"),
+    FormField("dtype", "dtype", group="Reproduction"),
+    FormField("engine_flags", "Engine flags", group="Reproduction"),
+    FormField(
+        "extra_body",
+        "Extra body (JSON)",
+        "textarea",
+        help="merged into each request",
+        group="Reproduction",
+    ),
+    FormField("tags", "Tags", help="comma-separated", group="Placement"),
+    FormField("req_labels", "Worker labels", help="key=value, comma-separated", group="Placement"),
+    FormField("req_gpu_name", "GPU name contains", group="Placement"),
+    FormField("req_min_gpu_memory_mb", "Min GPU memory (MB)", "number", group="Placement"),
+)
+FIELD_NAMES = frozenset(f.name for f in FIELDS)
+GROUPS: tuple[str, ...] = ("Target", "Workload", "Load", "Goodput", "Reproduction", "Placement")
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "on" if v else ""
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:g}"
+    if isinstance(v, dict):
+        return json.dumps(v) if v else ""
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v)
+    return str(v)
+
+
+def defaults() -> dict[str, str]:
+    """Form values of a fresh launch: RunSpec's defaults, a local simulator as the target."""
+    out: dict[str, str] = {"base_url": "http://127.0.0.1:9000", "model": "tokentrace-sim"}
+    for name, info in RunSpec.model_fields.items():
+        if name in ("base_url", "model", "goodput", "tags", "extra_body", "api_key"):
+            continue
+        default = info.get_default(call_default_factory=True)
+        out[name] = _text(default)
+    out["ignore_eos"] = "on" if RunSpec.model_fields["ignore_eos"].default else ""
+    return out
+
+
+def values_from_spec(spec: dict[str, Any], name: str | None) -> dict[str, str]:
+    """Form values that repeat a stored run's spec ("launch again")."""
+    out = defaults()
+    for key, v in spec.items():
+        if key in FIELD_NAMES:
+            out[key] = _text(v)
+    for k, ms in (spec.get("goodput") or {}).items():
+        out[f"goodput_{k}"] = _text(float(ms))
+    out["tags"] = _text(spec.get("tags") or [])
+    out["name"] = f"{name} (again)" if name else ""
+    out["ignore_eos"] = "on" if spec.get("ignore_eos", True) else ""
+    return out
+
+
+def _labels(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{part!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
+    if not loc:
+        return "dataset_path" if "dataset_path" in msg else "__all__"
+    head = str(loc[0])
+    if head == "goodput" and len(loc) > 1 and str(loc[1]) in SLO_KEYS:
+        return f"goodput_{loc[1]}"
+    if head == "goodput":
+        return "goodput_ttft"
+    if head == "requirements":
+        sub = str(loc[1]) if len(loc) > 1 else "labels"
+        return {"labels": "req_labels", "gpu_name": "req_gpu_name"}.get(
+            sub, "req_min_gpu_memory_mb"
+        )
+    return head if head in FIELD_NAMES else "__all__"
+
+
+def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
+    """Form values -> a validated ``RunCreate``; else field name -> message."""
+    errors: dict[str, str] = {}
+    body: dict[str, Any] = {}
+    for f in FIELDS:
+        raw = (form.get(f.name) or "").strip()
+        if f.kind == "checkbox":
+            body[f.name] = raw not in ("", "0", "false", "off")
+            continue
+        if f.name.startswith(("goodput_", "req_")) or f.name in ("tags", "extra_body"):
+            continue
+        if raw:
+            body[f.name] = raw
+    slos: dict[str, str] = {}
+    for key in SLO_KEYS:
+        raw = (form.get(f"goodput_{key}") or "").strip()
+        if raw:
+            slos[key] = raw
+    body["goodput"] = slos
+    body["tags"] = [t.strip() for t in (form.get("tags") or "").split(",") if t.strip()]
+    extra = (form.get("extra_body") or "").strip()
+    if extra:
+        try:
+            parsed = json.loads(extra)
+            if not isinstance(parsed, dict):
+                raise ValueError("not an object")
+            body["extra_body"] = parsed
+        except ValueError:
+            errors["extra_body"] = 'must be a JSON object, e.g. {"temperature": 0}'
+    req: dict[str, Any] = {}
+    try:
+        req["labels"] = _labels(form.get("req_labels") or "")
+    except ValueError as e:
+        errors["req_labels"] = str(e)
+    if (form.get("req_gpu_name") or "").strip():
+        req["gpu_name"] = form["req_gpu_name"].strip()
+    if (form.get("req_min_gpu_memory_mb") or "").strip():
+        req["min_gpu_memory_mb"] = form["req_min_gpu_memory_mb"].strip()
+    body["requirements"] = req
+    try:
+        created = RunCreate.model_validate(body)
+    except ValidationError as e:
+        for err in e.errors():
+            loc = tuple(err.get("loc") or ())
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            errors.setdefault(_loc_field(loc, msg), msg)
+        return None, errors
+    if errors:
+        return None, errors
+    return created, {}

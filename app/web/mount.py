@@ -1,0 +1,22 @@
+"""Integration point: ``mount(app)`` adds the dashboard pages and ``/static`` to an app."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from app.web import exports, launch, pages
+from app.web.context import asset_dir
+
+
+def mount(app: FastAPI) -> None:
+    """Include the pages routers and serve ``static/`` (plotly.js, CSS, JS) at /static.
+
+    Needs ``app.state.sessions`` (set by ``create_app``'s lifespan) at request time.
+    """
+    if any(getattr(r, "path", None) == "/static" for r in app.routes):
+        return
+    app.include_router(pages.router)
+    app.include_router(exports.router)
+    app.include_router(launch.router)
+    app.mount("/static", StaticFiles(directory=str(asset_dir("static"))), name="static")

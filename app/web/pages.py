@@ -1,0 +1,298 @@
+"""Read-only pages: runs, run detail, requests, request detail, compare, workers."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import anyio
+import numpy as np
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from app.domain import RunStatus
+from app.services import runs as run_svc
+from app.storage import browse
+from app.storage import jobs as job_repo
+from app.storage import repository as repo
+from app.storage import views as view_repo
+from app.storage import workers as worker_repo
+from app.storage.db import session_scope
+from app.web import figures as fg
+from app.web import views
+from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.runpage import PROFILE_NAMES, load_run, run_context
+
+router = APIRouter(include_in_schema=False)
+
+KIND_NAMES = fg.KIND_NAMES
+REQUESTS_PAGE = 100
+EVENTS_TABLE_MAX = 2000
+
+
+def _gate(request: Request) -> tuple[Any, Response | None]:
+    """The signed-in principal, and a redirect to sign-in when reads need a token."""
+    principal = principal_of(request)
+    if reads_allowed(request, principal):
+        return principal, None
+    nxt = request.url.path
+    return principal, RedirectResponse(f"/signin?next={nxt}", status_code=303)
+
+
+def _status_filter(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return RunStatus(value).value
+    except ValueError:
+        return None
+
+
+@router.get("/")
+def runs_page(
+    request: Request,
+    model: str | None = None,
+    status: str | None = None,
+    tag: str | None = None,
+    target: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> Response:
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    filters = {
+        "model": model or None,
+        "status": _status_filter(status),
+        "tag": tag or None,
+        "target": target or None,
+    }
+    with session_scope(sessions_of(request)) as s:
+        total = repo.count_runs(s)
+        runs = repo.list_runs(
+            s,
+            limit=limit,
+            model=filters["model"],
+            status=filters["status"],
+            tag=filters["tag"],
+            target=filters["target"],
+        )
+        jobs = view_repo.active_jobs_by_run(
+            s, [r.id for r in runs if str(r.status) in views.ACTIVE_RUN_STATES]
+        )
+        rows = [views.run_row(r, jobs.get(r.id)) for r in runs]
+    return render(
+        request,
+        "runs.html",
+        {
+            "nav": "runs",
+            "rows": rows,
+            "total": total,
+            "filters": filters,
+            "statuses": [s.value for s in RunStatus],
+        },
+        principal=principal,
+    )
+
+
+def _query_dict(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.query_params.items()}
+
+
+@router.get("/runs/{run_id}")
+async def run_page(request: Request, run_id: str, profile: str = "tokentrace") -> Response:
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    slos, slo_errors = views.parse_slos(_query_dict(request))
+    prof = profile if profile in PROFILE_NAMES else "tokentrace"
+
+    def build() -> dict[str, Any]:
+        data = load_run(sessions_of(request), run_id)
+        return run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
+
+    try:
+        ctx = await anyio.to_thread.run_sync(build)
+    except run_svc.RunNotFound:
+        raise HTTPException(404, f"no run with id {run_id!r}") from None
+    ctx["nav"] = "runs"
+    ctx["slo_query"] = {k: v for k, v in _query_dict(request).items() if k.startswith("slo")}
+    return render(request, "run.html", ctx, principal=principal)
+
+
+@router.get("/runs/{run_id}/progress.json")
+def run_progress(request: Request, run_id: str) -> JSONResponse:
+    """The run's status and its job's progress (the page polls this without SSE)."""
+    _principal, redirect = _gate(request)
+    if redirect is not None:
+        raise HTTPException(401, "sign in to read runs")
+    with session_scope(sessions_of(request)) as s:
+        row = repo.find_run(s, run_id)
+        if row is None:
+            raise HTTPException(404, f"no run with id {run_id!r}")
+        job = job_repo.job_for_run(s, run_id)
+        jv = views.job_view(job)
+        body = {
+            "run_id": run_id,
+            "status": str(row.status),
+            "job_id": job.id if job else None,
+            "state": job.state if job else None,
+            "percent": jv.percent if jv else None,
+            "text": jv.text if jv else None,
+            "progress": job.progress if job else None,
+        }
+    return JSONResponse(body)
+
+
+@router.get("/runs/{run_id}/requests")
+def requests_page(
+    request: Request, run_id: str, offset: Annotated[int, Query(ge=0)] = 0
+) -> Response:
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    with session_scope(sessions_of(request)) as s:
+        row = repo.find_run(s, run_id)
+        if row is None:
+            raise HTTPException(404, f"no run with id {run_id!r}")
+        total = repo.count_requests(s, run_id)
+        items = browse.request_rows(s, run_id, limit=REQUESTS_PAGE, offset=offset)
+        name = row.name
+    return render(
+        request,
+        "requests.html",
+        {
+            "nav": "runs",
+            "run_id": run_id,
+            "run_name": name,
+            "items": items,
+            "total": total,
+            "offset": offset,
+            "page": REQUESTS_PAGE,
+        },
+        principal=principal,
+    )
+
+
+@router.get("/runs/{run_id}/requests/{idx}")
+def request_page(request: Request, run_id: str, idx: int) -> Response:
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    with session_scope(sessions_of(request)) as s:
+        if repo.find_run(s, run_id) is None:
+            raise HTTPException(404, f"no run with id {run_id!r}")
+        summary = view_repo.request_row(s, run_id, idx)
+        if summary is None:
+            raise HTTPException(404, f"run {run_id!r} has no request {idx}")
+        ev = repo.get_request_events(s, run_id, idx)
+        summary_only = bool(repo.get_run(s, run_id).summary_only)
+    sent = summary.get("sent_ns")
+    t0 = sent if sent is not None else (int(ev.t_ns[0]) if ev.t_ns.shape[0] else 0)
+    t_ms = (ev.t_ns - t0) / 1e6
+    fig = fg.request_events_figure(t_ms, ev.kind, ev.tokens)
+    n = int(ev.t_ns.shape[0])
+    shown = min(n, EVENTS_TABLE_MAX)
+    gaps = np.diff(ev.t_ns[:shown], prepend=t0) / 1e6 if shown else np.zeros(0)
+    events = [
+        {
+            "i": i,
+            "t_ms": float(t_ms[i]),
+            "gap_ms": float(gaps[i]),
+            "kind": KIND_NAMES.get(int(ev.kind[i]), str(int(ev.kind[i]))),
+            "tokens": int(ev.tokens[i]),
+            "bytes": int(ev.nbytes[i]),
+        }
+        for i in range(shown)
+    ]
+    return render(
+        request,
+        "request.html",
+        {
+            "nav": "runs",
+            "run_id": run_id,
+            "r": summary,
+            "events": events,
+            "n_events": n,
+            "summary_only": summary_only,
+            "figure": json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/"),
+        },
+        principal=principal,
+    )
+
+
+@router.get("/compare")
+def compare_page(request: Request, ids: Annotated[list[str] | None, Query()] = None) -> Response:
+    """Side-by-side tables of the selected runs' headline percentiles (from their reports)."""
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    wanted = [i for raw in ids or [] for i in raw.split(",") if i.strip()][:8]
+    columns: list[views.CompareColumn] = []
+    missing: list[str] = []
+    sessions = sessions_of(request)
+    for run_id in wanted:
+        try:
+            report = run_svc.run_report(sessions, run_id)
+        except run_svc.RunNotFound:
+            missing.append(run_id)
+            continue
+        m = report["metrics"]
+        columns.append(
+            views.CompareColumn(
+                id=run_id,
+                name=report.get("name"),
+                model=(report.get("spec") or {}).get("model"),
+                status=str(report.get("status")),
+                metrics={k: m.get(k) or {} for k, _ in views.METRIC_ROWS},
+                summary=run_svc.headline(report),
+            )
+        )
+    return render(
+        request,
+        "compare.html",
+        {
+            "nav": "runs",
+            "columns": columns,
+            "missing": missing,
+            "metric_rows": views.METRIC_ROWS,
+            "pcts": views.PCTS,
+        },
+        principal=principal,
+    )
+
+
+@router.get("/workers")
+def workers_page(request: Request) -> Response:
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    with session_scope(sessions_of(request)) as s:
+        rows = worker_repo.list_workers(s, limit=500, offset=0)
+        workers = [
+            {
+                "id": w.id,
+                "name": w.name,
+                "hostname": w.hostname,
+                "gpus": (w.capabilities or {}).get("gpus") or [],
+                "cpu": (w.capabilities or {}).get("cpu"),
+                "cpu_count": (w.capabilities or {}).get("cpu_count"),
+                "version": (w.capabilities or {}).get("tokentrace_version"),
+                "labels": dict(w.labels or {}),
+                "registered_at": w.registered_at,
+                "last_seen_at": w.last_seen_at,
+                "current_job_id": w.current_job_id,
+            }
+            for w in rows
+        ]
+        job_runs: dict[str, str | None] = {}
+        for w in rows:
+            jid = w.current_job_id
+            if jid:
+                job = job_repo.get_job(s, jid)
+                job_runs[jid] = job.run_id if job else None
+    return render(
+        request,
+        "workers.html",
+        {"nav": "workers", "workers": workers, "job_runs": job_runs},
+        principal=principal,
+    )

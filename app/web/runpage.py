@@ -1,0 +1,124 @@
+"""Everything the run page shows, from one read of the run: report, profiles and figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.analysis.profiles import profile_metrics
+from app.domain import RunTrace
+from app.services import runs as run_svc
+from app.storage import jobs as job_repo
+from app.storage import repository as repo
+from app.storage import views as view_repo
+from app.storage.db import session_scope
+from app.web import views
+from app.web.plotdata import run_figures
+
+PROFILE_NAMES = ("tokentrace", "vllm", "guidellm", "aiperf")
+
+
+@dataclass(frozen=True, slots=True)
+class RunData:
+    run: dict[str, Any]
+    trace: RunTrace
+    scheduled_ns: Any
+    sent_ns: Any
+    indexes: Any
+    job: views.JobView | None
+    note: str | None
+
+
+def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
+    """The run row (as the report expects it), its trace, schedule and active job.
+
+    Raises ``run_svc.RunNotFound``."""
+    with session_scope(sessions) as s:
+        row = repo.find_run(s, run_id)
+        if row is None:
+            raise run_svc.RunNotFound(run_id)
+        run = run_svc.run_dict(row)
+        note = row.note
+        trace = repo.load_trace(s, run_id)
+        sched, sent = view_repo.schedule_columns(s, run_id)
+        indexes = view_repo.measured_indexes(s, run_id)
+        job = job_repo.job_for_run(s, run_id)
+        job_v = (
+            views.job_view(job)
+            if job is not None and job.state not in ("succeeded", "failed", "cancelled")
+            else None
+        )
+    return RunData(run, trace, sched, sent, indexes, job_v, note)
+
+
+def build_report(
+    data: RunData, *, slos_ms: dict[str, float] | None, profile: str | None
+) -> dict[str, Any]:
+    """The run's report (``app.services.runs.assemble_report``) for these SLOs/profile."""
+    return run_svc.assemble_report(
+        run=data.run,
+        trace=data.trace,
+        slos_ms=slos_ms,
+        profile=profile if profile in PROFILE_NAMES else None,
+    )
+
+
+def figures_json(data: RunData) -> dict[str, str]:
+    """Each figure as a JSON string for a ``<script type="application/json">`` block."""
+    plots = run_figures(
+        data.trace,
+        scheduled_ns=data.scheduled_ns if data.trace.n_requests else None,
+        sent_sched_ns=data.sent_ns if data.trace.n_requests else None,
+        indexes=data.indexes if data.indexes.shape[0] == data.trace.n_requests else None,
+    )
+    return {
+        key: json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+        for key, fig in plots.figures.items()
+    }
+
+
+def run_context(
+    data: RunData,
+    *,
+    slos_ms: dict[str, float] | None,
+    slo_errors: dict[str, str],
+    profile: str,
+) -> dict[str, Any]:
+    """The template context of the run page."""
+    report = build_report(data, slos_ms=slos_ms, profile=None)
+    comparison: list[views.ProfileRow] = []
+    profile_notes: list[str] = []
+    if profile != "tokentrace" and profile in PROFILE_NAMES and data.trace.n_requests:
+        ours = profile_metrics(data.trace, "tokentrace").to_dict()
+        theirs = profile_metrics(data.trace, profile).to_dict()
+        comparison = views.profile_rows(ours, theirs)
+        notes = theirs.get("notes")
+        profile_notes = [str(n) for n in notes] if isinstance(notes, list) else []
+    spec = report.get("spec") or {}
+    metrics = report["metrics"]
+    return {
+        "run": data.run,
+        "note": data.note,
+        "report": report,
+        "cards": views.summary_cards(report),
+        "rows": views.metric_rows(report),
+        "pcts": views.PCTS,
+        "profile": profile,
+        "profiles": views.PROFILE_LABELS,
+        "comparison": comparison,
+        "profile_notes": profile_notes,
+        "slos": metrics.get("slos_ms") or {},
+        "slo_fields": views.SLO_FIELDS,
+        "slo_errors": slo_errors,
+        "spec_json": json.dumps(spec, indent=2, sort_keys=True),
+        "errors": (metrics.get("requests") or {}).get("error_reasons") or [],
+        "failed_by_status": (metrics.get("requests") or {}).get("failed_by_status") or {},
+        "figures": figures_json(data),
+        "job": data.job,
+        "n_requests": data.trace.n_requests,
+        "n_events": data.trace.n_events,
+        "summary_only": data.trace.summary_only,
+    }

@@ -1,0 +1,340 @@
+"""View models: the report dict and run rows rearranged for templates (no metric arithmetic)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.storage.models import Job, Run
+
+PCTS: tuple[tuple[str, str], ...] = (
+    ("p50", "p50"),
+    ("p90", "p90"),
+    ("p95", "p95"),
+    ("p99", "p99"),
+    ("p99_9", "p99.9"),
+    ("max", "max"),
+)
+METRIC_ROWS: tuple[tuple[str, str], ...] = (
+    ("ttft_ms", "TTFT"),
+    ("ttfot_ms", "Time to first output token"),
+    ("tpot_ms", "TPOT (per request)"),
+    ("itl_ms", "ITL (per token)"),
+    ("itl_chunk_ms", "ITL (per chunk)"),
+    ("e2el_ms", "E2E latency"),
+)
+PROFILE_LABELS = {
+    "tokentrace": "tokentrace (ours)",
+    "vllm": "vLLM bench serve",
+    "guidellm": "GuideLLM",
+    "aiperf": "AIPerf",
+}
+SLO_FIELDS: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
+ACTIVE_RUN_STATES = ("queued", "running")
+
+
+def _f(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+# ------------------------------------------------------------------------------ runs list
+
+
+def load_text(spec: dict[str, Any] | None) -> str:
+    """The load shape in a few words: rate, concurrency cap, request count."""
+    if not spec:
+        return "imported"
+    rate = _f(spec.get("request_rate"))
+    parts = ["all at once" if rate is None else f"{rate:g} req/s"]
+    if rate is not None and spec.get("arrival") and spec.get("arrival") != "poisson":
+        parts[0] += f" ({spec['arrival']})"
+    if spec.get("max_concurrency"):
+        parts.append(f"≤{spec['max_concurrency']} concurrent")
+    if spec.get("num_prompts"):
+        parts.append(f"{spec['num_prompts']} req")
+    return ", ".join(parts)
+
+
+def validity_text(run: Run) -> str:
+    status = str(run.status)
+    if status in ACTIVE_RUN_STATES:
+        return "—"
+    if run.client_limited:
+        return "client-limited"
+    if run.summary_only:
+        return "summary-only"
+    return "valid"
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    id: str
+    state: str
+    percent: float
+    text: str
+
+
+def job_view(job: Job | None) -> JobView | None:
+    if job is None:
+        return None
+    prog = job.progress or {}
+    planned = int(prog.get("planned") or (job.spec or {}).get("num_prompts") or 0)
+    done = int(prog.get("done") or 0)
+    pct = 100.0 * done / planned if planned else 0.0
+    text = f"{job.state}: {done}/{planned}" if planned else str(job.state)
+    return JobView(id=job.id, state=str(job.state), percent=min(pct, 100.0), text=text)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    id: str
+    name: str | None
+    created_at: Any
+    model: str | None
+    target: str | None
+    load: str
+    status: str
+    validity: str
+    tags: list[str]
+    ttft_p50: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    out_tok_s: float | None
+    goodput: float | None
+    error_rate: float | None
+    job: JobView | None = None
+
+
+def run_row(run: Run, job: Job | None = None) -> RunRow:
+    s = run.summary or {}
+    return RunRow(
+        id=run.id,
+        name=run.name,
+        created_at=run.created_at,
+        model=run.model,
+        target=run.target_url,
+        load=load_text(run.spec),
+        status=str(run.status),
+        validity=validity_text(run),
+        tags=list(run.tags or []),
+        ttft_p50=_f(s.get("ttft_ms_p50")),
+        ttft_p99=_f(s.get("ttft_ms_p99")),
+        tpot_p50=_f(s.get("tpot_ms_p50")),
+        out_tok_s=_f(s.get("output_throughput_tok_s")),
+        goodput=_f(s.get("goodput_req_s")),
+        error_rate=_f(s.get("error_rate")),
+        job=job_view(job),
+    )
+
+
+# ------------------------------------------------------------------------------ run detail
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    value: float | None
+    lo: float | None = None
+    hi: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRow:
+    key: str
+    label: str
+    aggregation: str
+    count: int
+    mean: float | None
+    cells: list[Cell]
+    reason: str | None
+    ci_method: str | None
+
+
+def metric_rows(report: dict[str, Any]) -> list[MetricRow]:
+    m = report["metrics"]
+    agg = m.get("aggregation") or {}
+    rows: list[MetricRow] = []
+    for key, label in METRIC_ROWS:
+        d = m.get(key)
+        if not isinstance(d, dict):
+            continue
+        ci = d.get("ci95") or {}
+        cells = []
+        for pk, _ in PCTS:
+            bounds = ci.get(pk)
+            lo, hi = (bounds[0], bounds[1]) if bounds else (None, None)
+            cells.append(Cell(_f(d.get(pk)), _f(lo), _f(hi)))
+        rows.append(
+            MetricRow(
+                key=key,
+                label=label,
+                aggregation=str(agg.get(key, "")).replace("_", " "),
+                count=int(d.get("count") or 0),
+                mean=_f(d.get("mean")),
+                cells=cells,
+                reason=d.get("reason"),
+                ci_method=d.get("ci_method"),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    label: str
+    value: str
+    detail: str = ""
+    tone: str = ""  # "", "good", "warn", "bad"
+    id: str = ""
+
+
+def _rate(v: Any, unit: str) -> str:
+    f = _f(v)
+    if f is None:
+        return "—"
+    return f"{f:,.0f} {unit}" if f >= 100 else f"{f:.2f} {unit}"
+
+
+def summary_cards(report: dict[str, Any]) -> list[Card]:
+    m = report["metrics"]
+    req = m.get("requests") or {}
+    v = report.get("validity") or {}
+    status = str(report.get("status") or "")
+    tone = {"succeeded": "good", "failed": "bad", "partial": "warn", "cancelled": "warn"}
+    err = _f(m.get("error_rate"))
+    slos = m.get("slos_ms") or {}
+    slo_text = ", ".join(f"{k} ≤ {float(ms):g} ms" for k, ms in slos.items()) or "no SLOs set"
+    good = m.get("good_requests")
+    window = m.get("window") or {}
+    return [
+        Card(
+            "Status", status or "—", f"source: {report.get('source') or '—'}", tone.get(status, "")
+        ),
+        Card(
+            "Validity",
+            "client-limited" if v.get("client_limited") else "valid",
+            "summary-only (imported)"
+            if v.get("summary_only")
+            else "client kept its schedule"
+            if not v.get("client_limited")
+            else "the client fell behind: latencies may be inflated",
+            "bad" if v.get("client_limited") else "good",
+        ),
+        Card(
+            "Error rate",
+            "—" if err is None else f"{err * 100:.1f}%",
+            f"{req.get('failed', 0)} failed of {req.get('sent', 0)} sent",
+            "bad" if err else "good" if err == 0 else "",
+        ),
+        Card(
+            "Request throughput",
+            _rate(m.get("request_throughput_req_s"), "req/s"),
+            f"{req.get('completed_ok', 0)} ok over {_f(window.get('duration_s')) or 0:.2f} s",
+        ),
+        Card(
+            "Output throughput",
+            _rate(m.get("output_throughput_tok_s"), "tok/s"),
+            f"total {_rate(m.get('total_token_throughput_tok_s'), 'tok/s')}",
+        ),
+        Card(
+            "Goodput",
+            _rate(m.get("goodput_req_s"), "req/s"),
+            (f"{good} good requests; " if good is not None else "") + slo_text,
+            id="goodput",
+        ),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileCell:
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    value: float | None
+    count: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRow:
+    key: str
+    label: str
+    unit: str
+    ours: ProfileCell | None
+    theirs: ProfileCell | None
+    definition: str
+    aggregation: str
+
+
+def _pcell(d: dict[str, Any] | None) -> ProfileCell | None:
+    if d is None:
+        return None
+    return ProfileCell(
+        mean=_f(d.get("mean")),
+        p50=_f(d.get("p50")),
+        p90=_f(d.get("p90")),
+        p99=_f(d.get("p99")),
+        value=_f(d.get("value")),
+        count=int(d.get("count") or 0),
+        reason=d.get("reason"),
+    )
+
+
+def profile_rows(ours: dict[str, Any], theirs: dict[str, Any]) -> list[ProfileRow]:
+    """Rows of the profile comparison: every metric of ``theirs``, ours beside it."""
+    om = ours.get("metrics") or {}
+    tm = theirs.get("metrics") or {}
+    rows = []
+    for key, d in tm.items():
+        rows.append(
+            ProfileRow(
+                key=key,
+                label=str(d.get("label") or key),
+                unit=str(d.get("unit") or ""),
+                ours=_pcell(om.get(key)),
+                theirs=_pcell(d),
+                definition=str(d.get("definition") or ""),
+                aggregation=str(d.get("aggregation") or ""),
+            )
+        )
+    return rows
+
+
+def parse_slos(query: dict[str, str]) -> tuple[dict[str, float] | None, dict[str, str]]:
+    """SLOs from ``slo_ttft`` / ``slo_tpot`` / ``slo_e2el`` (ms). Returns (slos, errors):
+    slos is None when the query does not set SLOs (the run's own apply)."""
+    if query.get("slo") is None and not any(f"slo_{k}" in query for k, _ in SLO_FIELDS):
+        return None, {}
+    slos: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for key, label in SLO_FIELDS:
+        raw = (query.get(f"slo_{key}") or "").strip()
+        if not raw:
+            continue
+        try:
+            ms = float(raw)
+        except ValueError:
+            errors[key] = f"{label} SLO must be a number of ms"
+            continue
+        if not (ms > 0 and math.isfinite(ms)):
+            errors[key] = f"{label} SLO must be a positive number of ms"
+            continue
+        slos[key] = ms
+    return (None if errors else slos), errors
+
+
+@dataclass(slots=True)
+class CompareColumn:
+    id: str
+    name: str | None
+    model: str | None
+    status: str
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)

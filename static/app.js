@@ -1,0 +1,154 @@
+/* tokentrace dashboard behaviour: plots, sortable/filterable tables, compare selection,
+   live job progress (SSE with a polling fallback). No dependencies besides plotly.js. */
+(function () {
+  "use strict";
+  var TT = {};
+  var TERMINAL = { succeeded: 1, failed: 1, cancelled: 1, deleted: 1 };
+
+  // ---------------------------------------------------------------- plots
+  TT.renderPlot = function (div) {
+    if (div.dataset.rendered || !window.Plotly) return;
+    if (div.offsetParent === null) return; // hidden tab: rendered when shown
+    var src = document.getElementById(div.dataset.figure);
+    if (!src) return;
+    var fig = JSON.parse(src.textContent);
+    div.dataset.rendered = "1";
+    window.Plotly.newPlot(div, fig.data, fig.layout, { responsive: true, displaylogo: false });
+    if (div.dataset.runId) {
+      div.on("plotly_click", function (ev) {
+        var p = ev.points && ev.points[0];
+        if (p && p.customdata !== undefined && p.customdata !== null) {
+          window.location.href = "/runs/" + encodeURIComponent(div.dataset.runId) + "/requests/" + p.customdata;
+        }
+      });
+    }
+  };
+  TT.renderPlots = function () {
+    document.querySelectorAll("[data-figure]").forEach(TT.renderPlot);
+  };
+
+  // ---------------------------------------------------------------- tables
+  function cellValue(td, numeric) {
+    var raw = td.dataset.value !== undefined ? td.dataset.value : td.textContent.trim();
+    if (!numeric) return raw.toLowerCase();
+    var v = parseFloat(raw);
+    return isNaN(v) ? null : v;
+  }
+  function makeSortable(table) {
+    var heads = table.querySelectorAll("th[data-sort]");
+    heads.forEach(function (th) {
+      th.addEventListener("click", function () {
+        var col = Array.prototype.indexOf.call(th.parentNode.children, th);
+        var numeric = th.dataset.sort === "num";
+        var asc = !th.classList.contains("asc");
+        heads.forEach(function (h) { h.classList.remove("asc", "desc"); });
+        th.classList.add(asc ? "asc" : "desc");
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows).filter(function (r) { return r.cells.length > col; });
+        rows.sort(function (a, b) {
+          var x = cellValue(a.cells[col], numeric), y = cellValue(b.cells[col], numeric);
+          if (x === y) return 0;
+          if (x === null) return 1; // missing values last either way
+          if (y === null) return -1;
+          return (x < y ? -1 : 1) * (asc ? 1 : -1);
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  }
+  function quickFilter(input, table) {
+    input.addEventListener("input", function () {
+      var q = input.value.trim().toLowerCase();
+      Array.prototype.forEach.call(table.tBodies[0].rows, function (r) {
+        r.hidden = q !== "" && r.textContent.toLowerCase().indexOf(q) < 0;
+      });
+    });
+  }
+  function compareSelection(form) {
+    var btn = document.getElementById("compare-btn");
+    var count = document.getElementById("compare-count");
+    function update() {
+      var n = form.querySelectorAll("input.pick:checked").length;
+      btn.disabled = n < 2;
+      count.textContent = n ? n + " selected" : "select two or more runs";
+    }
+    form.addEventListener("change", update);
+    update();
+  }
+
+  // ---------------------------------------------------------------- progress
+  function showProgress(el, snap) {
+    var p = snap.progress || {};
+    var planned = p.planned || 0, done = p.done || 0;
+    var pct = planned ? Math.min(100, (100 * done) / planned) : 0;
+    el.querySelector(".bar").style.width = pct.toFixed(1) + "%";
+    var text = (snap.state || "") + (planned ? ": " + done + "/" + planned : "");
+    if (p.errors) text += ", " + p.errors + " errors";
+    if (p.tokens_per_s) text += ", " + Math.round(p.tokens_per_s) + " tok/s";
+    el.querySelector(".label").textContent = text;
+  }
+  function poll(el, onEnd) {
+    var runId = el.dataset.runId;
+    var timer = setInterval(function () {
+      fetch("/runs/" + encodeURIComponent(runId) + "/progress.json", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (s) {
+          if (!s) return;
+          if (s.state) showProgress(el, s);
+          if (!s.state || TERMINAL[s.state]) { clearInterval(timer); onEnd(); }
+        })
+        .catch(function () {});
+    }, 2000);
+  }
+  TT.followJob = function (el, onEnd) {
+    var jobId = el.dataset.jobId;
+    if (!window.EventSource) { poll(el, onEnd); return; }
+    var es = new EventSource("/api/v1/jobs/" + encodeURIComponent(jobId) + "/progress/stream");
+    var ended = false;
+    es.addEventListener("progress", function (ev) {
+      try { showProgress(el, JSON.parse(ev.data)); } catch (e) { /* ignore a bad frame */ }
+    });
+    es.addEventListener("end", function () { ended = true; es.close(); onEnd(); });
+    es.onerror = function () {
+      if (ended) return;
+      es.close();
+      poll(el, onEnd); // e.g. reads need a token the browser cannot send to the API
+    };
+  };
+
+  // ---------------------------------------------------------------- pages
+  TT.runPage = function (runId) {
+    document.querySelectorAll("[data-figure='fig-timeline']").forEach(function (d) { d.dataset.runId = runId; });
+    TT.renderPlots();
+    var tabs = document.getElementById("dist-tabs");
+    if (tabs) {
+      tabs.addEventListener("click", function (ev) {
+        var key = ev.target && ev.target.dataset && ev.target.dataset.dist;
+        if (!key) return;
+        tabs.querySelectorAll("button").forEach(function (b) { b.classList.toggle("on", b.dataset.dist === key); });
+        document.querySelectorAll("[data-dist-panel]").forEach(function (p) { p.hidden = p.dataset.distPanel !== key; });
+        TT.renderPlots();
+      });
+    }
+    document.querySelectorAll(".live .progress[data-job-id]").forEach(function (el) {
+      TT.followJob(el, function () { window.location.reload(); });
+    });
+  };
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var table = document.getElementById("runs-table");
+    if (table) {
+      makeSortable(table);
+      var q = document.getElementById("quick-filter");
+      if (q) quickFilter(q, table);
+      var form = document.getElementById("compare-form");
+      if (form) compareSelection(form);
+      var live = document.querySelectorAll("#runs-table .progress[data-job-id]");
+      // polling, not one EventSource per row: browsers allow ~6 connections per host
+      live.forEach(function (el) {
+        poll(el, function () { window.location.reload(); });
+      });
+    }
+  });
+  window.TT = TT;
+})();

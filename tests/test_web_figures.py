@@ -1,0 +1,160 @@
+"""Figure builders: right traces, right point counts, downsampling said on the plot."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from app.domain import EventKind, RequestRecord, RequestStatus, trace_from_records
+from app.web import figures as fg
+from app.web.plotdata import itl_by_position, run_figures
+
+
+def _notes(fig: dict) -> list[str]:
+    return [a["text"] for a in fig["layout"].get("annotations", [])]
+
+
+def test_cdf_keeps_small_samples_and_downsamples_large_ones() -> None:
+    small = fg.cdf_figure([3.0, 1.0, 2.0, np.nan], title="t")
+    (tr,) = small["data"]
+    assert tr["x"] == [1.0, 2.0, 3.0]
+    assert tr["y"][-1] == 1.0
+    assert not any("downsampled" in n for n in _notes(small))
+    big = fg.cdf_figure(np.arange(100_000, dtype=float), title="t", max_points=500)
+    (tr,) = big["data"]
+    assert len(tr["x"]) == 500
+    assert tr["x"][0] == 0.0 and tr["x"][-1] == 99_999.0  # extremes kept
+    assert "downsampled: 500 of 100,000 points" in _notes(big)
+
+
+def test_empty_inputs_give_a_no_data_figure() -> None:
+    fig = fg.cdf_figure([np.nan], title="TTFT", no_data_reason="no successful request")
+    assert fig["data"] == []
+    assert _notes(fig) == ["no data: no successful request"]
+    assert fg.histogram_figure([], title="h")["data"] == []
+    assert fg.timeline_figure([], [], [], [], [], [])["data"] == []
+    assert fg.itl_position_figure([], [])["data"] == []
+
+
+def test_histogram_is_binned_server_side() -> None:
+    fig = fg.histogram_figure(np.random.default_rng(0).normal(50, 5, 10_000), title="h", bins=40)
+    (tr,) = fig["data"]
+    assert tr["type"] == "bar" and len(tr["x"]) == 40 and sum(tr["y"]) == 10_000
+    assert "10,000 samples in 40 bins" in _notes(fig)
+    one = fg.histogram_figure([7.0], title="h")  # a single value still draws
+    assert sum(one["data"][0]["y"]) == 1
+
+
+def test_timeline_one_bar_per_request_coloured_by_status() -> None:
+    sent = np.array([0.0, 0.1, 0.2, np.nan])
+    first = np.array([0.05, np.nan, 0.25, np.nan])
+    last = np.array([0.5, np.nan, 0.6, np.nan])
+    end = np.array([0.5, 0.15, 0.6, np.nan])
+    fig = fg.timeline_figure(sent, first, last, end, ["ok", "error", "ok", "error"], [0, 1, 2, 3])
+    names = [t["name"] for t in fig["data"]]
+    assert names == ["waiting for first token", "error", "ok"]
+    ok = fig["data"][2]
+    assert len(ok["x"]) == 6  # two requests, 3 points each (start, stop, gap)
+    assert ok["x"][:2] == [0.05, 0.5] and ok["x"][2] is None
+    assert ok["customdata"][:3] == [0, 0, 0]
+    err = fig["data"][1]
+    assert err["x"][:2] == [0.1, 0.15]  # no token: sent -> end
+    many = fg.timeline_figure(
+        np.arange(5000.0),
+        np.arange(5000.0) + 1,
+        np.arange(5000.0) + 2,
+        np.arange(5000.0) + 2,
+        ["ok"] * 5000,
+        np.arange(5000),
+        max_bars=100,
+    )
+    assert len(many["data"][1]["x"]) == 300
+    assert "downsampled: 100 of 5,000 requests" in _notes(many)
+
+
+def test_in_flight_steps_exact_and_peak_preserving() -> None:
+    x, y, total = fg.in_flight_steps(np.array([0.0, 1.0, 2.0]), np.array([3.0, 1.5, np.nan]), 4.0)
+    assert total == 6
+    assert x.tolist() == [0.0, 1.0, 1.5, 2.0, 3.0, 4.0]
+    assert y.tolist() == [1, 2, 1, 2, 1, 0]
+    rng = np.random.default_rng(1)
+    sent = np.sort(rng.uniform(0, 100, 20_000))
+    end = sent + rng.uniform(0.1, 5, 20_000)
+    x2, y2, total2 = fg.in_flight_steps(sent, end, 200.0, max_points=400)
+    _, exact, _ = fg.in_flight_steps(sent, end, 200.0, max_points=10**9)
+    assert total2 == 40_000 and len(x2) <= 200
+    assert y2.max() == exact.max()  # the peak survives downsampling
+
+
+def test_throughput_figure_has_both_axes() -> None:
+    t = np.linspace(0, 10, 1000)
+    fig = fg.throughput_figure(t, np.ones(1000), np.array([0.0, 1.0]), np.array([10.0, 9.0]))
+    assert [tr["name"] for tr in fig["data"]] == ["output tok/s", "in flight"]
+    assert fig["data"][1]["yaxis"] == "y2"
+    rate = np.array(fig["data"][0]["y"], dtype=float)
+    assert rate.mean() == pytest.approx(100, rel=0.05)  # 1000 tokens over 10 s
+
+
+def test_scatter_figures_downsample_with_a_note() -> None:
+    fig = fg.send_lag_figure(np.arange(10_000.0), np.ones(10_000), max_points=1000)
+    assert fg.point_count(fig) == 1000
+    assert "downsampled: 1,000 of 10,000 points" in _notes(fig)
+    fig2 = fg.ttft_input_figure(np.array([10, -1, 30]), np.array([1.0, 2.0, np.nan]))
+    assert fig2["data"][0]["x"] == [10.0]  # unknown input length and NaN TTFT dropped
+
+
+def test_request_events_figure_by_kind() -> None:
+    fig = fg.request_events_figure([0.0, 5.0, 6.0, 7.0], [2, 1, 0, 0], [0, 1, 2, 1])
+    names = [t["name"] for t in fig["data"]]
+    assert names == ["tokens so far", "content", "reasoning", "role"]
+    content = fig["data"][1]
+    assert content["y"] == [3, 4] and content["customdata"] == [2, 1]
+
+
+def _record(
+    i: int, sent: int, times: list[int], tokens: list[int], ok: bool = True
+) -> RequestRecord:
+    return RequestRecord(
+        index=i,
+        scheduled_ns=sent,
+        sent_ns=sent,
+        end_ns=(times[-1] if times else sent) + 1,
+        status=RequestStatus.OK if ok else RequestStatus.ERROR,
+        error=None if ok else "boom",
+        input_tokens=10 * (i + 1),
+        output_tokens=sum(tokens),
+        event_t_ns=np.array(times, np.int64),
+        event_bytes=np.ones(len(times), np.int32),
+        event_kind=np.full(len(times), EventKind.CONTENT, np.int8),
+        event_tokens=np.array(tokens, np.int32),
+    )
+
+
+def test_itl_by_position_per_token_gaps() -> None:
+    recs = [
+        _record(0, 0, [10, 20, 40], [1, 1, 2]),  # gaps 10 (pos 2), 20/2 (pos 4)
+        _record(1, 5, [15, 25], [1, 1], ok=False),  # failed: excluded
+        _record(2, 5, [100, 103], [2, 1]),  # gap 3 at position 3
+    ]
+    trace = trace_from_records(recs)
+    pos, itl = itl_by_position(trace)
+    assert pos.tolist() == [2.0, 4.0, 3.0]
+    assert itl.tolist() == pytest.approx([10e-6, 10e-6, 3e-6])
+
+
+def test_run_figures_are_json_safe_and_complete() -> None:
+    recs = [
+        _record(i, i * 1000, [i * 1000 + 500 + k * 100 for k in range(5)], [1] * 5)
+        for i in range(20)
+    ]
+    recs.append(_record(20, 30_000, [], [], ok=False))
+    plots = run_figures(trace_from_records(recs))
+    keys = set(plots.figures)
+    assert {"cdf_ttft", "hist_itl", "timeline", "throughput", "itl_position", "ttft_input"} <= keys
+    for key, fig in plots.figures.items():
+        json.dumps(fig, allow_nan=False)  # no NaN reaches the browser
+        if key != "send_lag":
+            assert fig["data"], key
+    assert len(plots.figures["cdf_ttft"]["data"][0]["x"]) == 20

@@ -1,0 +1,256 @@
+"""Dashboard pages over HTTP (TestClient): real runs, empty states, SLO edit, launch form."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.services import auth
+from app.services.runs import open_database
+from app.storage import workers as worker_repo
+from app.storage.db import session_scope
+from tests.web_support import Seeded, seed, web_app
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Seeded:
+    return seed(tmp_path_factory.mktemp("web"))
+
+
+@pytest.fixture(scope="module")
+def client(seeded: Seeded) -> Iterator[TestClient]:
+    with TestClient(web_app(seeded.url)) as c:
+        yield c
+
+
+def _figures(html: str) -> dict[str, dict]:
+    blocks = re.findall(
+        r'<script type="application/json" id="fig-([a-z0-9_]+)">(.*?)</script>', html
+    )
+    return {k: json.loads(v) for k, v in blocks}
+
+
+def _token(seeded: Seeded, *scopes: str) -> str:
+    with session_scope(seeded.sessions) as s:
+        _, secret = auth.create_token(s, scopes=list(scopes), name="web-test")
+    return secret
+
+
+def test_empty_database_says_what_to_do(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    open_database(url)
+    with TestClient(web_app(url)) as c:
+        page = c.get("/")
+        assert page.status_code == 200
+        assert "No runs yet" in page.text and 'href="/launch"' in page.text
+        assert "tokentrace bench" in page.text
+        workers = c.get("/workers")
+        assert "No workers registered" in workers.text
+        assert "Select two or more runs" in c.get("/compare").text
+
+
+def test_runs_table_lists_runs_escaped_and_filters(client: TestClient, seeded: Seeded) -> None:
+    page = c = client.get("/")
+    assert page.status_code == 200
+    for run_id in (seeded.normal, seeded.all_errors, seeded.one, seeded.imported):
+        assert f'data-run-id="{run_id}"' in page.text
+    assert "&lt;b&gt;normal&lt;/b&gt; &amp; co" in page.text
+    assert "<b>normal</b>" not in page.text and "<i>x</i>" not in page.text
+    assert "client-limited" in page.text or "valid" in page.text
+    failed = client.get("/?status=failed").text
+    assert seeded.all_errors in failed and seeded.normal not in failed
+    tagged = client.get("/?tag=web").text
+    assert seeded.normal in tagged and seeded.one not in tagged
+    none = client.get("/?model=nope").text
+    assert "No run matches these filters" in none
+    assert c.status_code == 200
+
+
+@pytest.mark.parametrize("which", ["normal", "all_errors", "one", "imported"])
+def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, which: str) -> None:
+    run_id = getattr(seeded, which)
+    r = client.get(f"/runs/{run_id}")
+    assert r.status_code == 200, r.text[:500]
+    figs = _figures(r.text)
+    assert {"cdf_ttft", "hist_e2el", "timeline", "throughput", "send_lag"} <= set(figs)
+    assert 'src="/static/plotly.min.js"' in r.text and "cdn" not in r.text.lower()
+    assert 'id="pct-table"' in r.text
+    if which == "normal":
+        assert figs["cdf_ttft"]["data"] and figs["timeline"]["data"]
+        assert "TTFT ≤ 30 ms" in r.text or "ttft ≤ 30 ms" in r.text
+        assert 'id="error-table"' in r.text
+        assert "&lt;b&gt;normal" in r.text
+    if which == "all_errors":
+        assert figs["cdf_ttft"]["data"] == []
+        assert "no data" in r.text and 'id="error-table"' in r.text
+    if which == "one":
+        assert len(figs["cdf_ttft"]["data"][0]["x"]) == 1
+    if which == "imported":
+        assert "no per-token data" in json.dumps(figs["cdf_itl"])
+        assert "summary-only" in r.text.lower()
+        assert "no spec" in r.text.lower() or "has no spec" in r.text
+
+
+def _goodput(html: str) -> str:
+    m = re.search(r'id="card-goodput">.*?<div class="value">(.*?)</div>', html, re.S)
+    assert m, "goodput card missing"
+    return m.group(1).strip()
+
+
+def test_slo_edit_recomputes_goodput_server_side(client: TestClient, seeded: Seeded) -> None:
+    base = client.get(f"/runs/{seeded.normal}").text
+    strict = client.get(f"/runs/{seeded.normal}?slo=1&slo_ttft=0.001").text
+    loose = client.get(f"/runs/{seeded.normal}?slo=1&slo_ttft=100000&slo_e2el=100000").text
+    assert _goodput(strict) == "0.00 req/s"
+    assert _goodput(loose) != _goodput(strict)
+    assert 'value="0.001"' in strict
+    none = client.get(f"/runs/{seeded.normal}?slo=1&slo_ttft=&slo_tpot=&slo_e2el=").text
+    assert _goodput(none) == "—" and "no SLOs set" in none
+    bad = client.get(f"/runs/{seeded.normal}?slo=1&slo_ttft=-3").text
+    assert "positive number of ms" in bad and _goodput(bad) == _goodput(base)
+    report = client.get(f"/runs/{seeded.normal}/report.json?slo=1&slo_ttft=0.001").json()
+    assert report["metrics"]["goodput_req_s"] == 0.0 and report["slos_ms"] == {"ttft": 0.001}
+
+
+@pytest.mark.parametrize("profile", ["vllm", "guidellm", "aiperf"])
+def test_profile_switch_shows_theirs_beside_ours(
+    client: TestClient, seeded: Seeded, profile: str
+) -> None:
+    r = client.get(f"/runs/{seeded.normal}?profile={profile}")
+    assert r.status_code == 200 and 'id="profile-table"' in r.text
+    assert "tokentrace (ours)" in r.text
+    assert client.get(f"/runs/{seeded.all_errors}?profile={profile}").status_code == 200
+    assert client.get(f"/runs/{seeded.imported}?profile={profile}").status_code == 200
+
+
+def test_downloads(client: TestClient, seeded: Seeded) -> None:
+    r = client.get(f"/runs/{seeded.normal}/requests.csv")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert len(rows) == 60
+    ok = [row for row in rows if row["status"] == "ok"]
+    assert ok and float(ok[0]["ttft_ms"]) > 0
+    report = client.get(f"/runs/{seeded.normal}/report.json").json()
+    assert report["run_id"] == seeded.normal and "ttft_ms" in report["metrics"]
+    assert client.get("/runs/nope/report.json").status_code == 404
+
+
+def test_requests_and_request_detail(client: TestClient, seeded: Seeded) -> None:
+    page = client.get(f"/runs/{seeded.normal}/requests")
+    assert page.status_code == 200 and f"/runs/{seeded.normal}/requests/0" in page.text
+    r = client.get(f"/runs/{seeded.normal}/requests/0")
+    assert r.status_code == 200
+    fig = _figures(r.text)["events"]
+    assert fig["data"]
+    assert 'id="events-table"' in r.text and "content" in r.text
+    assert client.get(f"/runs/{seeded.normal}/requests/99999").status_code == 404
+    assert client.get("/runs/nope").status_code == 404
+    imp = client.get(f"/runs/{seeded.imported}/requests/0")
+    assert imp.status_code == 200 and "no per-token data" in imp.text
+
+
+def test_compare_side_by_side(client: TestClient, seeded: Seeded) -> None:
+    r = client.get(f"/compare?ids={seeded.normal}&ids={seeded.one}&ids=missing")
+    assert r.status_code == 200 and 'id="compare-table"' in r.text
+    assert "no run with id missing" in r.text
+
+
+def test_workers_page_shows_gpus_labels_and_heartbeat(client: TestClient, seeded: Seeded) -> None:
+    caps = {
+        "hostname": "gpu-box",
+        "tokentrace_version": "0.1.0",
+        "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_total_mb": 143771}],
+    }
+    with session_scope(seeded.sessions) as s:
+        worker_repo.insert_worker(
+            s, name="w1", hostname="gpu-box", capabilities=caps, labels={"rack": "a"}, token_id=None
+        )
+    r = client.get("/workers")
+    assert "NVIDIA H200" in r.text and "rack=a" in r.text and "gpu-box" in r.text
+
+
+def test_launch_needs_sign_in_then_validates_then_queues(
+    client: TestClient, seeded: Seeded
+) -> None:
+    form = client.get("/launch")
+    assert form.status_code == 200 and 'id="signin-needed"' in form.text
+    assert 'name="num_prompts"' in form.text and 'value="100"' in form.text
+    data = {"base_url": "http://127.0.0.1:9", "model": "m", "num_prompts": "3", "endpoint": "chat"}
+    denied = client.post("/launch", data=data)
+    assert denied.status_code == 403 and "run" in denied.text
+
+    assert client.post("/signin", data={"token": "tt_wrong"}).status_code == 401
+    read_only = _token(seeded, "read")
+    client.post("/signin", data={"token": read_only, "next": "/launch"}, follow_redirects=False)
+    assert client.post("/launch", data=data).status_code == 403
+
+    secret = _token(seeded, "run")
+    r = client.post("/signin", data={"token": secret, "next": "/launch"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/launch"
+    cookie = r.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    assert 'id="signin-needed"' not in client.get("/launch").text
+
+    bad = client.post("/launch", data=data | {"num_prompts": "0", "base_url": "ftp://x"})
+    assert bad.status_code == 200 and 'id="form-error"' in bad.text
+    assert 'id="err-num_prompts"' in bad.text and 'id="err-base_url"' in bad.text
+    bad_slo = client.post("/launch", data=data | {"goodput_ttft": "-1", "extra_body": "[1]"})
+    assert 'id="err-goodput_ttft"' in bad_slo.text and 'id="err-extra_body"' in bad_slo.text
+
+    ok = client.post(
+        "/launch",
+        data=data | {"name": "from the form", "tags": "ui, web", "goodput_ttft": "200"},
+        follow_redirects=False,
+    )
+    assert ok.status_code == 303, ok.text[:1000]
+    run_id = ok.headers["location"].rsplit("/", 1)[1]
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200
+    assert 'class="live"' in page.text and "data-job-id" in page.text
+    progress = client.get(f"/runs/{run_id}/progress.json").json()
+    assert progress["status"] == "queued" and progress["state"] == "queued"
+    listing = client.get("/").text
+    assert run_id in listing and "from the form" in listing
+    again = client.get(f"/launch?again={run_id}").text
+    assert 'value="from the form (again)"' in again and 'value="200"' in again
+    client.post("/signout")
+    assert 'id="signin-needed"' in client.get("/launch").text
+
+
+def test_large_run_page_is_downsampled_and_bounded(tmp_path: Path) -> None:
+    """150k events: every plot stays within the point budget and says it was downsampled."""
+    from benchmarks.bench_pages import build_records, store
+
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    run_id = store(url, build_records(300, 500, seed=1))
+    with TestClient(web_app(url)) as c:
+        r = c.get(f"/runs/{run_id}")
+    assert r.status_code == 200
+    figs = _figures(r.text)
+    assert "downsampled: 2,000 of" in json.dumps(figs["cdf_itl"])
+    assert "downsampled: 2,000 of" in json.dumps(figs["itl_position"])
+    for key, fig in figs.items():
+        points = sum(len(t.get("x") or []) for t in fig["data"])
+        assert points <= 6 * 1000, key  # timeline: 2 segments x 3 points per bar, <= 1000 bars
+    assert len(r.content) < 600_000
+
+
+def test_protected_reads_redirect_to_sign_in(seeded: Seeded) -> None:
+    from app.api.app import create_app
+    from app.settings import Settings
+
+    app = create_app(Settings(database_url=seeded.url, local_worker=False, auth_reads=True))
+    with TestClient(app) as c:
+        r = c.get(f"/runs/{seeded.normal}", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/signin?next=/runs/")
+        assert c.get(f"/runs/{seeded.normal}/report.json").status_code == 401
+        c.post("/signin", data={"token": _token(seeded, "read")})
+        assert c.get(f"/runs/{seeded.normal}").status_code == 200
+        assert c.get(f"/runs/{seeded.normal}/progress.json").status_code == 200
