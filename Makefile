@@ -13,9 +13,14 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 
-# Install, then run the demo: the simulator, a benchmark saved to the default SQLite
-# database, and its printed report.
+# Install, then start the dashboard on http://127.0.0.1:8000 with the embedded worker, the
+# simulator as a target on :9000 and (on an empty database) one demo run saved to the
+# default SQLite file. It prints an admin token for signing in from the browser.
 run: install
+	$(BIN)/tokentrace serve --demo
+
+# The terminal-only demo: simulator, benchmark, printed report.
+demo: install
 	$(BIN)/tokentrace demo
 
 # Install, lint, type-check and run the test suite (prints what it skipped and why).

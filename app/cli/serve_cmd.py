@@ -28,6 +28,14 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
         "--no-local-worker", action="store_true", help="do not start the embedded worker"
     )
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="also start the simulator on --demo-port, benchmark it once if the database has "
+        "no runs, and print an admin token for the browser",
+    )
+    serve.add_argument("--demo-port", type=int, default=9000)
 
     tok = sub.add_parser("token", help="create, list and revoke API tokens")
     tsub = tok.add_subparsers(dest="token_command", required=True, parser_class=Parser)
@@ -70,7 +78,13 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
         overrides["local_worker"] = False
     settings = Settings(**overrides)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=ns.log_level)
+    if not ns.demo:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=ns.log_level, access_log=ns.access_log)
+        return 0
+    from app.services.demo import demo_environment
+
+    with demo_environment(settings, console, sim_port=ns.demo_port):
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=ns.log_level, access_log=ns.access_log)
     return 0
 
 

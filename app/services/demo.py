@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -9,7 +12,57 @@ from app.cli.render import render_report
 from app.domain import RunSpec
 from app.loadgen.sim_config import SimConfig
 from app.loadgen.simulator import start_simulator_process
-from app.services.runs import execute_bench
+from app.services import auth
+from app.services.runs import execute_bench, open_database
+from app.settings import Settings
+from app.storage import repository as repo
+from app.storage.db import session_scope
+
+SIM_CONFIG = SimConfig(ttft_ms=50, per_input_token_ms=0.05, itl_ms=10, itl_jitter_ms=1, seed=7)
+
+
+def demo_spec(base_url: str, *, num_prompts: int, request_rate: float) -> RunSpec:
+    return RunSpec(
+        base_url=base_url,
+        model="tokentrace-sim",
+        endpoint="chat",
+        input_len=256,
+        output_len=128,
+        num_prompts=num_prompts,
+        request_rate=request_rate,
+        seed=7,
+        goodput={"ttft": 150.0, "e2el": 2000.0},
+        tags=["demo"],
+    )
+
+
+@contextlib.contextmanager
+def demo_environment(settings: Settings, console: Console, *, sim_port: int) -> Iterator[None]:
+    """For ``tokentrace serve --demo``: a simulator to benchmark, one saved run if the
+    database has none, and an admin token printed for signing in from the browser."""
+    sessions = open_database(settings.database_url)
+    sim = start_simulator_process(SimConfig(**{**SIM_CONFIG.to_dict(), "port": sim_port}))
+    try:
+        with session_scope(sessions) as s:
+            empty = not repo.list_runs(s, limit=1)
+        if empty:
+            console.print(f"Seeding a demo run against the simulator at {sim.base_url} ...")
+            execute_bench(
+                demo_spec(sim.base_url, num_prompts=100, request_rate=20.0),
+                sessions=sessions,
+                name="demo",
+            )
+        with session_scope(sessions) as s:
+            _row, secret = auth.create_token(s, scopes=["admin"], name="demo-admin")
+        url = f"http://{settings.host}:{settings.port}"
+        console.print(
+            f"\n[bold]Dashboard[/]: {url}   [bold]Simulator target[/]: {sim.base_url} "
+            f"(model tokentrace-sim)\nSign in at {url}/signin with this admin token "
+            f"(shown once): [bold]{secret}[/]\n"
+        )
+        yield
+    finally:
+        sim.stop()
 
 
 def run_demo(
@@ -19,25 +72,13 @@ def run_demo(
     num_prompts: int = 200,
     request_rate: float = 20.0,
 ) -> int:
-    config = SimConfig(ttft_ms=50, per_input_token_ms=0.05, itl_ms=10, itl_jitter_ms=1, seed=7)
-    sim = start_simulator_process(config)
+    sim = start_simulator_process(SIM_CONFIG)
     try:
         console.print(
             f"[bold]Simulator[/] at {sim.base_url}: TTFT 50 ms + 0.05 ms/input token, "
             "ITL 10 ms ± 1 ms"
         )
-        spec = RunSpec(
-            base_url=sim.base_url,
-            model="tokentrace-sim",
-            endpoint="chat",
-            input_len=256,
-            output_len=128,
-            num_prompts=num_prompts,
-            request_rate=request_rate,
-            seed=7,
-            goodput={"ttft": 150.0, "e2el": 2000.0},
-            tags=["demo"],
-        )
+        spec = demo_spec(sim.base_url, num_prompts=num_prompts, request_rate=request_rate)
         console.print(
             f"Benchmarking: {num_prompts} requests, Poisson {request_rate:g} req/s, "
             "256 in / 128 out tokens"
