@@ -70,24 +70,31 @@ def fidelity(reps: int) -> list[dict[str, Any]]:
 
 
 def capacity() -> dict[str, Any]:
+    """Streamed tokens/s (1 token per event) one client sustains with gap error p99 <= 1 ms.
+
+    The simulator runs on the other core and saturates near 500-600 streams at 10 ms ITL on
+    this 2-core machine, so 1024 streams are also measured at 20 ms ITL."""
     steps = []
     best: dict[str, Any] | None = None
-    for streams in (256, 512, 768, 1024, 1536):
-        row = fidelity_case(streams, userspace=False)
+    for streams, itl in ((256, 10.0), (512, 10.0), (768, 10.0), (1024, 10.0), (1024, 20.0)):
+        row = fidelity_case(streams, userspace=False, itl_ms=itl)
         ok = (row["chunk_gap_error"]["p99_ms"] or 0.0) <= 1.0 and row["ok"] == streams
         row["meets_1ms"] = ok
+        row["tokens_per_s"] = streams * 1000.0 / itl
         steps.append(row)
         print(
-            f"capacity {streams:5} streams: gap err p99 {row['chunk_gap_error']['p99_ms']:.3f} ms"
-            f" {'ok' if ok else 'over'}",
+            f"capacity {streams:5} streams @ {itl:g} ms: {row['tokens_per_s']:,.0f} tok/s, gap "
+            f"err p99 {row['chunk_gap_error']['p99_ms']:.3f} ms {'ok' if ok else 'over'}",
             flush=True,
         )
-        if ok:
+        if ok and (best is None or row["tokens_per_s"] > best["tokens_per_s"]):
             best = row
     return {
         "steps": steps,
-        "max_streams_within_1ms": best["streams"] if best else None,
-        "best": best,
+        "max_tokens_per_s_within_1ms": best["tokens_per_s"] if best else None,
+        "max_streams_within_1ms": max(
+            (r["streams"] for r in steps if r["meets_1ms"]), default=None
+        ),
     }
 
 
@@ -119,15 +126,18 @@ def summary_md(
         )
     lines += [
         "",
-        "## (b) Client capacity (kernel stamps, ITL 10 ms)",
+        "## (b) Client capacity (kernel stamps, one token per event)",
         "",
-        "| streams | chunk-gap err p99 ms | events/s | within 1 ms |",
-        "|---|---|---|---|",
+        f"Most streamed tokens/s within 1 ms p99 gap error: {cap['max_tokens_per_s_within_1ms']}",
+        "",
+        "| streams | ITL ms | streamed tok/s | TTFT err p99 ms | chunk-gap err p99 ms | ok |",
+        "|---|---|---|---|---|---|",
     ]
     for r in cap["steps"]:
         lines.append(
-            f"| {r['streams']} | {fmt(r['chunk_gap_error']['p99_ms'])} | "
-            f"{fmt(r.get('events_per_s'))} | {r['meets_1ms']} |"
+            f"| {r['streams']} | {r['itl_ms']:g} | {r['tokens_per_s']:,.0f} | "
+            f"{fmt(r['ttft_error']['p99_ms'])} | {fmt(r['chunk_gap_error']['p99_ms'])} | "
+            f"{r['meets_1ms']} |"
         )
     lines += [
         "",
