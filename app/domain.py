@@ -103,6 +103,10 @@ class RunSpec(BaseModel):
     extra_body: dict[str, object] = Field(default_factory=dict)
     api_key: str | None = Field(None, exclude=True)
     tags: list[str] = Field(default_factory=list)
+    # server metrics: scrape the target's Prometheus /metrics about once a second
+    scrape_metrics: bool = True
+    metrics_url: str | None = Field(None, description="default: base_url + /metrics")
+    metrics_series: list[str] = Field(default_factory=list, description="extra series names")
 
     @field_validator("base_url")
     @classmethod
@@ -110,6 +114,19 @@ class RunSpec(BaseModel):
         if not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError("base_url must start with http:// or https://")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _metrics_url(self) -> RunSpec:
+        if self.metrics_url is None:
+            return self
+        from urllib.parse import urlsplit
+
+        url, base = urlsplit(self.metrics_url), urlsplit(self.base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("metrics_url must be an http:// or https:// URL")
+        if url.hostname != base.hostname:
+            raise ValueError("metrics_url must be on the same host as base_url")
+        return self
 
     @field_validator("goodput")
     @classmethod

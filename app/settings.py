@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated, Any
 
 import platformdirs
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def default_database_url() -> str:
@@ -36,6 +38,39 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(5.0, gt=0, description="how often workers heartbeat")
     poll_interval_s: float = Field(1.0, gt=0, description="how often idle workers ask for work")
     max_attempts: int = Field(3, ge=1, description="leases a job gets before it fails")
+    probe_artifact_max_mb: float = Field(
+        32.0, gt=0, description="largest probe artifact (e.g. a gzipped trace) stored, MiB"
+    )
+    # limits and security (docs/reliability.md)
+    max_body_bytes: int = Field(
+        1024 * 1024, gt=0, description="largest request body; bigger ones get 413"
+    )
+    max_upload_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="largest worker result batch (POST .../results)"
+    )
+    target_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="hosts (glob patterns, host:port) and CIDRs that runs may target; "
+        "empty: any. Env: comma-separated or a JSON list",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="origins allowed cross-origin (empty: CORS off)"
+    )
+    db_pool_size: int = Field(10, ge=1, description="database connections kept open")
+    db_max_overflow: int = Field(
+        70, ge=0, description="extra connections under load (pool_size + this >= 2 x 40 threads)"
+    )
+    db_pool_timeout_s: float = Field(30.0, gt=0, description="wait for a free connection")
+
+    @field_validator("target_allowlist", "cors_origins", mode="before")
+    @classmethod
+    def _split_list(cls, v: Any) -> Any:
+        """``a,b`` or ``["a", "b"]`` (from the environment) -> a list of stripped entries."""
+        if isinstance(v, str):
+            text = v.strip()
+            items = json.loads(text) if text.startswith("[") else text.split(",")
+            return [str(x).strip() for x in items if str(x).strip()]
+        return v
 
     def server_url(self) -> str:
         """Where a worker on this machine reaches the server."""

@@ -227,12 +227,23 @@ class RunMeta(_Model):
     client_version: str | None = None
 
 
+class ServerMetricSeries(_Model):
+    """One Prometheus series scraped from the target during the run (times run-relative)."""
+
+    name: str = Field(min_length=1, max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict)
+    kind: str | None = None
+    t_ns: list[int]
+    values: list[float]
+
+
 class CompleteRequest(_Model):
     lease_id: str
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
     total_batches: int = Field(ge=0)
     run_meta: RunMeta | None = None
+    server_metrics: list[ServerMetricSeries] | None = None  # stored with the run (replaces)
 
 
 class CompleteResponse(_Model):

@@ -136,6 +136,10 @@
   };
 
   document.addEventListener("DOMContentLoaded", function () {
+    // page set-up named by markup, not inline script (the CSP allows no inline script)
+    var init = document.querySelector("[data-tt-page]");
+    if (init && init.dataset.ttPage === "run") TT.runPage(init.dataset.runId);
+    if (init && init.dataset.ttPage === "plots") TT.renderPlots();
     var table = document.getElementById("runs-table");
     if (table) {
       makeSortable(table);

@@ -21,9 +21,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
-from app.api import routes_jobs, routes_runs, routes_tokens, routes_workers
+from app.api import (
+    routes_compare,
+    routes_interop,
+    routes_jobs,
+    routes_probes,
+    routes_runs,
+    routes_tokens,
+    routes_workers,
+    telemetry,
+)
+from app.api.hardening import harden
 from app.api.schemas import Health
-from app.services import auth
+from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.settings import Settings
@@ -70,6 +80,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     kwargs: dict[str, Any] = {}
     if backend == "sqlite":
         kwargs["connect_args"] = {"check_same_thread": False}
+    if ":memory:" not in url:  # pool sizing: docs/reliability.md
+        kwargs.update(
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+            pool_timeout=settings.db_pool_timeout_s,
+        )
     engine = make_engine(url, echo=settings.sql_echo, **kwargs)
     app.state.engine = engine
     app.state.sessions = session_factory(engine)
@@ -110,9 +126,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings or Settings()
+    targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
     for module in (routes_runs, routes_jobs, routes_workers, routes_tokens):
         app.include_router(module.router)
+    app.include_router(routes_probes.router)
+    app.include_router(routes_compare.router)
+    app.include_router(routes_interop.router)  # imports, exports, server metrics
+    telemetry.install(app)  # /metrics (own registry) and /readyz
 
     @app.get("/healthz", tags=["health"])
     def healthz(request: Request) -> Health:
@@ -120,5 +141,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Health(status="ok", version=__version__, database=backend)
 
     app.add_middleware(GZipMiddleware, minimum_size=1024)
+    harden(app, app.state.settings)  # body limits, security headers, CORS, DB loss -> 503
     mount(app)
     return app

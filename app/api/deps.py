@@ -13,6 +13,8 @@ from app.services import auth
 from app.services.auth import Principal
 from app.settings import Settings
 
+MAX_OFFSET = 2**31 - 1  # pagination offsets and indexes: larger ones are 422, not overflow
+
 bearer = HTTPBearer(auto_error=False, description="an API token: `tt_...`")
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api import convert
-from app.api.deps import Reader, SessionDep, SessionsDep
+from app.api.deps import MAX_OFFSET, Reader, SessionDep, SessionsDep
 from app.api.schemas import JobInfo, JobList
 from app.services.errors import NotFound
 from app.storage import jobs as job_repo
@@ -36,7 +36,7 @@ def list_jobs(
     state: JobState | None = None,
     kind: JobKind | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> JobList:
     """Jobs, newest first."""
     rows = job_repo.list_jobs(session, state=state, kind=kind, limit=limit, offset=offset)

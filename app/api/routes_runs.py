@@ -7,12 +7,12 @@ import datetime as dt
 from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Path, Query, status
 from sqlalchemy.orm import Session
 
 from app.analysis.profiles import Profile
 from app.api import convert
-from app.api.deps import Reader, Runner, SessionDep, SessionsDep, SettingsDep
+from app.api.deps import MAX_OFFSET, Reader, Runner, SessionDep, SessionsDep, SettingsDep
 from app.api.schemas import (
     CancelResponse,
     DeleteResponse,
@@ -29,6 +29,7 @@ from app.api.schemas import (
 )
 from app.domain import EventKind, RunStatus
 from app.services import jobs as job_svc
+from app.services import targets
 from app.services.errors import Invalid, NotFound
 from app.services.runs import RunNotFound, run_report
 from app.storage import browse
@@ -53,7 +54,9 @@ def _run(session: Session, run_id: str) -> Run:
 def create_run(
     body: RunCreate, session: SessionDep, settings: SettingsDep, _: Runner
 ) -> RunCreated:
-    """Queue a benchmark: creates the run (status queued) and its bench job together."""
+    """Queue a benchmark: creates the run (status queued) and its bench job together.
+    422 naming ``base_url`` when the operator's target allow-list refuses it."""
+    targets.check_target(body.base_url, settings.target_allowlist)
     run_id, job_id = job_svc.create_bench_run(
         session,
         body.to_spec(),
@@ -75,7 +78,7 @@ def list_runs(
     since: Annotated[dt.datetime | None, Query(description="created at or after")] = None,
     until: Annotated[dt.datetime | None, Query(description="created before")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> RunList:
     """Runs, newest first, filtered and paginated."""
 
@@ -129,7 +132,7 @@ def list_requests(
     session: SessionDep,
     _: Reader,
     limit: Annotated[int, Query(ge=1, le=5000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> RequestPage:
     """The per-request table (summary columns in ms), ordered by index."""
     _run(session, run_id)
@@ -141,7 +144,12 @@ def list_requests(
 
 
 @router.get("/{run_id}/requests/{index}/events")
-def request_events(run_id: str, index: int, session: SessionDep, _: Reader) -> RequestEvents:
+def request_events(
+    run_id: str,
+    index: Annotated[int, Path(ge=0, le=MAX_OFFSET)],
+    session: SessionDep,
+    _: Reader,
+) -> RequestEvents:
     """Every event of one request: arrival time, bytes, kind and tokens."""
     _run(session, run_id)
     exists, sent_ns = browse.request_sent_ns(session, run_id, index)

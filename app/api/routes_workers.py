@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from app.api import convert
-from app.api.deps import Reader, SessionDep, SessionsDep, SettingsDep, WorkerCaller
+from app.api.deps import MAX_OFFSET, Reader, SessionDep, SessionsDep, SettingsDep, WorkerCaller
 from app.api.schemas import WorkerList
 from app.services import jobs as job_svc
 from app.services import workers as worker_svc
@@ -39,7 +39,7 @@ def list_workers(
     settings: SettingsDep,
     _: Reader,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> WorkerList:
     """Registered workers, most recently seen first, with their capabilities."""
     rows = worker_repo.list_workers(session, limit=limit, offset=offset)

@@ -1,12 +1,296 @@
-"""CLI commands registered into `tokentrace` (see app.cli.main)."""
+"""CLI: ``tokentrace baseline save|list|pin|unpin|history``, ``tokentrace compare`` (a CI gate:
+exit 1 on a regression) and ``tokentrace sweep`` (run a sweep here and store it)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import sys
+from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.cli.args import UsageError, add_bench_arguments, spec_from_args
 from app.cli.serve_cmd import Handler
+from app.services.errors import ServiceError
+from app.settings import get_settings
+
+VERDICT_STYLE = {
+    "regressed": "red",
+    "improved": "green",
+    "no significant change": "",
+    "no data": "dim",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ignore[type-arg]
     """Add this module's subcommands to ``sub``; return command name -> handler."""
-    return {}
+    base = sub.add_parser("baseline", help="save, list, pin or show named baselines")
+    bsub = base.add_subparsers(dest="baseline_command", required=True)
+    save = bsub.add_parser("save", help="save a run or sweep as a named baseline")
+    save.add_argument("target", metavar="RUN", help="a run id or a sweep id")
+    save.add_argument("--name", required=True)
+    save.add_argument("--pin", action="store_true", help="pinned: not replaced until unpinned")
+    save.add_argument("--note", default=None)
+    save.add_argument("--json", action="store_true")
+    save.add_argument("--database-url", default=None)
+    lst = bsub.add_parser("list", help="list baselines (current versions)")
+    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--database-url", default=None)
+    for name, text in (("pin", "pin a baseline"), ("unpin", "unpin a baseline")):
+        p = bsub.add_parser(name, help=text)
+        p.add_argument("name")
+        p.add_argument("--database-url", default=None)
+    hist = bsub.add_parser("history", help="every version of a baseline")
+    hist.add_argument("name")
+    hist.add_argument("--json", action="store_true")
+    hist.add_argument("--database-url", default=None)
+
+    cmp_ = sub.add_parser("compare", help="compare runs with a baseline; exit 1 on a regression")
+    cmp_.add_argument("runs", nargs="+", metavar="RUN", help="run ids (or one sweep id)")
+    cmp_.add_argument("--baseline", default=None, help="baseline name (default: first RUN)")
+    cmp_.add_argument("--threshold-pct", type=float, default=5.0)
+    cmp_.add_argument("--alpha", type=float, default=0.01)
+    cmp_.add_argument("--variable", default=None, help="the key field under test")
+    cmp_.add_argument("--json", action="store_true")
+    cmp_.add_argument("--database-url", default=None)
+
+    sweep = sub.add_parser("sweep", help="run the same workload at several loads, here")
+    add_bench_arguments(sweep)
+    loads = sweep.add_mutually_exclusive_group(required=True)
+    loads.add_argument("--rates", nargs="+", type=float, metavar="RPS")
+    loads.add_argument("--concurrencies", nargs="+", type=int, metavar="C")
+    loads.add_argument("--auto", action="store_true", help="sync run, max run, rates between")
+    sweep.add_argument("--auto-steps", type=int, default=5)
+    sweep.add_argument("--min-ratio", type=float, default=0.8, help="saturated below this")
+    sweep.add_argument("--max-error-rate", type=float, default=0.05)
+    return {"baseline": cmd_baseline, "compare": cmd_compare, "sweep": cmd_sweep}
+
+
+def _sessions(url: str | None) -> sessionmaker[Session]:
+    from app.services.runs import open_database
+
+    return open_database(url or get_settings().database_url)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str, allow_nan=False) + "\n")
+
+
+def cmd_baseline(ns: argparse.Namespace, console: Console) -> int:
+    from app.services import baselines as svc
+    from app.storage.db import session_scope
+
+    sessions = _sessions(ns.database_url)
+    try:
+        with session_scope(sessions) as s:
+            if ns.baseline_command == "save":
+                row = svc.save(s, ns.target, ns.name, pin=ns.pin, note=ns.note)
+                out: Any = row
+            elif ns.baseline_command == "list":
+                out = svc.list_all(s)
+            elif ns.baseline_command == "history":
+                out = svc.history(s, ns.name)
+            else:
+                out = svc.set_pin(s, ns.name, ns.baseline_command == "pin")
+    except ServiceError as e:
+        raise UsageError(e.detail) from None
+    if getattr(ns, "json", False):
+        _print_json(out)
+    elif isinstance(out, list):
+        table = Table("name", "version", "run", "sweep", "pinned", "created", "replaced")
+        for b in out:
+            table.add_row(
+                b["name"],
+                str(b["version"]),
+                b["run_id"] or "",
+                b["sweep_id"] or "",
+                "yes" if b["pinned"] else "",
+                b["created_at"][:19],
+                (b["replaced_at"] or "")[:19],
+            )
+        console.print(table)
+    else:
+        target = out["run_id"] or out["sweep_id"]
+        pin = " (pinned)" if out["pinned"] else ""
+        console.print(f"baseline {out['name']!r} version {out['version']} -> {target}{pin}")
+    return 0
+
+
+def _pct(v: Any) -> str:
+    return "—" if v is None else f"{v * 100:+.1f}%"
+
+
+def _num(v: Any) -> str:
+    return "—" if v is None else f"{v:,.2f}"
+
+
+def render_pair(pair: dict[str, Any], console: Console, title: str) -> None:
+    table = Table(title=title)
+    for col in (
+        "metric",
+        "pct",
+        "baseline",
+        "candidate",
+        "delta",
+        "CI of delta",
+        "MW p",
+        "verdict",
+    ):
+        table.add_column(col)
+    for key, mc in pair["metrics"].items():
+        mw = mc.get("mann_whitney") or {}
+        for i, p in enumerate(mc["percentiles"]):
+            ci = "—" if p["ci_low"] is None else f"[{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]"
+            style = VERDICT_STYLE.get(p["verdict"], "")
+            table.add_row(
+                key if i == 0 else "",
+                p["key"],
+                _num(p["baseline"]),
+                _num(p["candidate"]),
+                _pct(p["rel_delta"]),
+                ci,
+                f"{mw['p_value']:.2g}" if i == 0 and mw else "",
+                f"[{style}]{p['verdict']}[/]" if style else p["verdict"],
+            )
+    e = pair["error_rate"]
+    table.add_row(
+        "error rate", "", _num(e["baseline"]), _num(e["candidate"]), "", "",
+        "" if e["p_value"] is None else f"{e['p_value']:.2g}", e["verdict"],
+    )  # fmt: skip
+    for key, t in pair["throughput"].items():
+        table.add_row(key, "", _num(t["baseline"]), _num(t["candidate"]), _pct(t["rel_delta"]),
+                      "", "", "(no test: one value per run)")  # fmt: skip
+    console.print(table)
+    console.print(f"verdict: [bold]{pair['verdict']}[/]")
+
+
+def render_comparison(result: dict[str, Any], console: Console) -> None:
+    comp = result.get("comparability")
+    if comp:
+        style = "green" if comp["comparable"] else "yellow"
+        console.print(f"[{style}]comparability: {comp['message']}[/]")
+        for d in comp["differing"]:
+            console.print(f"  {d['label']}: " + " | ".join(str(v) for v in d["values"]))
+    if result["kind"] == "runs":
+        for pair in result["pairs"]:
+            render_pair(pair, console, f"{pair['candidate']} vs baseline {pair['baseline']}")
+    else:
+        if not result["steps"]:
+            console.print("no load in common between the two sweeps: nothing to judge")
+        for step in result["steps"]:
+            render_pair(
+                step, console, f"load {step['load']:g}: {step['candidate']} vs {step['baseline']}"
+            )
+    console.print(
+        f"[bold]overall: {result['verdict']}[/] (threshold {result['threshold_pct']:g}%, "
+        f"alpha {result['alpha']:g})"
+    )
+
+
+def cmd_compare(ns: argparse.Namespace, console: Console) -> int:
+    from app.services import compare as svc
+
+    if not (ns.threshold_pct >= 0 and math.isfinite(ns.threshold_pct)):
+        raise UsageError("--threshold-pct must be a non-negative number")
+    if not 0 < ns.alpha < 1:
+        raise UsageError("--alpha must be in (0, 1)")
+    sessions = _sessions(ns.database_url)
+    try:
+        if ns.baseline is not None:
+            result = svc.compare_to_baseline(
+                sessions,
+                list(ns.runs),
+                ns.baseline,
+                threshold_pct=ns.threshold_pct,
+                alpha=ns.alpha,
+                variable=ns.variable,
+            )
+        else:
+            if len(ns.runs) < 2:
+                raise UsageError(
+                    "give --baseline NAME, or two or more runs (the first is the baseline)"
+                )
+            result = svc.compare_runs(
+                sessions,
+                ns.runs[0],
+                list(ns.runs[1:]),
+                threshold_pct=ns.threshold_pct,
+                alpha=ns.alpha,
+                variable=ns.variable,
+            )
+    except ServiceError as e:
+        raise UsageError(e.detail) from None
+    if ns.json:
+        _print_json(result)
+    else:
+        render_comparison(result, console)
+    return 1 if result["verdict"] == "regressed" else 0
+
+
+def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
+    from app.services.sweeps import SweepPlan, execute_sweep
+
+    spec = spec_from_args(ns)
+    if ns.server:
+        raise UsageError(
+            "--server: sweeps run here for now (submitting sweeps to a server is not available yet)"
+        )
+    if ns.no_save:
+        raise UsageError("--no-save: a sweep stores its steps; drop --no-save")
+    try:
+        if ns.auto:
+            plan = SweepPlan("auto", (), ns.auto_steps, ns.min_ratio, ns.max_error_rate)
+        elif ns.rates:
+            plan = SweepPlan("rates", tuple(ns.rates), 5, ns.min_ratio, ns.max_error_rate)
+        else:
+            loads = tuple(float(c) for c in ns.concurrencies)
+            plan = SweepPlan("concurrencies", loads, 5, ns.min_ratio, ns.max_error_rate)
+    except ValueError as e:
+        raise UsageError(str(e).replace("loads:", "--rates/--concurrencies:")) from None
+    err = Console(stderr=True)
+
+    def on_step(idx: int, load: float, kind: str) -> None:
+        what = "max throughput" if math.isinf(load) else f"{kind} {load:g}"
+        if not ns.json:
+            err.print(f"step {idx}: {what}")
+
+    out = execute_sweep(
+        spec, plan, sessions=_sessions(ns.database_url), name=ns.name, on_step=on_step
+    )
+    if ns.json:
+        _print_json(out.summary)
+    else:
+        render_sweep(out.summary, console)
+    return 0
+
+
+def render_sweep(summary: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"sweep {summary['id']} ({summary['mode']})")
+    for col in ("step", "load", "achieved req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                "E2E p99", "errors", "run"):  # fmt: skip
+        table.add_column(col)
+    for s in summary["steps"]:
+        lat = s["latency_ms"]
+        load = "max" if s["load"] is None else f"{s['load']:g}"
+        table.add_row(
+            str(s["index"]) + (" (probe)" if s["role"] != "step" else ""),
+            f"{load} {'req/s' if s['load_kind'] == 'rate' else 'conc'}",
+            _num(s["achieved_rps"]),
+            _num(s["output_throughput_tok_s"]),
+            _num(lat["ttft_ms"]["p50"]),
+            _num(lat["ttft_ms"]["p99"]),
+            _num(lat["tpot_ms"]["p50"]),
+            _num(lat["e2el_ms"]["p99"]),
+            "—" if s["error_rate"] is None else f"{s['error_rate']:.1%}",
+            s["run_id"] or "",
+        )
+    console.print(table)
+    if summary.get("stop_reason"):
+        console.print(f"[yellow]{summary['stop_reason']}[/]")
+    console.print(f"max goodput: {summary['max_goodput']['reason']}")
+    for n in summary.get("diagnosis") or []:
+        console.print(f"note: {n['text']}")

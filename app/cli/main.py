@@ -54,7 +54,7 @@ def build_parser() -> Parser:
     rep.add_argument("--database-url", default=None)
 
     imp = sub.add_parser("import", help="import results from a file")
-    imp.add_argument("format", choices=("csv",))
+    imp.add_argument("format", choices=("csv", "vllm", "guidellm", "aiperf"))
     imp.add_argument("file", type=Path)
     imp.add_argument("--name", default=None)
     imp.add_argument("--json", action="store_true")
@@ -63,6 +63,11 @@ def build_parser() -> Parser:
     demo = sub.add_parser("demo", help="start the simulator, benchmark it, print the report")
     demo.add_argument("--num-prompts", type=int, default=200)
     demo.add_argument("--request-rate", type=float, default=20.0)
+    demo.add_argument(
+        "--real-model",
+        action="store_true",
+        help="benchmark a real llama.cpp server with SmolLM2-135M on CPU (extra: realmodel)",
+    )
     demo.add_argument("--database-url", default=None)
     return p
 
@@ -167,6 +172,7 @@ def cmd_report(ns: argparse.Namespace, console: Console) -> int:
 
 def cmd_import(ns: argparse.Namespace, console: Console) -> int:
     from app.importers.csv_log import ImportFormatError
+    from app.services.file_imports import import_path
     from app.services.imports import import_csv
     from app.services.runs import run_report
 
@@ -174,19 +180,25 @@ def cmd_import(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"file: no such file {ns.file}")
     sessions = _sessions(ns.database_url)
     try:
-        run_id = import_csv(sessions, ns.file, name=ns.name)
+        if ns.format == "csv":
+            run_ids = [import_csv(sessions, ns.file, name=ns.name)]
+        else:
+            run_ids = import_path(sessions, ns.format, ns.file, name=ns.name)
     except (ImportFormatError, UnicodeDecodeError) as e:
         raise UsageError(f"{ns.file}: {e}") from None
     if ns.json:
-        _print_json({"runs": [run_id]})
+        _print_json({"runs": run_ids})
     else:
-        render_report(run_report(sessions, run_id), console)
+        for run_id in run_ids:
+            render_report(run_report(sessions, run_id), console)
     return 0
 
 
 def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
-    from app.services.demo import run_demo
+    from app.services.demo import run_demo, run_real_model_demo
 
+    if ns.real_model:
+        return run_real_model_demo(_sessions(ns.database_url), console)
     return run_demo(
         _sessions(ns.database_url),
         console,

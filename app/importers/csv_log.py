@@ -21,6 +21,10 @@ from app.domain import EventKind, RequestRecord, RequestStatus
 REQUIRED = ("request_id", "start_ts", "first_token_ts", "end_ts", "input_tokens", "output_tokens")
 
 
+MAX_TIME_S = 4e9  # seconds: beyond 2096 as a Unix time, and inside int64 nanoseconds
+MAX_COUNT = 2**31 - 1  # token counts are stored as int32
+
+
 class ImportFormatError(ValueError):
     """The file is malformed; the message names the first bad row or field."""
 
@@ -42,6 +46,9 @@ def _number(row_no: int, name: str, raw: str | None, *, integer: bool) -> float:
         raise ImportFormatError(f"row {row_no}: {name} must be {kind}, got {raw!r}") from None
     if not math.isfinite(value):
         raise ImportFormatError(f"row {row_no}: {name} must be finite, got {raw!r}")
+    limit = MAX_COUNT if integer else MAX_TIME_S
+    if not 0 <= value <= limit:
+        raise ImportFormatError(f"row {row_no}: {name} must be in 0..{limit:g}, got {raw!r}")
     return float(value)
 
 

@@ -92,3 +92,51 @@ def run_demo(
         f"tokentrace report {outcome.run_id} --profile vllm"
     )
     return 1 if outcome.failed else 0
+
+
+def real_model_spec(base_url: str, *, num_prompts: int) -> RunSpec:
+    return RunSpec(
+        base_url=base_url,
+        model="SmolLM2-135M-Instruct",
+        endpoint="chat",
+        input_len=32,
+        output_len=32,
+        num_prompts=num_prompts,
+        max_concurrency=4,
+        seed=7,
+        tags=["demo", "real-model"],
+    )
+
+
+def run_real_model_demo(
+    sessions: sessionmaker[Session], console: Console, *, num_prompts: int = 8
+) -> int:
+    """``tokentrace demo --real-model``: llama.cpp's server with SmolLM2-135M on loopback
+    (CPU), benchmarked with a few short requests; real token timings without a GPU."""
+    from app.loadgen.llamacpp import RealModelUnavailable, start_llamacpp_process
+
+    try:
+        server = start_llamacpp_process()
+    except RealModelUnavailable as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    try:
+        console.print(
+            f"[bold]llama.cpp server[/] at {server.base_url}: SmolLM2-135M-Instruct "
+            f"({server.model_path.name}), 4 parallel slots, CPU"
+        )
+        console.print(f"Benchmarking: {num_prompts} requests, 4 at a time, 32 in / 32 out tokens")
+        outcome = execute_bench(
+            real_model_spec(server.base_url, num_prompts=num_prompts),
+            sessions=sessions,
+            name="demo (real model)",
+            handle_sigint=True,
+        )
+    finally:
+        server.stop()
+    render_report(outcome.report, console)
+    console.print(
+        f"\nSaved as run [bold]{outcome.run_id}[/] (with the server's /metrics series). "
+        f"Try: tokentrace serve, then open /runs/{outcome.run_id}"
+    )
+    return 1 if outcome.failed else 0

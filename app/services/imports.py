@@ -10,15 +10,31 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import __version__
 from app.analysis.metrics import per_request_metrics
 from app.domain import ClockSource, RunStatus, trace_from_records
-from app.importers.csv_log import parse_csv_log
+from app.importers.csv_log import ImportFormatError, parse_csv_log
 from app.services.runs import headline, run_report
 from app.storage import repository as repo
 from app.storage.db import session_scope
 
+MAX_IMPORT_BYTES = 512 * 1024 * 1024  # a bigger import file is refused before it is read
+
+
+def read_import_text(path: Path) -> str:
+    """The file as UTF-8 text; ``ImportFormatError`` when it is over ``MAX_IMPORT_BYTES``
+    or not UTF-8."""
+    size = path.stat().st_size
+    if size > MAX_IMPORT_BYTES:
+        raise ImportFormatError(
+            f"{path.name}: {size} bytes is larger than the {MAX_IMPORT_BYTES}-byte import limit"
+        )
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ImportFormatError(f"{path.name}: not UTF-8 text (byte {e.start})") from None
+
 
 def import_csv(sessions: sessionmaker[Session], path: Path, *, name: str | None = None) -> str:
     """Import a SPEC worked-example-B CSV log. Raises ImportFormatError before writing."""
-    log = parse_csv_log(path.read_text(encoding="utf-8"))
+    log = parse_csv_log(read_import_text(path))
     trace = trace_from_records(log.records, include_warmup=True, summary_only=True)
     per_request = per_request_metrics(trace)
     now = datetime.now(UTC)

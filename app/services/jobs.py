@@ -326,6 +326,10 @@ def complete(
         meta = req.run_meta
         changes = {"client_host": meta.client_host, "client_version": meta.client_version}
         repo.update_run(session, job.run_id, **{k: v for k, v in changes.items() if v})
+    if job.run_id is not None and req.server_metrics:
+        from app.services.server_metrics import store_wire
+
+        store_wire(session, job.run_id, req.server_metrics)
     session.commit()
     if job.run_id is not None:
         _finalize(sessions, job.run_id, outcome, req)

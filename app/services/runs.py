@@ -27,6 +27,7 @@ from app.domain import (
     trace_from_records,
 )
 from app.loadgen.runner import LoadResult, Progress, run_load
+from app.services import server_metrics
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.wire import RunMeta
@@ -209,14 +210,18 @@ def execute_bench(
                 client_host=platform.node(),
             )
     tag = run_id or secrets.token_hex(6)
+    scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
     try:
         result = asyncio.run(_load(spec, tag, on_progress, handle_sigint))
     except BaseException:
+        server_metrics.finish(scraper, None)
         if sessions is not None and run_id is not None:
             with session_scope(sessions) as s:
                 repo.finish_run(s, run_id, status=RunStatus.FAILED)
         raise
+    scraped = server_metrics.finish(scraper, result.start_mono_ns)
     meta = run_meta(result)
+    server_metrics.attach(meta.load_stats, scraped)
     status = outcome_status(result)
     if sessions is None or run_id is None:
         report = assemble_report(
@@ -242,6 +247,7 @@ def execute_bench(
         return BenchOutcome(None, report, status is RunStatus.FAILED)
     with session_scope(sessions) as s:
         store_requests(s, run_id, result.records)
+        server_metrics.store(s, run_id, scraped.series)
     report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
     return BenchOutcome(run_id, report, status is RunStatus.FAILED)
 

@@ -3,6 +3,8 @@
 Callers create engines (``make_engine``) and own sessions and commits (``session_scope``).
 """
 
+from app.storage import models_interop as models_interop  # imports, server metrics (0005)
+from app.storage import models_probes as models_probes  # probe tables (0003_probes)
 from app.storage.db import (
     downgrade_database,
     make_engine,
@@ -12,6 +14,7 @@ from app.storage.db import (
     upgrade_database,
 )
 from app.storage.models import Base, Request, Run
+from app.storage.models_compare import Baseline, Sweep, SweepStep  # noqa: F401
 from app.storage.packing import EventArrays, pack_events, unpack_events, unpack_many
 from app.storage.repository import (
     NotFoundError,

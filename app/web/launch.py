@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.services import auth
+from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.storage import repository as repo
@@ -85,6 +85,7 @@ async def launch_submit(request: Request) -> Response:
         return _launch(request, values, errors, principal)
     settings = settings_of(request)
     try:
+        targets.check_target(created.base_url, settings.target_allowlist)
         with session_scope(sessions_of(request)) as s:
             run_id, _job_id = job_svc.create_bench_run(
                 s,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from app.web import exports, launch, pages
+from app.web import exports, interop_pages, launch, pages, pages_compare, pages_probes
 from app.web.context import asset_dir
 
 
@@ -16,7 +16,10 @@ def mount(app: FastAPI) -> None:
     """
     if any(getattr(r, "path", None) == "/static" for r in app.routes):
         return
+    app.include_router(pages_compare.router)  # before pages: owns /compare
     app.include_router(pages.router)
     app.include_router(exports.router)
     app.include_router(launch.router)
+    app.include_router(pages_probes.router)
+    app.include_router(interop_pages.router)  # import page, more exports
     app.mount("/static", StaticFiles(directory=str(asset_dir("static"))), name="static")

@@ -22,6 +22,7 @@ from app.web import figures as fg
 from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.runpage import PROFILE_NAMES, load_run, run_context
+from app.web.interop_page import add_interop
 
 router = APIRouter(include_in_schema=False)
 
@@ -108,7 +109,9 @@ async def run_page(request: Request, run_id: str, profile: str = "tokentrace") -
 
     def build() -> dict[str, Any]:
         data = load_run(sessions_of(request), run_id)
-        return run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
+        ctx = run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
+        add_interop(ctx, sessions_of(request), run_id, data.trace)  # imports, server metrics
+        return ctx
 
     try:
         ctx = await anyio.to_thread.run_sync(build)
@@ -145,7 +148,7 @@ def run_progress(request: Request, run_id: str) -> JSONResponse:
 
 @router.get("/runs/{run_id}/requests")
 def requests_page(
-    request: Request, run_id: str, offset: Annotated[int, Query(ge=0)] = 0
+    request: Request, run_id: str, offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0
 ) -> Response:
     principal, redirect = _gate(request)
     if redirect is not None:
@@ -215,47 +218,6 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "n_events": n,
             "summary_only": summary_only,
             "figure": json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/"),
-        },
-        principal=principal,
-    )
-
-
-@router.get("/compare")
-def compare_page(request: Request, ids: Annotated[list[str] | None, Query()] = None) -> Response:
-    """Side-by-side tables of the selected runs' headline percentiles (from their reports)."""
-    principal, redirect = _gate(request)
-    if redirect is not None:
-        return redirect
-    wanted = [i for raw in ids or [] for i in raw.split(",") if i.strip()][:8]
-    columns: list[views.CompareColumn] = []
-    missing: list[str] = []
-    sessions = sessions_of(request)
-    for run_id in wanted:
-        try:
-            report = run_svc.run_report(sessions, run_id)
-        except run_svc.RunNotFound:
-            missing.append(run_id)
-            continue
-        m = report["metrics"]
-        columns.append(
-            views.CompareColumn(
-                id=run_id,
-                name=report.get("name"),
-                model=(report.get("spec") or {}).get("model"),
-                status=str(report.get("status")),
-                metrics={k: m.get(k) or {} for k, _ in views.METRIC_ROWS},
-                summary=run_svc.headline(report),
-            )
-        )
-    return render(
-        request,
-        "compare.html",
-        {
-            "nav": "runs",
-            "columns": columns,
-            "missing": missing,
-            "metric_rows": views.METRIC_ROWS,
-            "pcts": views.PCTS,
         },
         principal=principal,
     )

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.profiles import profile_metrics
 from app.domain import RunTrace
+from app.services import compare as compare_svc
 from app.services import runs as run_svc
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
@@ -121,4 +122,5 @@ def run_context(
         "n_requests": data.trace.n_requests,
         "n_events": data.trace.n_events,
         "summary_only": data.trace.summary_only,
+        "diagnosis": compare_svc.trace_diagnosis(data.run, data.trace, report),
     }

@@ -24,8 +24,16 @@ from pydantic import ValidationError
 
 from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
 from app.loadgen.runner import LoadResult, Progress
+from app.services import server_metrics
 from app.services.runs import outcome_status, run_meta
-from app.wire import CompleteRequest, HeartbeatRequest, JobProgress, LeasedJob, RunMeta
+from app.wire import (
+    CompleteRequest,
+    HeartbeatRequest,
+    JobProgress,
+    LeasedJob,
+    RunMeta,
+    ServerMetricSeries,
+)
 from app.worker.backoff import Backoff
 from app.worker.client import (
     AuthError,
@@ -118,6 +126,7 @@ class JobRun:
         self.stopping = False
         self.deadline: float | None = None
         self.load: LoadThread | None = None
+        self.server_series: list[ServerMetricSeries] | None = None  # sent with the completion
 
     # ---- callbacks from the load thread (cheap, thread-safe)
 
@@ -134,14 +143,19 @@ class JobRun:
     # ---- main
 
     async def run(self) -> JobOutcome:
+        from app.worker.probe_job import job_telemetry  # GPU telemetry for every job
+
         self.uploader.start()
         try:
-            return await self._run()
+            async with job_telemetry(self.client, self.job):
+                return await self._run()
         finally:
             await self.uploader.close()
 
     async def _run(self) -> JobOutcome:
         job = self.job
+        if job.kind == "probe":
+            return await self._run_probe()
         if job.kind != "bench":
             return await self._complete("failed", f"this worker cannot run {job.kind!r} jobs")
         try:
@@ -155,6 +169,7 @@ class JobRun:
             on_progress=self._on_progress,
             kernel_stamps=self.opts.kernel_stamps,
         )
+        scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [
             asyncio.create_task(self._heartbeats(), name=f"heartbeat-{job.job_id}"),
             asyncio.create_task(self._cutter(), name=f"cut-{job.job_id}"),
@@ -168,19 +183,35 @@ class JobRun:
             except Exception as e:
                 result, error = None, f"the load failed: {describe(e)}"
                 log.exception("job %s: load failed", job.job_id)
+            start_ns = result.start_mono_ns if result is not None else None
+            scraped = await asyncio.to_thread(server_metrics.finish, scraper, start_ns)
+            scraper = None
             await self._cut_all()
             if self.uploader.lost is not None:
                 return self._drop(self.uploader.lost)
             status, error = self._status(result, error)
             meta = run_meta(result) if result is not None else None
+            if meta is not None:
+                server_metrics.attach(meta.load_stats, scraped)
+                self.server_series = server_metrics.to_wire(scraped.series) or None
             return await self._complete(status, error, meta)
         finally:
+            if scraper is not None:
+                await asyncio.to_thread(server_metrics.finish, scraper, None)
             self._stop_load()
             for t in side:
                 t.cancel()
             for t in side:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+
+    async def _run_probe(self) -> JobOutcome:
+        from app.worker.probe_job import ProbeJob
+
+        probe = ProbeJob(self.client, self.job, self.opts.heartbeat_interval_s, self.worker_stop)
+        status, detail = await probe.run()
+        await asyncio.to_thread(self.spool.remove)
+        return JobOutcome(self.job.job_id, status, detail)  # type: ignore[arg-type]
 
     def _status(
         self, result: LoadResult | None, error: str | None
@@ -208,6 +239,7 @@ class JobRun:
             error=error,
             total_batches=self.uploader.next_batch_no,
             run_meta=meta,
+            server_metrics=self.server_series,
         )
         # spooled first: a worker restarted before the server answered still completes it
         await asyncio.to_thread(self.spool.write_complete, req)

@@ -1,0 +1,201 @@
+"""Defences around the app: request body limits (413), security headers on every response
+(a Content-Security-Policy on pages), opt-in CORS, and 503 for a lost database connection.
+
+``harden(app, settings)`` installs them all; each piece is a plain ASGI middleware or an
+exception handler so streaming responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Worker result batches may be large; every other body gets the general limit.
+UPLOAD_PATH = re.compile(r"^/api/v1/jobs/[^/]+/results$")
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+# FastAPI's interactive docs load Swagger UI / ReDoc with inline code: no CSP there.
+NO_CSP_PATHS = ("/docs", "/redoc")
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+)
+
+
+def _too_large(limit: int) -> tuple[int, bytes]:
+    detail = {
+        "detail": [
+            {
+                "loc": ["body"],
+                "msg": f"request body larger than the {limit}-byte limit of this route",
+                "type": "too_large",
+            }
+        ]
+    }
+    return 413, json.dumps(detail).encode()
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """413 for a body over the route's limit: at once from ``Content-Length``, else while
+    reading (a chunked body is read up to the limit, then replayed to the app)."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, max_upload_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_upload_bytes = max_upload_bytes
+
+    def limit_for(self, path: str) -> int:
+        return self.max_upload_bytes if UPLOAD_PATH.match(path) else self.max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope.get("path", ""))
+        length = _header(scope, b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = -1
+            if declared > limit:
+                await _send_json(send, *_too_large(limit))
+                return
+            if declared >= 0:  # the server enforces Content-Length framing
+                await self.app(scope, receive, send)
+                return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            msg = await receive()
+            messages.append(msg)
+            if msg["type"] != "http.request":
+                break
+            size += len(msg.get("body", b""))
+            if size > limit:
+                await _send_json(send, *_too_large(limit))
+                return
+            if not msg.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k.lower() == name:
+            return bytes(v).decode("latin-1")
+    return None
+
+
+class SecurityHeaders:
+    """nosniff, a same-origin referrer policy and no framing on every response; a
+    Content-Security-Policy (no inline script) on HTML pages."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "")
+        csp = not path.startswith(NO_CSP_PATHS)
+
+        async def send_with_headers(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                headers = list(msg.get("headers", []))
+                present = {bytes(k).lower() for k, _ in headers}
+                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in present]
+                ctype = next(
+                    (bytes(v) for k, v in headers if bytes(k).lower() == b"content-type"), b""
+                )
+                if csp and ctype.startswith(b"text/html"):
+                    headers.append((b"content-security-policy", CSP.encode()))
+                msg["headers"] = headers
+            await send(msg)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """A dropped or exhausted database connection: 503 (the request changed nothing, its
+    transaction was rolled back), so clients such as the worker retry it."""
+    benign = isinstance(exc, DBAPIError) and not isinstance(exc, OperationalError)
+    if benign and not getattr(exc, "connection_invalidated", False):
+        raise exc  # an ordinary database error: the usual 500
+    log.warning(
+        "database unavailable for %s %s: %s",
+        request.method,
+        request.url.path,
+        str(exc).splitlines()[0][:200],
+    )
+    return JSONResponse(
+        {"detail": "the database connection was lost or is busy; retry shortly"},
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+def harden(app: FastAPI, settings: Settings) -> None:
+    """Install the body limits, security headers, CORS (only with ``cors_origins``) and the
+    503 handler for database connection loss."""
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(DBAPIError, _database_unavailable)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+            allow_credentials=False,
+        )
+    app.add_middleware(SecurityHeaders)  # type: ignore[arg-type]
+    app.add_middleware(
+        BodyLimit,  # type: ignore[arg-type]
+        max_bytes=settings.max_body_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+    )

@@ -1,0 +1,165 @@
+"""/api/v1/baselines, /api/v1/compare and /api/v1/sweeps: named baselines, statistical
+comparisons and stored sweeps."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Query, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import Reader, Runner, SessionDep, SessionsDep
+from app.services import baselines as baseline_svc
+from app.services import compare as compare_svc
+from app.services import sweeps as sweep_svc
+from app.services.errors import Invalid
+from app.storage import compare_repo
+from app.storage.jsonsafe import json_safe
+
+router = APIRouter(prefix="/api/v1", tags=["compare"])
+
+
+class BaselineCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=255)
+    target_id: str = Field(min_length=1, max_length=32, description="a run id or a sweep id")
+    pinned: bool = False
+    note: str | None = None
+
+
+class BaselineOut(BaseModel):
+    name: str
+    version: int
+    run_id: str | None
+    sweep_id: str | None
+    pinned: bool
+    note: str | None
+    created_at: str
+    replaced_at: str | None
+
+
+class PinBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pinned: bool
+
+
+@router.post("/baselines", status_code=status.HTTP_201_CREATED)
+def save_baseline(body: BaselineCreate, session: SessionDep, _: Runner) -> BaselineOut:
+    """Save a run or sweep under a name (a new version; 409 when the name is pinned)."""
+    row = baseline_svc.save(session, body.target_id, body.name, pin=body.pinned, note=body.note)
+    return BaselineOut.model_validate(row)
+
+
+@router.get("/baselines")
+def list_baselines(session: SessionDep, _: Reader) -> list[BaselineOut]:
+    return [BaselineOut.model_validate(b) for b in baseline_svc.list_all(session)]
+
+
+@router.get("/baselines/{name}/history")
+def baseline_history(name: str, session: SessionDep, _: Reader) -> list[BaselineOut]:
+    return [BaselineOut.model_validate(b) for b in baseline_svc.history(session, name)]
+
+
+@router.put("/baselines/{name}/pin")
+def pin_baseline(name: str, body: PinBody, session: SessionDep, _: Runner) -> BaselineOut:
+    return BaselineOut.model_validate(baseline_svc.set_pin(session, name, body.pinned))
+
+
+def _ids(ids: list[str] | None) -> list[str]:
+    return [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+
+
+Ids = Annotated[list[str] | None, Query(description="candidate run ids (comma-separated ok)")]
+Threshold = Annotated[float, Query(ge=0, le=1000, description="percent")]
+Alpha = Annotated[float, Query(gt=0, lt=1)]
+
+
+@router.get("/compare/{base_id}")
+async def compare(
+    base_id: str,
+    sessions: SessionsDep,
+    _: Reader,
+    ids: Ids = None,
+    threshold_pct: Threshold = 5.0,
+    alpha: Alpha = 0.01,
+    variable: str | None = None,
+) -> dict[str, Any]:
+    """Statistical comparison against ``base_id``: a run (1 to 5 candidate runs in ``ids``)
+    or a sweep (one candidate sweep). Verdicts per metric; comparability key checked first."""
+    wanted = _ids(ids)
+
+    def work() -> dict[str, Any]:
+        with sessions() as s:
+            target = baseline_svc.resolve_target(s, base_id)  # 404 first
+        if not wanted:
+            raise Invalid("give at least one candidate id", loc=("query", "ids"))
+        if target.sweep_id is not None:
+            if len(wanted) != 1:
+                raise Invalid("compare one sweep against a sweep", loc=("query", "ids"))
+            return compare_svc.compare_sweeps(
+                sessions, base_id, wanted[0], threshold_pct=threshold_pct, alpha=alpha,
+                variable=variable,
+            )  # fmt: skip
+        return compare_svc.compare_runs(
+            sessions, base_id, wanted, threshold_pct=threshold_pct, alpha=alpha,
+            variable=variable,
+        )  # fmt: skip
+
+    out: dict[str, Any] = json_safe(await anyio.to_thread.run_sync(work))
+    return out
+
+
+@router.get("/baselines/{name}/compare")
+async def compare_to_baseline(
+    name: str,
+    sessions: SessionsDep,
+    _: Reader,
+    ids: Ids = None,
+    threshold_pct: Threshold = 5.0,
+    alpha: Alpha = 0.01,
+    variable: str | None = None,
+) -> dict[str, Any]:
+    """Runs (or one sweep) against the current version of baseline ``name`` (the CI gate)."""
+    wanted = _ids(ids)
+
+    def work() -> dict[str, Any]:
+        with sessions() as s:
+            baseline_svc.current(s, name)  # 404 first
+        if not wanted:
+            raise Invalid("give at least one candidate id", loc=("query", "ids"))
+        return compare_svc.compare_to_baseline(
+            sessions, wanted, name, threshold_pct=threshold_pct, alpha=alpha, variable=variable
+        )
+
+    out: dict[str, Any] = json_safe(await anyio.to_thread.run_sync(work))
+    return out
+
+
+@router.get("/sweeps")
+def list_sweeps(
+    session: SessionDep, _: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": s.id,
+            "name": s.name,
+            "status": s.status,
+            "mode": s.mode,
+            "loads": list(s.loads or []),
+            "stop_reason": s.stop_reason,
+            "created_at": s.created_at.isoformat(),
+        }
+        for s in compare_repo.list_sweeps(session, limit=limit)
+    ]
+
+
+@router.get("/sweeps/{sweep_id}")
+async def get_sweep(sweep_id: str, sessions: SessionsDep, _: Reader) -> dict[str, Any]:
+    """The sweep with every step's summary, max goodput, stop reason and diagnosis."""
+    out: dict[str, Any] = json_safe(
+        await anyio.to_thread.run_sync(sweep_svc.sweep_summary, sessions, sweep_id)
+    )
+    return out

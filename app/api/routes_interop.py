@@ -1,0 +1,123 @@
+"""/api/v1: import another tool's results, export a run, read its server metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, File, Form, UploadFile, status
+from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile as AnyUpload
+
+from app.api.deps import Reader, Runner, SessionsDep
+from app.importers.common import ImportFormatError
+from app.services import exports as export_svc
+from app.services import file_imports
+from app.services.errors import Invalid, NotFound
+from app.services.imports import MAX_IMPORT_BYTES
+from app.services.runs import RunNotFound
+from app.storage import interop as interop_repo
+from app.storage.db import session_scope
+
+router = APIRouter(prefix="/api/v1", tags=["interop"])
+
+
+class ImportResult(BaseModel):
+    runs: list[str]
+
+
+class SeriesOut(BaseModel):
+    name: str
+    labels: dict[str, str]
+    kind: str | None
+    t_ms: list[float]
+    values: list[float]
+
+
+async def _text(upload: AnyUpload, field: str) -> str:
+    data = await upload.read(MAX_IMPORT_BYTES + 1)
+    if len(data) > MAX_IMPORT_BYTES:
+        raise Invalid(f"larger than the {MAX_IMPORT_BYTES}-byte import limit", loc=["body", field])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Invalid(f"not UTF-8 text (byte {e.start})", loc=["body", field]) from None
+
+
+async def run_import(
+    sessions: Any,
+    fmt: str,
+    file: AnyUpload,
+    summary: AnyUpload | None,
+    name: str | None,
+) -> list[str]:
+    """Shared by the API and the import page: parse and store, or raise ``Invalid``."""
+    if fmt not in file_imports.FORMATS:
+        raise Invalid(f"choose from {', '.join(file_imports.FORMATS)}", loc=["body", "format"])
+    text = await _text(file, "file")
+    summary_text = await _text(summary, "summary") if summary is not None else None
+    file_name = file.filename or None
+    try:
+        return await anyio.to_thread.run_sync(
+            lambda: file_imports.import_text(
+                sessions,
+                fmt,
+                text,
+                file_name=file_name,
+                name=name or None,
+                summary_text=summary_text,
+            )
+        )
+    except ImportFormatError as e:
+        raise Invalid(str(e), loc=["body", "file"]) from None
+
+
+@router.post("/imports", status_code=status.HTTP_201_CREATED)
+async def import_file(
+    sessions: SessionsDep,
+    _: Runner,
+    format: Annotated[str, Form(description="csv | vllm | guidellm | aiperf")],
+    file: Annotated[UploadFile, File(description="the tool's result file")],
+    summary: Annotated[UploadFile | None, File(description="AIPerf summary JSON")] = None,
+    name: Annotated[str | None, Form()] = None,
+) -> ImportResult:
+    """Import a result file (all or nothing); 422 names the first bad field or line."""
+    return ImportResult(runs=await run_import(sessions, format, file, summary, name))
+
+
+@router.get("/runs/{run_id}/export/{what}")
+def export_run(run_id: str, what: str, sessions: SessionsDep, _: Reader) -> Response:
+    """``requests.csv|json|parquet``, ``events.csv|parquet`` or ``summary.json``."""
+    if what not in export_svc.FORMATS:
+        raise Invalid(f"choose from {', '.join(export_svc.FORMATS)}", loc=["path", "what"])
+    try:
+        body = export_svc.export(sessions, run_id, what)
+    except RunNotFound:
+        raise NotFound(f"no run with id {run_id!r}") from None
+    return Response(
+        body,
+        media_type=export_svc.FORMATS[what],
+        headers={"Content-Disposition": f'attachment; filename="{run_id}-{what}"'},
+    )
+
+
+@router.get("/runs/{run_id}/server-metrics")
+def server_metrics(run_id: str, sessions: SessionsDep, _: Reader) -> list[SeriesOut]:
+    """The target's Prometheus series scraped during the run (times: ms since run start)."""
+    from app.storage import repository as repo
+
+    with session_scope(sessions) as s:
+        if repo.find_run(s, run_id) is None:
+            raise NotFound(f"no run with id {run_id!r}")
+        series = interop_repo.load_server_metrics(s, run_id)
+    return [
+        SeriesOut(
+            name=x.name,
+            labels=x.labels,
+            kind=x.kind,
+            t_ms=[t / 1e6 for t in x.t_ns],
+            values=x.values,
+        )
+        for x in series
+    ]

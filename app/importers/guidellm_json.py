@@ -1,0 +1,217 @@
+"""Parse a GuideLLM benchmark report (``--output kind=json``; checked against GuideLLM 0.8.1's
+own files). Pure: no I/O.
+
+Every benchmark in ``benchmarks`` becomes a run; together they form one sweep. GuideLLM keeps
+no per-token times, only each request's first and last token iteration: the runs are
+summary-only (two token events per request: the first token, then the rest at the last).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.analysis.percentiles import percentile_key
+from app.domain import RequestRecord, RequestStatus
+from app.importers.common import (
+    FileFigures,
+    ImportedRun,
+    ImportFormatError,
+    as_dict,
+    as_list,
+    failed_record,
+    integer,
+    json_objects,
+    ns,
+    opt_number,
+    two_point_record,
+)
+
+# profile metric key -> (GuideLLM metric, scale to ms)
+LATENCIES = {
+    "ttft": ("time_to_first_token_ms", 1.0),
+    "ttfot": ("time_to_first_output_token_ms", 1.0),
+    "itl": ("inter_token_latency_ms", 1.0),
+    "tpot": ("time_per_output_token_ms", 1.0),
+    "e2el": ("request_latency", 1000.0),
+}
+RATES = {
+    "request_throughput": "requests_per_second",
+    "output_throughput": "output_tokens_per_second",
+    "total_token_throughput": "tokens_per_second",
+}
+
+
+def _pct(key: str) -> float | None:
+    """GuideLLM's percentile keys: p001 = 0.1, p01 = 1, p50 = 50, p999 = 99.9."""
+    digits = key[1:]
+    if not (key.startswith("p") and digits.isdigit()):
+        return None
+    if len(digits) == 3:
+        return int(digits) / 10.0
+    return float(int(digits))
+
+
+def _summary(obj: Any, where: str, scale: float) -> dict[str, float | None]:
+    d = as_dict(obj, where)
+    out: dict[str, float | None] = {}
+    for stat, key in (("mean", "mean"), ("std", "std_dev"), ("max", "max")):
+        v = opt_number(d.get(key), f"{where}.{key}")
+        out[stat] = None if v is None else v * scale
+    pcts = as_dict(d.get("percentiles") or {}, f"{where}.percentiles")
+    for key, value in pcts.items():
+        p = _pct(key)
+        if p is None:
+            raise ImportFormatError(f"{where}.percentiles: unknown key {key!r}")
+        v = opt_number(value, f"{where}.percentiles.{key}")
+        out[percentile_key(p)] = None if v is None else v * scale
+    count = d.get("count")
+    if count is not None and integer(count, f"{where}.count", minimum=0) == 0:
+        return {k: None for k in out}
+    return out
+
+
+def file_figures(metrics: dict[str, Any], where: str) -> FileFigures:
+    figs: FileFigures = {}
+    for key, (name, scale) in LATENCIES.items():
+        if name in metrics:
+            m = as_dict(metrics[name], f"{where}.{name}")
+            figs[key] = _summary(m.get("successful"), f"{where}.{name}.successful", scale)
+    for key, name in RATES.items():
+        if name in metrics:
+            m = as_dict(metrics[name], f"{where}.{name}")
+            s = as_dict(m.get("successful"), f"{where}.{name}.successful")
+            figs[key] = {"value": opt_number(s.get("mean"), f"{where}.{name}.successful.mean")}
+    return figs
+
+
+def _tokens(req: dict[str, Any], where: str, key: str, metrics_key: str) -> int | None:
+    v = req.get(key)
+    if v is None:
+        block = req.get(metrics_key)
+        if isinstance(block, dict):
+            v = block.get("text_tokens")
+    return None if v is None else integer(v, f"{where}.{key}", minimum=0)
+
+
+def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
+    groups = as_dict(bench.get("requests"), f"{where}.requests")
+    flat: list[tuple[str, int, dict[str, Any]]] = []
+    for group in ("successful", "errored", "incomplete"):
+        for j, req in enumerate(as_list(groups.get(group) or [], f"{where}.requests.{group}")):
+            flat.append((group, j, as_dict(req, f"{where}.requests.{group}[{j}]")))
+    parsed: list[tuple[str, str, dict[str, Any], dict[str, float | None]]] = []
+    for group, j, req in flat:
+        at = f"{where}.requests.{group}[{j}]"
+        info = as_dict(req.get("info"), f"{at}.info")
+        timings = as_dict(info.get("timings"), f"{at}.info.timings")
+        t = {
+            k: opt_number(timings.get(k), f"{at}.info.timings.{k}")
+            for k in ("request_start", "first_token_iteration", "last_token_iteration")
+        }
+        t["request_end"] = opt_number(timings.get("request_end"), f"{at}.info.timings.request_end")
+        parsed.append((group, at, req, t))
+    starts = [t["request_start"] for _g, _a, _r, t in parsed if t["request_start"] is not None]
+    origin = min(starts) if starts else 0.0
+
+    def rel(v: float | None) -> int | None:
+        return None if v is None else ns(v - origin)
+
+    records: list[RequestRecord] = []
+    for i, (group, at, req, t) in enumerate(parsed):
+        n_in = _tokens(req, at, "prompt_tokens", "input_metrics")
+        sent = rel(t["request_start"])
+        end = rel(t["request_end"])
+        if group != "successful":
+            info = req["info"]
+            error = info.get("error") or ("incomplete" if group == "incomplete" else "errored")
+            rec = failed_record(i, sent_ns=sent, end_ns=end, error=str(error), input_tokens=n_in)
+            if group == "incomplete":
+                rec.status = RequestStatus.CANCELLED
+            records.append(rec)
+            continue
+        for k in ("request_start", "first_token_iteration", "last_token_iteration", "request_end"):
+            if t[k] is None:
+                raise ImportFormatError(f"{at}.info.timings.{k}: missing")
+        n_out = _tokens(req, at, "output_tokens", "output_metrics")
+        if n_out is None:
+            raise ImportFormatError(f"{at}.output_tokens: missing")
+        first, last = rel(t["first_token_iteration"]), rel(t["last_token_iteration"])
+        assert sent is not None and first is not None and last is not None and end is not None
+        if first < sent:
+            raise ImportFormatError(f"{at}: first_token_iteration before request_start")
+        if last < first:
+            raise ImportFormatError(f"{at}: last_token_iteration before first_token_iteration")
+        records.append(
+            two_point_record(
+                i,
+                sent_ns=sent,
+                first_ns=first,
+                last_ns=last,
+                end_ns=max(end, last),
+                output_tokens=n_out,
+                input_tokens=n_in,
+            )
+        )
+    return records
+
+
+def _strategy(bench: dict[str, Any]) -> str:
+    cfg = bench.get("config") if isinstance(bench.get("config"), dict) else {}
+    strat = cfg.get("strategy") if isinstance(cfg, dict) else None
+    if not isinstance(strat, dict):
+        return "benchmark"
+    kind = str(strat.get("type_") or strat.get("type") or "benchmark")
+    for key in ("streams", "rate", "max_concurrency"):
+        if strat.get(key) is not None:
+            return f"{kind} {key} {strat[key]}"
+    return kind
+
+
+def parse_guidellm(text: str, *, name: str = "guidellm") -> list[ImportedRun]:
+    """One run per benchmark; ``ImportFormatError`` names the first bad field."""
+    objs = json_objects(text)
+    if len(objs) != 1:
+        raise ImportFormatError(f"expected one JSON document, found {len(objs)}")
+    top = as_dict(objs[0], "file")
+    benches = as_list(top.get("benchmarks"), "benchmarks")
+    if not benches:
+        raise ImportFormatError("benchmarks: the list is empty")
+    metadata = top.get("metadata")
+    version = metadata.get("guidellm_version") if isinstance(metadata, dict) else None
+    tool = f"GuideLLM {version}" if version else "GuideLLM"
+    spec = (top.get("config") or {}).get("spec") if isinstance(top.get("config"), dict) else None
+    backend = spec.get("backend") if isinstance(spec, dict) else None
+    model = backend.get("model") if isinstance(backend, dict) else None
+    target = backend.get("target") if isinstance(backend, dict) else None
+    runs: list[ImportedRun] = []
+    for k, b in enumerate(benches):
+        where = f"benchmarks[{k}]"
+        bench = as_dict(b, where)
+        metrics = as_dict(bench.get("metrics"), f"{where}.metrics")
+        duration = opt_number(bench.get("duration"), f"{where}.duration", minimum=0)
+        records = _requests(bench, where)
+        strategy = _strategy(bench)
+        runs.append(
+            ImportedRun(
+                name=f"{name} #{k + 1} ({strategy})" if len(benches) > 1 else name,
+                format="guidellm",
+                tool=tool,
+                profile="guidellm",
+                records=records,
+                summary_only=True,
+                figures=file_figures(metrics, f"{where}.metrics"),
+                model=str(model) if model else None,
+                target_url=str(target) if target else None,
+                window_s=duration,
+                notes=["GuideLLM keeps only each request's first and last token times"],
+                meta={
+                    "guidellm_version": version,
+                    "benchmark_index": k,
+                    "strategy": strategy,
+                    "duration_s": duration,
+                    "start_time": bench.get("start_time"),
+                    "end_time": bench.get("end_time"),
+                },
+            )
+        )
+    return runs

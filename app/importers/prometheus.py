@@ -1,0 +1,176 @@
+"""The Prometheus text exposition format, and which server series tokentrace keeps. Pure.
+
+``parse_text`` reads every sample (``name{labels} value [timestamp]``; ``# TYPE`` lines give
+kinds). ``select`` keeps the series that matter for reading a run: requests running and
+waiting, KV-cache usage, preemptions, prompt and generation token counters, under vLLM,
+SGLang and llama.cpp names, plus any extra names the user configures.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# tokentrace's role for a series -> the names servers use for it
+KNOWN_SERIES: dict[str, tuple[str, ...]] = {
+    "running": (
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+    ),
+    "waiting": (
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "llamacpp:requests_deferred",
+    ),
+    "kv_cache_usage": (
+        "vllm:gpu_cache_usage_perc",
+        "vllm:kv_cache_usage_perc",
+        "sglang:token_usage",
+    ),
+    "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
+    "prompt_tokens": (
+        "vllm:prompt_tokens_total",
+        "sglang:prompt_tokens_total",
+        "llamacpp:prompt_tokens_total",
+    ),
+    "generation_tokens": (
+        "vllm:generation_tokens_total",
+        "sglang:generation_tokens_total",
+        "llamacpp:tokens_predicted_total",
+    ),
+}
+ROLE_OF: dict[str, str] = {name: role for role, names in KNOWN_SERIES.items() for name in names}
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE = re.compile(rf"^({_NAME})(\{{.*\}})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+class PrometheusFormatError(ValueError):
+    """A line of the exposition is not valid; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+@dataclass(slots=True)
+class Series:
+    """One scraped series: sample times on the run's monotonic axis (ns) and values."""
+
+    name: str
+    labels: dict[str, str]
+    kind: str | None = None
+    t_ns: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def role(self) -> str | None:
+        return ROLE_OF.get(self.name)
+
+    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return self.name, tuple(sorted(self.labels.items()))
+
+
+def _unescape(v: str) -> str:
+    return v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+
+
+def parse_label_set(raw: str, line_no: int) -> tuple[tuple[str, str], ...]:
+    body = raw[1:-1].strip()
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(body):
+        m = _LABEL.match(body, pos)
+        if m is None or m.end() == pos:
+            raise PrometheusFormatError(f"line {line_no}: bad label set {raw!r}")
+        out.append((m.group(1), _unescape(m.group(2))))
+        pos = m.end()
+    return tuple(sorted(out))
+
+
+def _value(raw: str, line_no: int) -> float:
+    special = {"+Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
+    if raw in special:
+        return special[raw]
+    try:
+        return float(raw)
+    except ValueError:
+        raise PrometheusFormatError(f"line {line_no}: value {raw!r} is not a number") from None
+
+
+def parse_text(text: str) -> tuple[list[Sample], dict[str, str]]:
+    """All samples of an exposition and the ``# TYPE`` of each metric family."""
+    samples: list[Sample] = []
+    kinds: dict[str, str] = {}
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            parts = s.split(None, 3)
+            if len(parts) >= 4 and parts[1] == "TYPE":
+                kinds[parts[2]] = parts[3].strip()
+            continue
+        m = _SAMPLE.match(s)
+        if m is None:
+            raise PrometheusFormatError(f"line {line_no}: not a sample: {s[:80]!r}")
+        labels = parse_label_set(m.group(2), line_no) if m.group(2) else ()
+        samples.append(Sample(m.group(1), labels, _value(m.group(3), line_no)))
+    return samples, kinds
+
+
+def wanted(names: Iterable[str] = ()) -> frozenset[str]:
+    """The series names scraped by default plus ``names``."""
+    return frozenset(ROLE_OF) | frozenset(n.strip() for n in names if n.strip())
+
+
+def kind_of(name: str, kinds: dict[str, str]) -> str | None:
+    if name in kinds:
+        return kinds[name]
+    for suffix in ("_total", "_created"):
+        if name.endswith(suffix) and name[: -len(suffix)] in kinds:
+            return kinds[name[: -len(suffix)]]
+    return None
+
+
+def select(samples: list[Sample], names: frozenset[str]) -> list[Sample]:
+    """The samples whose metric name is in ``names`` (NaN values dropped: JSON has none)."""
+    return [s for s in samples if s.name in names and not math.isnan(s.value)]
+
+
+def add_scrape(
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], Series],
+    t_ns: int,
+    samples: list[Sample],
+    kinds: dict[str, str],
+) -> None:
+    """Append one scrape's samples (taken at ``t_ns``) to ``series`` (keyed by name+labels)."""
+    for s in samples:
+        key = (s.name, s.labels)
+        ser = series.get(key)
+        if ser is None:
+            ser = series[key] = Series(s.name, dict(s.labels), kind_of(s.name, kinds))
+        ser.t_ns.append(t_ns)
+        ser.values.append(s.value)
+
+
+def counter_rate(t_ns: list[int], values: list[float]) -> tuple[list[float], list[float]]:
+    """Per-second increase of a counter between consecutive samples (resets skipped): the
+    midpoint time (s) and rate of each interval."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i in range(1, len(t_ns)):
+        dt = (t_ns[i] - t_ns[i - 1]) / 1e9
+        dv = values[i] - values[i - 1]
+        if dt <= 0 or dv < 0:
+            continue
+        xs.append((t_ns[i] + t_ns[i - 1]) / 2e9)
+        ys.append(dv / dt)
+    return xs, ys

@@ -1,0 +1,230 @@
+"""Parse ``vllm bench serve --save-result [--save-detailed]`` JSON. Pure: no I/O.
+
+One object per run; ``--append-result`` files hold several objects one after another, and
+each becomes a run. With ``--save-detailed`` the per-request arrays (``input_lens``,
+``output_lens``, ``ttfts``, ``itls``, ``errors``, and ``start_times`` where the vLLM version
+writes them) give each request's chunk times: the first at ``start + ttft``, the next ones
+``itls`` apart (vLLM's own reconstruction). Without them the run is summary-only: it has no
+requests, only the file's headline figures.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from app.analysis.percentiles import percentile_key
+from app.domain import RequestRecord
+from app.importers.common import (
+    FileFigures,
+    ImportedRun,
+    ImportFormatError,
+    as_dict,
+    as_list,
+    chunk_record,
+    failed_record,
+    integer,
+    json_objects,
+    ns,
+    number,
+    opt_number,
+)
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
+THROUGHPUTS = {
+    "request_throughput": "request_throughput",
+    "output_throughput": "output_throughput",
+    "total_token_throughput": "total_token_throughput",
+    "request_goodput": "request_goodput",
+}
+DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
+_PCT = re.compile(r"^p(\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+
+
+def _stat_key(p: float) -> str:
+    return percentile_key(p)
+
+
+def file_figures(obj: dict[str, Any], where: str) -> FileFigures:
+    """The object's headline figures, keyed like the vLLM definition profile."""
+    figs: FileFigures = {}
+    for m in METRICS:
+        stats: dict[str, float | None] = {}
+        for stat, key in (("mean", f"mean_{m}_ms"), ("std", f"std_{m}_ms")):
+            if key in obj:
+                stats[stat] = opt_number(obj[key], f"{where}.{key}")
+        if f"median_{m}_ms" in obj:
+            stats["p50"] = opt_number(obj[f"median_{m}_ms"], f"{where}.median_{m}_ms")
+        if stats:
+            figs[m] = stats
+    for key, value in obj.items():
+        match = _PCT.match(key)
+        if match:
+            p = float(match.group(1))
+            if not 0 <= p <= 100:
+                raise ImportFormatError(f"{where}.{key}: percentile out of range")
+            figs.setdefault(match.group(2), {})[_stat_key(p)] = opt_number(value, f"{where}.{key}")
+    for key, metric in THROUGHPUTS.items():
+        if key in obj:
+            figs[metric] = {"value": opt_number(obj[key], f"{where}.{key}")}
+    return figs
+
+
+def _request_rate(obj: dict[str, Any], where: str) -> float | None:
+    rate = obj.get("request_rate")
+    if rate is None:
+        return None
+    if rate == "inf" or (isinstance(rate, float) and math.isinf(rate)):
+        return math.inf
+    if isinstance(rate, str):
+        try:
+            return float(rate)
+        except ValueError:
+            raise ImportFormatError(f"{where}.request_rate: not a number: {rate!r}") from None
+    return number(rate, f"{where}.request_rate", minimum=0)
+
+
+def _records(obj: dict[str, Any], where: str, notes: list[str]) -> list[RequestRecord]:
+    arrays = {k: as_list(obj[k], f"{where}.{k}") for k in DETAIL_KEYS}
+    n = len(arrays["ttfts"])
+    errors = as_list(obj.get("errors", [""] * n), f"{where}.errors")
+    starts_raw = obj.get("start_times")
+    starts = as_list(starts_raw, f"{where}.start_times") if starts_raw is not None else None
+    for key, arr in [*arrays.items(), ("errors", errors), ("start_times", starts)]:
+        if arr is not None and len(arr) != n:
+            raise ImportFormatError(
+                f"{where}.{key}: has {len(arr)} entries but ttfts has {n} (one per request)"
+            )
+    if starts is None:
+        notes.append(
+            "the file has no start_times: every request is placed at t = 0, so the timeline "
+            "and our throughputs are not meaningful; per-request latencies are exact"
+        )
+        start_s = [0.0] * n
+    else:
+        start_s = [number(v, f"{where}.start_times[{i}]") for i, v in enumerate(starts)]
+    origin = min(start_s) if start_s else 0.0
+    records: list[RequestRecord] = []
+    for i in range(n):
+        at = f"{where} request {i}"
+        sent = ns(start_s[i] - origin)
+        n_in = integer(arrays["input_lens"][i], f"{at}: input_lens", minimum=0)
+        err = errors[i]
+        if err is not None and not isinstance(err, str):
+            raise ImportFormatError(f"{at}: errors must be strings, got {err!r}")
+        ttft = number(arrays["ttfts"][i], f"{at}: ttfts", minimum=0)
+        itls = as_list(arrays["itls"][i], f"{at}: itls")
+        if err or ttft <= 0:
+            records.append(
+                failed_record(
+                    i,
+                    sent_ns=sent,
+                    end_ns=None,
+                    error=err or "failed (no first token)",
+                    input_tokens=n_in,
+                )
+            )
+            continue
+        n_out = integer(arrays["output_lens"][i], f"{at}: output_lens", minimum=0)
+        t = sent + ns(ttft)
+        chunk_t = [t]
+        for j, gap in enumerate(itls):
+            t += ns(number(gap, f"{at}: itls[{j}]", minimum=0))
+            chunk_t.append(t)
+        records.append(
+            chunk_record(
+                i,
+                sent_ns=sent,
+                chunk_t_ns=chunk_t,
+                output_tokens=n_out,
+                input_tokens=n_in,
+            )
+        )
+    multi = sum(
+        1
+        for r in records
+        if r.output_tokens is not None and r.output_tokens > r.event_t_ns.shape[0]
+    )
+    if multi:
+        notes.append(
+            f"{multi} requests have more output tokens than chunks: vLLM records chunk "
+            "gaps, so per-token ITL here is per chunk for them"
+        )
+    return records
+
+
+def _one(obj: Any, k: int, total: int, base_name: str) -> ImportedRun:
+    where = f"object {k + 1}" if total > 1 else "result"
+    d = as_dict(obj, where)
+    for key in ("duration", "completed"):
+        if key not in d:
+            raise ImportFormatError(
+                f"{where}: missing {key!r}: not a vllm bench serve --save-result file"
+            )
+    duration = number(d["duration"], f"{where}.duration", minimum=0)
+    integer(d["completed"], f"{where}.completed", minimum=0)
+    figures = file_figures(d, where)
+    notes: list[str] = []
+    detailed = all(key in d for key in DETAIL_KEYS)
+    if detailed:
+        records = _records(d, where, notes)
+        summary_only = False
+    else:
+        missing = [key for key in DETAIL_KEYS if key not in d]
+        if len(missing) != len(DETAIL_KEYS):
+            raise ImportFormatError(f"{where}: per-request arrays incomplete: missing {missing}")
+        records = []
+        summary_only = True
+        notes.append("saved without --save-detailed: no per-request data, only the file's figures")
+    rate = _request_rate(d, where)
+    label = d.get("label") or d.get("backend") or "vllm"
+    parts = [str(label)]
+    if rate is not None:
+        parts.append(f"rate {'inf' if math.isinf(rate) else f'{rate:g}'}")
+    if d.get("max_concurrency") is not None:
+        parts.append(f"concurrency {d['max_concurrency']}")
+    name = f"{base_name} #{k + 1} ({', '.join(parts)})" if total > 1 else base_name
+    meta: dict[str, Any] = {
+        key: d.get(key)
+        for key in (
+            "date",
+            "backend",
+            "endpoint_type",
+            "label",
+            "model_id",
+            "tokenizer_id",
+            "num_prompts",
+            "burstiness",
+            "max_concurrency",
+            "completed",
+            "failed",
+            "total_input_tokens",
+            "total_output_tokens",
+            "max_output_tokens_per_s",
+            "max_concurrent_requests",
+        )
+        if key in d
+    }
+    meta["request_rate"] = None if rate is None else ("inf" if math.isinf(rate) else rate)
+    meta["duration_s"] = duration
+    meta["object_index"] = k
+    return ImportedRun(
+        name=name,
+        format="vllm",
+        tool="vLLM bench serve",
+        profile="vllm",
+        records=records,
+        summary_only=summary_only,
+        figures=figures,
+        model=str(d["model_id"]) if d.get("model_id") else None,
+        window_s=duration,
+        notes=notes,
+        meta=meta,
+    )
+
+
+def parse_vllm_result(text: str, *, name: str = "vllm") -> list[ImportedRun]:
+    """Every result object in the file, in order; ``ImportFormatError`` on the first bad one."""
+    objs = json_objects(text)
+    return [_one(o, k, len(objs), name) for k, o in enumerate(objs)]

@@ -1,0 +1,370 @@
+"""Comparisons: load the raw samples of stored runs (or sweeps), check comparability, run the
+statistics of ``app.analysis.compare`` and attach diagnosis notes. No SQL, no arithmetic
+of its own beyond arranging the inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.analysis import diagnosis
+from app.analysis.comparability import check, comparability_key
+from app.analysis.compare import (
+    CompareOptions,
+    MetricComparison,
+    Verdict,
+    combine_verdicts,
+    compare_error_rates,
+    compare_samples,
+    relative,
+)
+from app.analysis.metrics import itl_samples, per_request_metrics, valid_requests
+from app.analysis.percentiles import percentile
+from app.domain import RunTrace
+from app.services import runs as run_svc
+from app.services.errors import Invalid, NotFound
+from app.storage import compare_repo
+from app.storage import repository as repo
+from app.storage.db import session_scope
+
+F64 = npt.NDArray[np.float64]
+MS = 1e6
+LATENCY_METRICS: dict[str, str] = {
+    "ttft_ms": "TTFT",
+    "tpot_ms": "TPOT",
+    "e2el_ms": "E2E latency",
+    "itl_ms": "ITL (per token, pooled)",
+}
+SCALARS: dict[str, str] = {
+    "output_throughput_tok_s": "output tok/s",
+    "request_throughput_req_s": "requests/s",
+    "goodput_req_s": "goodput req/s",
+}
+MIN_RUNS, MAX_RUNS = 2, 6
+ITL_NOTE = (
+    "ITL samples are pooled per token: gaps within one request are not independent, so its "
+    "rank-test p-value is optimistic"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSamples:
+    run: dict[str, Any]
+    report: dict[str, Any]
+    samples_ms: dict[str, F64]
+    sent_ns: F64
+    input_tokens: F64
+    output_tokens: F64
+    key: dict[str, Any]
+    sweep_id: str | None
+
+
+def _samples(trace: RunTrace) -> tuple[dict[str, F64], F64, F64, F64]:
+    prm = per_request_metrics(trace)
+    out: dict[str, F64] = {
+        "ttft_ms": prm.ttft_ns / MS,
+        "tpot_ms": prm.tpot_ns / MS,
+        "e2el_ms": prm.e2e_ns / MS,
+    }
+    if trace.summary_only:
+        out["itl_ms"] = np.zeros(0)
+    else:
+        itl = itl_samples(trace)
+        raw = itl.per_token if itl.per_token is not None else itl.per_chunk()
+        out["itl_ms"] = np.asarray(raw, np.float64) / MS
+    ok = valid_requests(trace)
+    inp = np.where(ok & (trace.input_tokens >= 0), trace.input_tokens, -1).astype(np.float64)
+    outp = np.where(ok, prm.n_tokens, -1).astype(np.float64)
+    sent = np.where(ok, trace.sent_ns, -1).astype(np.float64)
+    return out, sent, inp, outp
+
+
+def _measured_p50(values: F64) -> float | None:
+    return percentile(values[values >= 0], 50)
+
+
+def load_samples(sessions: sessionmaker[Session], run_id: str) -> RunSamples:
+    """A stored run's report, raw latency samples (ms) and comparability key."""
+    with session_scope(sessions) as s:
+        row = repo.find_run(s, run_id)
+        if row is None:
+            raise NotFound(f"no run with id {run_id!r}")
+        run = run_svc.run_dict(row)
+        trace = repo.load_trace(s, run_id)
+        step = compare_repo.step_of_run(s, run_id)
+    report = run_svc.assemble_report(run=run, trace=trace)
+    samples, sent, inp, outp = _samples(trace)
+    key = comparability_key(
+        run.get("spec") or {},
+        measured_input_p50=_measured_p50(inp),
+        measured_output_p50=_measured_p50(outp),
+    )
+    return RunSamples(run, report, samples, sent, inp, outp, key, step.sweep_id if step else None)
+
+
+def trace_diagnosis(
+    run: dict[str, Any], trace: RunTrace, report: dict[str, Any]
+) -> list[dict[str, str]]:
+    """Diagnosis notes of a run already loaded (the run page's trace and report)."""
+    samples, sent, inp, outp = _samples(trace)
+    rs = RunSamples(run, report, samples, sent, inp, outp, {}, None)
+    return run_diagnosis(rs)
+
+
+def run_diagnosis(rs: RunSamples, *, weight_floor_ms: float | None = None) -> list[dict[str, str]]:
+    """Diagnosis notes of one run (SPEC §7). The roofline rule needs ``weight_floor_ms``."""
+    m = rs.report["metrics"]
+    reqs = m.get("requests") or {}
+    tpot = m.get("tpot_ms") or {}
+    notes = diagnosis.run_notes(
+        input_tokens=rs.input_tokens,
+        output_tokens=rs.output_tokens,
+        sent_ns=np.where(rs.sent_ns >= 0, rs.sent_ns, np.nan),
+        ttft_ms=rs.samples_ms["ttft_ms"],
+        tpot_ms=rs.samples_ms["tpot_ms"],
+        error_rate=m.get("error_rate"),
+        sent=int(reqs.get("sent") or 0),
+        tpot_p50_ms=tpot.get("p50") if isinstance(tpot, dict) else None,
+        weight_floor_ms=weight_floor_ms,
+    )
+    return [n.to_dict() for n in notes]
+
+
+def _options(threshold_pct: float, alpha: float, seed: int = 0) -> CompareOptions:
+    try:
+        return CompareOptions(threshold=threshold_pct / 100.0, alpha=alpha, seed=seed)
+    except ValueError as e:
+        field = "threshold_pct" if "threshold" in str(e) else "alpha"
+        raise Invalid(str(e), loc=("query", field)) from None
+
+
+def _pair(base: RunSamples, cand: RunSamples, opts: CompareOptions) -> dict[str, Any]:
+    metrics: dict[str, MetricComparison] = {}
+    for i, key in enumerate(LATENCY_METRICS):
+        o = CompareOptions(opts.threshold, opts.alpha, opts.ps, opts.resamples, opts.seed + i)
+        mc = compare_samples(key, base.samples_ms[key], cand.samples_ms[key], o)
+        if key == "itl_ms" and mc.rank_test is not None:
+            mc.notes.append(ITL_NOTE)
+        metrics[key] = mc
+    bm, cm = base.report["metrics"], cand.report["metrics"]
+    br, cr = bm.get("requests") or {}, cm.get("requests") or {}
+    err = compare_error_rates(
+        int(br.get("failed") or 0),
+        int(br.get("sent") or 0),
+        int(cr.get("failed") or 0),
+        int(cr.get("sent") or 0),
+        opts,
+    )
+    verdicts: dict[str, Verdict] = {k: v.verdict for k, v in metrics.items()}
+    verdicts["error_rate"] = err.verdict
+    scalars = {
+        k: {
+            "baseline": bm.get(k),
+            "candidate": cm.get(k),
+            "rel_delta": relative(bm.get(k), cm.get(k)),
+        }
+        for k in SCALARS
+    }
+    return {
+        "baseline": base.run["id"],
+        "candidate": cand.run["id"],
+        "metrics": {k: v.to_dict() for k, v in metrics.items()},
+        "error_rate": err.to_dict(),
+        "throughput": scalars,
+        "verdicts": verdicts,
+        "verdict": combine_verdicts(list(verdicts.values())),
+    }
+
+
+def _run_entry(rs: RunSamples) -> dict[str, Any]:
+    return {
+        "id": rs.run["id"],
+        "name": rs.run.get("name"),
+        "status": str(rs.run.get("status")),
+        "model": (rs.run.get("spec") or {}).get("model"),
+        "sweep_id": rs.sweep_id,
+        "headline": run_svc.headline(rs.report),
+        "key": rs.key,
+        "diagnosis": run_diagnosis(rs),
+    }
+
+
+def _check_ids(ids: list[str]) -> None:
+    if not MIN_RUNS <= len(ids) <= MAX_RUNS:
+        raise Invalid(
+            f"compare {MIN_RUNS} to {MAX_RUNS} runs at once (got {len(ids)})", loc=("query", "ids")
+        )
+    if len(set(ids)) != len(ids):
+        raise Invalid("a run appears twice in the comparison", loc=("query", "ids"))
+
+
+def _method(opts: CompareOptions, threshold_pct: float, alpha: float) -> dict[str, str]:
+    return {
+        "percentile_ci": f"bootstrap of the difference, {opts.resamples} resamples, "
+        f"level {1 - alpha:g}",
+        "rank_test": "Mann-Whitney U, two-sided, normal approximation with tie and "
+        "continuity correction",
+        "rule": f"regressed/improved when |delta| >= {threshold_pct:g}% and the interval "
+        f"excludes 0 (and, at p50, Mann-Whitney p < {alpha:g})",
+    }
+
+
+def compare_loaded(
+    runs: list[RunSamples],
+    *,
+    threshold_pct: float = 5.0,
+    alpha: float = 0.01,
+    variable: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The first run (baseline) against each other one, from loaded samples."""
+    _check_ids([r.run["id"] for r in runs])
+    opts = _options(threshold_pct, alpha, seed)
+    try:
+        comp = check([r.key for r in runs], variable=variable)
+    except ValueError as e:
+        raise Invalid(str(e), loc=("query", "variable")) from None
+    pairs = [_pair(runs[0], c, opts) for c in runs[1:]]
+    return {
+        "kind": "runs",
+        "baseline": runs[0].run["id"],
+        "threshold_pct": threshold_pct,
+        "alpha": alpha,
+        "method": _method(opts, threshold_pct, alpha),
+        "comparability": comp.to_dict(),
+        "runs": [_run_entry(r) for r in runs],
+        "pairs": pairs,
+        "verdict": combine_verdicts([p["verdict"] for p in pairs]),
+    }
+
+
+def compare_runs(
+    sessions: sessionmaker[Session],
+    baseline_id: str,
+    candidate_ids: list[str],
+    *,
+    threshold_pct: float = 5.0,
+    alpha: float = 0.01,
+    variable: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The baseline against each candidate (2 to 6 runs in all): comparability first, then
+    per-metric statistics and verdicts (see ``app.analysis.compare``)."""
+    ids = [baseline_id, *candidate_ids]
+    _check_ids(ids)
+    _options(threshold_pct, alpha, seed)  # bad options: 422 before any loading
+    runs = [load_samples(sessions, i) for i in ids]
+    return compare_loaded(
+        runs, threshold_pct=threshold_pct, alpha=alpha, variable=variable, seed=seed
+    )
+
+
+def _sweep_steps(sessions: sessionmaker[Session], sweep_id: str) -> dict[float, str]:
+    with session_scope(sessions) as s:
+        if compare_repo.find_sweep(s, sweep_id) is None:
+            raise NotFound(f"no sweep with id {sweep_id!r}")
+        return {
+            round(st.load, 6): st.run_id
+            for st in compare_repo.sweep_steps(s, sweep_id)
+            if st.role == "step"
+        }
+
+
+def compare_sweeps(
+    sessions: sessionmaker[Session],
+    baseline_sweep: str,
+    candidate_sweep: str,
+    *,
+    threshold_pct: float = 5.0,
+    alpha: float = 0.01,
+    variable: str | None = None,
+) -> dict[str, Any]:
+    """Step by step at the loads both sweeps ran; steps at other loads are listed, unjudged."""
+    opts = _options(threshold_pct, alpha)
+    base, cand = _sweep_steps(sessions, baseline_sweep), _sweep_steps(sessions, candidate_sweep)
+    common = sorted(set(base) & set(cand))
+    steps: list[dict[str, Any]] = []
+    keys: list[dict[str, Any]] = []
+    for i, load in enumerate(common):
+        a, b = load_samples(sessions, base[load]), load_samples(sessions, cand[load])
+        if not keys:
+            keys = [a.key, b.key]
+        pair = _pair(a, b, CompareOptions(opts.threshold, opts.alpha, seed=i))
+        steps.append({"load": load, **pair})
+    try:
+        comp = check(keys, variable=variable) if keys else None
+    except ValueError as e:
+        raise Invalid(str(e), loc=("query", "variable")) from None
+    verdicts = [s["verdict"] for s in steps]
+    return {
+        "kind": "sweeps",
+        "baseline": baseline_sweep,
+        "candidate": candidate_sweep,
+        "threshold_pct": threshold_pct,
+        "alpha": alpha,
+        "method": _method(opts, threshold_pct, alpha),
+        "comparability": comp.to_dict() if comp else None,
+        "common_loads": common,
+        "only_baseline": sorted(set(base) - set(cand)),
+        "only_candidate": sorted(set(cand) - set(base)),
+        "steps": steps,
+        "verdict": combine_verdicts(verdicts) if verdicts else "no data",
+    }
+
+
+def compare_to_baseline(
+    sessions: sessionmaker[Session],
+    candidate_ids: list[str],
+    baseline_name: str,
+    *,
+    threshold_pct: float = 5.0,
+    alpha: float = 0.01,
+    variable: str | None = None,
+) -> dict[str, Any]:
+    """Runs against a run baseline, or one sweep against a sweep baseline."""
+    from app.services import baselines as baseline_svc
+
+    with session_scope(sessions) as s:
+        b = baseline_svc.current(s, baseline_name)
+        base_run, base_sweep, version = b.run_id, b.sweep_id, b.version
+        targets = [baseline_svc.resolve_target(s, c) for c in candidate_ids]
+    info = {"name": baseline_name, "version": version}
+    if base_run is not None:
+        if any(t.run_id is None for t in targets):
+            raise Invalid(
+                f"baseline {baseline_name!r} is a run: compare runs against it, not sweeps",
+                loc=("query", "ids"),
+            )
+        out = compare_runs(
+            sessions,
+            base_run,
+            [t.id for t in targets],
+            threshold_pct=threshold_pct,
+            alpha=alpha,
+            variable=variable,
+        )
+        return out | {"baseline_ref": info}
+    assert base_sweep is not None
+    if len(targets) != 1 or targets[0].sweep_id is None:
+        raise Invalid(
+            f"baseline {baseline_name!r} is a sweep: compare one sweep against it",
+            loc=("query", "ids"),
+        )
+    out = compare_sweeps(
+        sessions,
+        base_sweep,
+        targets[0].id,
+        threshold_pct=threshold_pct,
+        alpha=alpha,
+        variable=variable,
+    )
+    return out | {"baseline_ref": info}
+
+
+def cdf_samples(sessions: sessionmaker[Session], run_ids: list[str]) -> dict[str, dict[str, F64]]:
+    """Raw latency samples (ms) of each run, for overlaid CDFs."""
+    return {rid: load_samples(sessions, rid).samples_ms for rid in run_ids}

@@ -1,0 +1,613 @@
+"""Probes: queue probe jobs, take their results and telemetry from workers, store local
+(CLI) probes, and assemble what the roofline, throughput-vs-batch and capacity views
+need. Functions take the caller's ``Session`` and never commit it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from app.analysis import capacity as cap
+from app.analysis import roofline as rl
+from app.analysis.device_presets import (
+    DEVICE_PRESETS,
+    DevicePreset,
+    device_preset,
+    preset_for_device_name,
+)
+from app.analysis.model_presets import ModelConfig, dtype_bytes, model_preset
+from app.probes.spec import ProbeSpec
+from app.probes.wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.services import workers as worker_svc
+from app.services.auth import Principal
+from app.services.errors import Conflict, Invalid, NotFound
+from app.storage import jobs as job_repo
+from app.storage import probes as probe_repo
+from app.storage.jobs import ACTIVE_STATES, TERMINAL_STATES
+from app.storage.jsonsafe import json_safe
+from app.storage.models import Job
+from app.storage.models_probes import Probe, RunAnnotation
+from app.wire import JobRequirements
+
+# ------------------------------------------------------------------------------ submit
+
+
+def submit(
+    session: Session, spec: ProbeSpec, *, requirements: JobRequirements, max_attempts: int
+) -> tuple[str, str]:
+    """A queued probe and its job: (probe_id, job_id)."""
+    probe_id = probe_repo.new_probe_id()
+    job = job_repo.create_job(
+        session,
+        kind="probe",
+        spec={"probe_id": probe_id, "probe": spec.model_dump(mode="json")},
+        requirements=requirements.model_dump(mode="json"),
+        run_id=None,
+        max_attempts=max_attempts,
+    )
+    probe_repo.create_probe(
+        session,
+        probe_id=probe_id,
+        kind=spec.kind,
+        device=spec.device,
+        params=spec.params,
+        name=spec.name,
+        job_id=job.id,
+    )
+    return probe_id, job.id
+
+
+def store_local(
+    session: Session,
+    spec: ProbeSpec,
+    *,
+    fingerprint: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+    telemetry: list[dict[str, Any]],
+    artifacts: list[tuple[str, str, bytes]],
+    error: str | None,
+    max_artifact_bytes: int,
+) -> str:
+    """A probe run in this process (``tokentrace probe run``), stored whole."""
+    row = probe_repo.create_probe(
+        session,
+        kind=spec.kind,
+        device=spec.device,
+        params=spec.params,
+        name=spec.name,
+        status="running",
+    )
+    _finish(
+        session,
+        row,
+        status="failed" if error else "succeeded",
+        fingerprint=fingerprint,
+        result=result,
+        telemetry=telemetry,
+        error=error,
+        artifacts=artifacts,
+        max_artifact_bytes=max_artifact_bytes,
+    )
+    return row.id
+
+
+def _finish(
+    session: Session,
+    row: Probe,
+    *,
+    status: str,
+    fingerprint: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+    telemetry: list[dict[str, Any]],
+    error: str | None,
+    artifacts: list[tuple[str, str, bytes]],
+    max_artifact_bytes: int,
+) -> None:
+    for i, (name, _ctype, data) in enumerate(artifacts):
+        if len(data) > max_artifact_bytes:
+            raise Invalid(
+                f"artifacts[{i}] {name!r} is {len(data):,} bytes; the limit is "
+                f"{max_artifact_bytes:,} (TOKENTRACE_PROBE_ARTIFACT_MAX_MB)",
+                loc=("body", "artifacts", i, "data_b64"),
+            )
+    names = [a[0] for a in artifacts]
+    if len(set(names)) != len(names):
+        raise Invalid("artifact names must be unique", loc=("body", "artifacts"))
+    probe_repo.finish_probe(
+        session,
+        row,
+        status=status,
+        fingerprint=json_safe(fingerprint) if fingerprint is not None else None,
+        result=json_safe(result) if result is not None else None,
+        telemetry=json_safe(telemetry) if telemetry else None,
+        error=error,
+    )
+    for name, ctype, data in artifacts:
+        probe_repo.add_artifact(session, row.id, name, ctype, data)
+
+
+# ---------------------------------------------------------------------- worker uploads
+
+
+def _job_of_lease(session: Session, job_id: str, lease_id: str, principal: Principal) -> Job:
+    job = job_repo.get_job(session, job_id)
+    if job is None:
+        raise NotFound(f"no job with id {job_id!r}")
+    if job.lease_id != lease_id:
+        raise Conflict(f"lease lost: job {job_id!r} is leased under another lease_id now")
+    worker_svc.check_job_owner(session, job, principal)
+    return job
+
+
+def store_result(
+    session: Session,
+    job_id: str,
+    body: ProbeResultUpload,
+    principal: Principal,
+    *,
+    max_artifact_bytes: int,
+) -> ProbeResultAck:
+    """Store a probe job's result (once: a retry after success is a duplicate)."""
+    job = _job_of_lease(session, job_id, body.lease_id, principal)
+    if job.kind != "probe":
+        raise Conflict(f"job {job_id!r} is a {job.kind} job, not a probe")
+    row = probe_repo.probe_for_job(session, job_id)
+    if row is None:
+        raise Conflict(f"job {job_id!r} has no probe to store a result in (deleted?)")
+    if row.status in ("succeeded", "failed"):
+        n = len(probe_repo.artifact_index(session, row.id))
+        return ProbeResultAck(probe_id=row.id, status=row.status, duplicate=True, artifacts=n)
+    if job.state not in ACTIVE_STATES:
+        raise Conflict(f"lease lost: job {job_id!r} is {job.state}")
+    if body.status == "succeeded" and body.result is None:
+        raise Invalid("a succeeded probe needs a result", loc=("body", "result"))
+    if body.status == "failed" and not body.error:
+        raise Invalid("a failed probe needs an error", loc=("body", "error"))
+    decoded: list[tuple[str, str, bytes]] = []
+    for i, a in enumerate(body.artifacts):
+        try:
+            data = base64.b64decode(a.data_b64.encode("ascii"), validate=True)
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            raise Invalid(
+                f"artifacts[{i}].data_b64 is not base64", loc=("body", "artifacts", i, "data_b64")
+            ) from None
+        decoded.append((a.name, a.content_type, data))
+    _finish(
+        session,
+        row,
+        status=body.status,
+        fingerprint=body.fingerprint,
+        result=body.result,
+        telemetry=body.telemetry,
+        error=body.error,
+        artifacts=decoded,
+        max_artifact_bytes=max_artifact_bytes,
+    )
+    return ProbeResultAck(
+        probe_id=row.id, status=body.status, duplicate=False, artifacts=len(decoded)
+    )
+
+
+def store_telemetry(
+    session: Session, job_id: str, body: TelemetryUpload, principal: Principal
+) -> TelemetryAck:
+    """Device samples of any job, from the worker holding (or that last held) its lease."""
+    _job_of_lease(session, job_id, body.lease_id, principal)
+    samples = [s.model_dump(mode="json") for s in body.samples]
+    added = probe_repo.add_telemetry(session, job_id, body.seq, json_safe(samples))
+    return TelemetryAck(accepted=len(samples) if added else 0, duplicate=not added)
+
+
+def job_telemetry(session: Session, job_id: str) -> list[dict[str, Any]]:
+    if job_repo.get_job(session, job_id) is None:
+        raise NotFound(f"no job with id {job_id!r}")
+    return probe_repo.job_telemetry(session, job_id)
+
+
+# ------------------------------------------------------------------------------- reads
+
+
+def _effective(row: Probe, job: Job | None) -> tuple[str, str | None]:
+    """A probe waiting on a job that ended without a result takes the job's state."""
+    if row.status in ("succeeded", "failed") or job is None:
+        return row.status, row.error
+    if job.state in TERMINAL_STATES:
+        state = "failed" if job.state == "succeeded" else job.state
+        return state, job.error or row.error or f"the job ended ({job.state}) without a result"
+    return ("running" if job.state in ACTIVE_STATES else "queued"), None
+
+
+def probe_view(row: Probe, job: Job | None, *, full: bool = True) -> dict[str, Any]:
+    status, error = _effective(row, job)
+    fp = row.fingerprint or {}
+    out: dict[str, Any] = {
+        "id": row.id,
+        "kind": row.kind,
+        "device": row.device,
+        "device_label": "CPU" if row.device == "cpu" else (fp.get("device_name") or "CUDA"),
+        "device_name": fp.get("device_name"),
+        "name": row.name,
+        "job_id": row.job_id,
+        "status": status,
+        "error": error,
+        "params": row.params,
+        "created_at": row.created_at,
+        "finished_at": row.finished_at,
+    }
+    if full:
+        out |= {
+            "fingerprint": row.fingerprint,
+            "result": row.result,
+            "telemetry": row.telemetry or [],
+        }
+    return out
+
+
+def list_views(
+    session: Session, *, kind: str | None = None, limit: int = 100, offset: int = 0
+) -> list[dict[str, Any]]:
+    rows = probe_repo.list_probes(session, kind=kind, limit=limit, offset=offset)
+    jobs = probe_repo.jobs_by_id(session, [r.job_id for r in rows if r.job_id])
+    return [probe_view(r, jobs.get(r.job_id or ""), full=False) for r in rows]
+
+
+def get_view(session: Session, probe_id: str) -> dict[str, Any]:
+    row = probe_repo.get_probe(session, probe_id)
+    if row is None:
+        raise NotFound(f"no probe with id {probe_id!r}")
+    job = job_repo.get_job(session, row.job_id) if row.job_id else None
+    view = probe_view(row, job)
+    view["artifacts"] = probe_repo.artifact_index(session, probe_id)
+    return view
+
+
+def artifact(session: Session, probe_id: str, name: str) -> tuple[str, bytes]:
+    if probe_repo.get_probe(session, probe_id) is None:
+        raise NotFound(f"no probe with id {probe_id!r}")
+    a = probe_repo.get_artifact(session, probe_id, name)
+    if a is None:
+        raise NotFound(f"probe {probe_id!r} has no artifact {name!r}")
+    return a.content_type, a.data
+
+
+def delete(session: Session, probe_id: str) -> None:
+    row = probe_repo.get_probe(session, probe_id)
+    if row is None:
+        raise NotFound(f"no probe with id {probe_id!r}")
+    job = job_repo.get_job(session, row.job_id) if row.job_id else None
+    if job is not None and job.state in ACTIVE_STATES:
+        raise Conflict(f"probe {probe_id!r} is {job.state} on a worker: wait for it to end")
+    if job is not None and job.state == "queued":
+        job_repo.transition(session, job.id, from_states=("queued",), state="cancelled")
+    probe_repo.delete_probe(session, row)
+
+
+# ------------------------------------------------------------------------ annotations
+
+
+class Annotation(BaseModel):
+    """The model and device a serving run used. ``model``: a preset name or a full
+    config; ``device``: a device preset name (its datasheet gives MFU and MBU)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | ModelConfig
+    device: str | None = None
+    weight_dtype: str = "bf16"
+    act_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    compute_dtype: str = Field("bf16", description="the dtype whose peak FLOP/s MFU uses")
+
+    def resolved(self) -> tuple[ModelConfig, DevicePreset | None, rl.Dtypes]:
+        try:
+            m = model_preset(self.model) if isinstance(self.model, str) else self.model
+        except ValueError as e:
+            raise Invalid(str(e), loc=("body", "model")) from None
+        try:
+            d = device_preset(self.device) if self.device else None
+        except ValueError as e:
+            raise Invalid(str(e), loc=("body", "device")) from None
+        try:
+            dts = rl.Dtypes(
+                weight=dtype_bytes(self.weight_dtype),
+                act=dtype_bytes(self.act_dtype),
+                kv=dtype_bytes(self.kv_dtype),
+            )
+            dtype_bytes(self.compute_dtype)
+        except ValueError as e:
+            raise Invalid(str(e), loc=("body", "dtypes")) from None
+        return m, d, dts
+
+
+def annotate(session: Session, run_id: str, ann: Annotation) -> dict[str, Any]:
+    if not probe_repo.run_exists(session, run_id):
+        raise NotFound(f"no run with id {run_id!r}")
+    m, d, _ = ann.resolved()
+    probe_repo.set_annotation(
+        session,
+        run_id,
+        model=m.model_dump(mode="json"),
+        device=d.name if d else None,
+        dtypes={
+            "weight": ann.weight_dtype,
+            "act": ann.act_dtype,
+            "kv": ann.kv_dtype,
+            "compute": ann.compute_dtype,
+        },
+    )
+    return get_annotation(session, run_id)
+
+
+def get_annotation(session: Session, run_id: str) -> dict[str, Any]:
+    row = probe_repo.get_annotation(session, run_id)
+    if row is None:
+        raise NotFound(f"run {run_id!r} has no annotation")
+    return {"run_id": run_id, "model": row.model, "device": row.device, "dtypes": row.dtypes}
+
+
+def annotation_of(
+    row_model: dict[str, Any], device: str | None, dtypes: dict[str, Any]
+) -> Annotation:
+    return Annotation(
+        model=ModelConfig.model_validate(row_model),
+        device=device,
+        weight_dtype=dtypes.get("weight", "bf16"),
+        act_dtype=dtypes.get("act", "bf16"),
+        kv_dtype=dtypes.get("kv", "bf16"),
+        compute_dtype=dtypes.get("compute", "bf16"),
+    )
+
+
+@dataclass(frozen=True)
+class RunPoints:
+    run_id: str
+    label: str
+    points: list[rl.OperatingPoint]
+    notes: list[str]
+
+
+def run_points(run: Any, ann: Annotation) -> RunPoints:
+    """Decode and prefill operating points of a finished run from its headline numbers:
+    output throughput at its concurrency, and p50 TTFT for its input length."""
+    m, d, dts = ann.resolved()
+    spec = run.spec or {}
+    summary = run.summary or {}
+    label = run.name or run.id
+    notes: list[str] = []
+    peak = d.peak(ann.compute_dtype) if d else None
+    bw = d.bandwidth_bps if d else None
+    conc = spec.get("max_concurrency")
+    tput = summary.get("output_throughput_tok_s")
+    inp, outp = spec.get("input_len"), spec.get("output_len")
+    points: list[rl.OperatingPoint] = []
+    try:
+        if conc and tput and inp and outp:
+            points.append(
+                rl.decode_point(
+                    m,
+                    concurrency=int(conc),
+                    input_len=int(inp),
+                    output_len=int(outp),
+                    output_tok_s=float(tput),
+                    dtypes=dts,
+                    peak_flops=peak,
+                    bandwidth_bps=bw,
+                )
+            )
+        else:
+            notes.append(
+                "no decode point: the run needs max_concurrency, input and output "
+                "lengths and a measured output throughput"
+            )
+        ttft = summary.get("ttft_ms_p50")
+        if ttft and inp:
+            points.append(
+                rl.prefill_point(
+                    m,
+                    input_len=int(inp),
+                    ttft_s=float(ttft) / 1e3,
+                    dtypes=dts,
+                    peak_flops=peak,
+                    bandwidth_bps=bw,
+                )
+            )
+    except ValueError as e:
+        notes.append(str(e))
+    return RunPoints(run.id, label, points, notes)
+
+
+# --------------------------------------------------------------------------- roofline
+
+
+def _succeeded(session: Session, kind: str, limit: int = 200) -> list[Probe]:
+    return probe_repo.list_probes(session, kind=kind, status="succeeded", limit=limit)
+
+
+def device_names(session: Session) -> list[str]:
+    names: list[str] = []
+    for p in _succeeded(session, "ceilings") + _succeeded(session, "linear"):
+        n = (p.fingerprint or {}).get("device_name")
+        if n and n not in names:
+            names.append(n)
+    return names
+
+
+def roofline_data(
+    session: Session,
+    *,
+    device_name: str | None,
+    datasheet: list[str] | None = None,
+    run_ids: list[str] | None = None,
+    adhoc: tuple[str, Annotation] | None = None,
+) -> dict[str, Any]:
+    """Ceilings (measured first, datasheets dashed), probe points and operating points for
+    one device (by its fingerprint name; None: the newest ceilings probe's device)."""
+    ceil_probes = _succeeded(session, "ceilings")
+    if device_name is None and ceil_probes:
+        device_name = (ceil_probes[0].fingerprint or {}).get("device_name")
+    measured = next(
+        (p for p in ceil_probes if (p.fingerprint or {}).get("device_name") == device_name), None
+    )
+    sheets: list[DevicePreset] = []
+    if datasheet:
+        for n in datasheet:
+            try:
+                sheets.append(device_preset(n))
+            except ValueError as e:
+                raise Invalid(str(e), loc=("query", "datasheet")) from None
+    else:
+        guess = preset_for_device_name(device_name)
+        sheets = [guess] if guess else []
+    linear = [
+        p
+        for p in _succeeded(session, "linear")
+        if (p.fingerprint or {}).get("device_name") == device_name
+    ]
+    probe_points: list[dict[str, Any]] = []
+    for p in linear[:5]:
+        res = p.result or {}
+        for label, row in (res.get("shapes") or {}).items():
+            probe_points.append({"probe_id": p.id, "label": label, **row})
+        for row in res.get("sweep") or []:
+            probe_points.append({"probe_id": p.id, "label": f"sweep M={row['m']}", **row})
+    ops: list[RunPoints] = []
+    runs = probe_repo.runs_by_id(session, run_ids) if run_ids else []
+    anns: dict[str, RunAnnotation | None] = {
+        r.id: probe_repo.get_annotation(session, r.id) for r in runs
+    }
+    if not run_ids:
+        for r, a in probe_repo.annotated_runs(session, limit=20):
+            runs.append(r)
+            anns[r.id] = a
+    for r in runs:
+        found_ann = anns.get(r.id)
+        if found_ann is not None:
+            ops.append(
+                run_points(r, annotation_of(found_ann.model, found_ann.device, found_ann.dtypes))
+            )
+    if adhoc is not None:
+        rid, ann = adhoc
+        found = probe_repo.runs_by_id(session, [rid])
+        if not found:
+            raise NotFound(f"no run with id {rid!r}")
+        ops = [p for p in ops if p.run_id != rid] + [run_points(found[0], ann)]
+    return {
+        "device_name": device_name,
+        "measured": None
+        if measured is None
+        else {
+            "probe_id": measured.id,
+            "label": "CPU" if measured.device == "cpu" else device_name,
+            "ceilings": (measured.result or {}).get("ceilings") or {},
+        },
+        "datasheets": sheets,
+        "probe_points": probe_points,
+        "operating_points": ops,
+        "devices": device_names(session),
+        "presets": list(DEVICE_PRESETS),
+    }
+
+
+# -------------------------------------------------------------------- throughput vs batch
+
+
+def scaling_data(
+    session: Session, probe_ids: list[str] | None, run_ids: list[str] | None
+) -> dict[str, Any]:
+    """batch_scaling probes (named, or the newest five) and runs as a concurrency sweep
+    (concurrency from each run's spec)."""
+    if probe_ids:
+        rows = [probe_repo.get_probe(session, i) for i in probe_ids]
+        probes = [p for p in rows if p is not None and p.status == "succeeded"]
+    else:
+        probes = _succeeded(session, "batch_scaling", limit=5)
+    series = []
+    for p in probes:
+        res = p.result or {}
+        where = "CPU" if p.device == "cpu" else (p.fingerprint or {}).get("device_name")
+        series.append(
+            {
+                "probe_id": p.id,
+                "label": f"{p.name or p.id} ({where})",
+                "rows": [r for r in res.get("rows") or [] if "error" not in r],
+                "knee": res.get("knee") or {},
+                "device_name": (p.fingerprint or {}).get("device_name"),
+            }
+        )
+    sweep = []
+    for r in probe_repo.runs_by_id(session, run_ids or []):
+        spec, summ = r.spec or {}, r.summary or {}
+        if spec.get("max_concurrency") and summ.get("output_throughput_tok_s"):
+            c = int(spec["max_concurrency"])
+            t = float(summ["output_throughput_tok_s"])
+            sweep.append(
+                {
+                    "run_id": r.id,
+                    "batch": c,
+                    "tokens_per_s": t,
+                    "per_request_tokens_per_s": t / c,
+                    "tpot_ms": summ.get("tpot_ms_p50"),
+                }
+            )
+    sweep.sort(key=lambda x: int(x["batch"] or 0))
+    return {"series": series, "sweep": sweep}
+
+
+# ---------------------------------------------------------------------------- capacity
+
+
+class CapacityQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | ModelConfig = "llama-3-8b"
+    device: str | None = "h100-sxm"
+    memory_gib: float | None = Field(None, gt=0, description="overrides the device's memory")
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    utilization: float = Field(0.9, gt=0, le=1)
+    reserve_gib: float = Field(0.0, ge=0)
+    block_size: int = Field(16, ge=1, le=1024)
+    context: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1)
+
+
+def capacity(q: CapacityQuery) -> dict[str, Any]:
+    try:
+        m = model_preset(q.model) if isinstance(q.model, str) else q.model
+    except ValueError as e:
+        raise Invalid(str(e), loc=("query", "model")) from None
+    mem: float | None = q.memory_gib * cap.GiB if q.memory_gib else None
+    dev = None
+    if q.device:
+        try:
+            dev = device_preset(q.device)
+        except ValueError as e:
+            raise Invalid(str(e), loc=("query", "device")) from None
+        mem = mem or float(dev.memory_bytes)
+    if mem is None:
+        raise Invalid("give a device preset or memory_gib", loc=("query", "memory_gib"))
+    try:
+        wb, kb = dtype_bytes(q.weight_dtype), dtype_bytes(q.kv_dtype)
+    except ValueError as e:
+        raise Invalid(str(e), loc=("query", "dtype")) from None
+    p = cap.plan(
+        m,
+        device_memory_bytes=mem,
+        weight_bytes=wb,
+        kv_bytes=kb,
+        utilization=q.utilization,
+        reserve_bytes=q.reserve_gib * cap.GiB,
+        block_size=q.block_size,
+        context=q.context,
+        concurrency=q.concurrency,
+    )
+    return {
+        "model": m.model_dump(mode="json"),
+        "device": dev.name if dev else None,
+        "plan": p.to_dict(),
+    }

@@ -1,0 +1,88 @@
+"""Tables for sweeps and baselines (migration 0004).
+
+``sweeps``: one sweep (the same workload at several loads); ``sweep_steps`` links each step
+to its run (a normal run with all its events). ``baselines``: named references to a run or
+a sweep; saving under an existing name adds a version and marks the previous one replaced,
+so the history is kept. A pinned baseline is not replaced unless it is unpinned first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.storage.models import Base, RowId, UTCDateTime, utcnow
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    mode: Mapped[str] = mapped_column(String(16))  # rates | concurrencies | auto
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the base RunSpec (JSON)
+    loads: Mapped[list[float]] = mapped_column(JSON, default=list)  # planned loads
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    job_id: Mapped[str | None] = mapped_column(String(32))
+
+    __table_args__ = (Index("ix_sweeps_created_at", "created_at"),)
+
+
+class SweepStep(Base):
+    __tablename__ = "sweep_steps"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False
+    )
+    step_idx: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    )
+    load: Mapped[float] = mapped_column(Float)
+    load_kind: Mapped[str] = mapped_column(String(16))  # rate | concurrency
+    role: Mapped[str] = mapped_column(String(16), default="step")  # step | probe (auto plan)
+
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "step_idx", name="uq_sweep_steps_sweep_id_step_idx"),
+        UniqueConstraint("run_id", name="uq_sweep_steps_run_id"),
+    )
+
+
+class Baseline(Base):
+    __tablename__ = "baselines"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    version: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("runs.id", ondelete="SET NULL"), nullable=True
+    )
+    sweep_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("sweeps.id", ondelete="SET NULL"), nullable=True
+    )
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    replaced_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        UniqueConstraint("name", "version", name="uq_baselines_name_version"),
+        Index("ix_baselines_name", "name"),
+    )

@@ -1,0 +1,35 @@
+"""Run-page context for imports and server metrics (reads storage; see ``interop_view``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.domain import RunTrace
+from app.storage import interop as interop_repo
+from app.storage.db import session_scope
+from app.web.interop_view import import_comparison, server_metrics_figure
+
+
+def add_interop(
+    ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str, trace: RunTrace
+) -> None:
+    """Add ``imported`` (the file's figures beside ours, or None), ``server_status`` and the
+    ``server_metrics`` figure to a run page's context."""
+    with session_scope(sessions) as s:
+        info = interop_repo.get_import(s, run_id)
+        group = interop_repo.group_runs(s, info.group_id) if info is not None else []
+        series = interop_repo.load_server_metrics(s, run_id)
+    load = (ctx.get("report") or {}).get("load") or {}
+    status_block = load.get("server_metrics") if isinstance(load, dict) else None
+    status = status_block.get("status") if isinstance(status_block, dict) else None
+    ctx["imported"] = import_comparison(info, trace, group) if info is not None else None
+    ctx["server_status"] = status_block if isinstance(status_block, dict) else None
+    fig = server_metrics_figure(series, trace, status)
+    figures = ctx.setdefault("figures", {})
+    figures["server_metrics"] = json.dumps(fig, separators=(",", ":"), allow_nan=False).replace(
+        "</", "<\\/"
+    )
+    ctx["has_server_metrics"] = bool(series)

