@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.analysis.device_presets import DEVICE_PRESETS
 from app.analysis.model_presets import MODEL_PRESETS
-from app.api.deps import Reader, Runner, SessionDep, SettingsDep, WorkerCaller
+from app.api.deps import MAX_OFFSET, Reader, Runner, SessionDep, SettingsDep, WorkerCaller
 from app.probes.spec import ProbeKind, ProbeSpec
 from app.probes.wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
 from app.services import probes as svc
@@ -51,7 +51,7 @@ def list_probes(
     _: Reader,
     kind: ProbeKind | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> ProbeList:
     return ProbeList(items=svc.list_views(session, kind=kind, limit=limit, offset=offset))
 
