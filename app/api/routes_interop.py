@@ -89,6 +89,11 @@ async def import_file(
 @router.get("/runs/{run_id}/export/{what}")
 def export_run(run_id: str, what: str, sessions: SessionsDep, _: Reader) -> Response:
     """``requests.csv|json|parquet``, ``events.csv|parquet`` or ``summary.json``."""
+    from app.storage import repository as repo
+
+    with session_scope(sessions) as s:
+        if repo.find_run(s, run_id) is None:
+            raise NotFound(f"no run with id {run_id!r}")
     if what not in export_svc.FORMATS:
         raise Invalid(f"choose from {', '.join(export_svc.FORMATS)}", loc=["path", "what"])
     try:
