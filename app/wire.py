@@ -11,11 +11,24 @@ with the ``worker`` scope (see docs/api.md):
     POST /jobs/{job_id}/complete      CompleteRequest  -> CompleteResponse    (409: lease lost
                                                           or batches missing, named in detail)
 
+Sweep jobs (kind ``sweep``) run their steps in order under one lease; each step is a run:
+
+    POST /jobs/{job_id}/steps                     StepCreate   -> StepCreated  (idempotent
+                                                  per step_idx: a retry answers the same run)
+    POST /jobs/{job_id}/steps/{step_idx}/complete StepComplete -> StepCompleted (409: lease
+                                                  lost or batches missing; a retry answers
+                                                  the same summary)
+
+A sweep's result batches name their step's ``run_id``; batch numbers stay unique per job.
+The final ``complete`` carries ``stop_reason`` (why the sweep stopped early, if it did).
+
 Lease semantics: a lease lasts ``lease_ttl_s`` and each heartbeat renews it. When a lease
 expires, the job is requeued (attempt + 1) if the lost attempt uploaded nothing and attempts
 remain; it fails if attempts are used up; and if the lost attempt had uploaded results they
-are kept and the run is marked partial. A retried batch (same job, same ``batch_no``) is
-acknowledged as a duplicate and changes nothing; requests are unique per (run, index).
+are kept and the run is marked partial (a sweep that had created steps keeps them and is
+marked partial; its unfinished step runs are finalized as partial). A retried batch (same
+job, same ``batch_no``) is acknowledged as a duplicate and changes nothing; requests are
+unique per (run, index).
 """
 
 from __future__ import annotations
@@ -112,6 +125,9 @@ class JobProgress(_Model):
     output_tokens: int = 0
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0
+    step: int | None = None  # sweeps: the step running now (0-based)
+    steps: int | None = None  # sweeps: how many steps are planned
+    run_id: str | None = None  # sweeps: the run of the current step
 
 
 class HeartbeatRequest(_Model):
@@ -206,6 +222,7 @@ class ResultBatch(_Model):
     lease_id: str
     batch_no: int = Field(ge=0)
     requests: list[WireRequest]
+    run_id: str | None = None  # sweeps: the step's run (bench jobs: the job's run)
 
 
 class BatchAck(_Model):
@@ -244,9 +261,50 @@ class CompleteRequest(_Model):
     total_batches: int = Field(ge=0)
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None  # stored with the run (replaces)
+    stop_reason: str | None = Field(None, max_length=2000)  # sweeps: why they stopped early
 
 
 class CompleteResponse(_Model):
     job_id: str
     state: JobState
     run_id: str | None
+
+
+# ------------------------------------------------------------------------------ sweeps
+
+MAX_SWEEP_STEPS = 64  # steps one sweep job may create (probes included)
+
+
+class StepCreate(_Model):
+    """Create (or, on a retry, find) step ``step_idx`` of the leased sweep job's sweep."""
+
+    lease_id: str
+    step_idx: int = Field(ge=0, lt=MAX_SWEEP_STEPS)
+    load: float | None = Field(None, gt=0)  # None: unlimited rate (the max-throughput probe)
+    load_kind: Literal["rate", "concurrency"]
+    role: Literal["step", "probe"] = "step"
+    planned_loads: list[float] | None = Field(None, max_length=MAX_SWEEP_STEPS)
+
+
+class StepCreated(_Model):
+    run_id: str
+    step_idx: int
+
+
+class StepComplete(_Model):
+    """End one step: its run is finalized. ``total_batches``: batches sent for the whole job
+    so far (every one must have arrived)."""
+
+    lease_id: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    error: str | None = None
+    total_batches: int = Field(ge=0)
+    run_meta: RunMeta | None = None
+    server_metrics: list[ServerMetricSeries] | None = None
+
+
+class StepCompleted(_Model):
+    run_id: str
+    step_idx: int
+    status: str  # the run's status
+    summary: dict[str, Any]  # the step as ``app.services.sweeps.step_dict`` writes it

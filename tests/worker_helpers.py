@@ -62,7 +62,11 @@ def wait_job(c: httpx.Client, job_id: str, states: tuple[str, ...], timeout_s: f
     box: dict[str, Any] = {}
 
     def check() -> bool:
-        box["job"] = job(c, job_id)
+        r = c.get(f"/jobs/{job_id}")
+        if r.status_code == 503:  # the server lost its database connection: retryable
+            return False
+        r.raise_for_status()
+        box["job"] = r.json()
         return bool(box["job"]["state"] in states)
 
     wait_for(check, timeout_s, f"job {job_id} in {states}")

@@ -266,3 +266,30 @@ def prefill_point(
         f"{step.total.flops / 1e9:.1f} GFLOP (TTFT includes queueing: a lower bound)"
     )
     return OperatingPoint("prefill", 1, 0, ttft_s, fl, by, step.total.intensity, mfu, mbu, text)
+
+
+# --------------------------------------------------------------------- weight-read floor
+
+
+def weight_read_floor_s(
+    m: ModelConfig,
+    bandwidth_bps: float,
+    *,
+    dtypes: Dtypes | None = None,
+    peak_flops: float | None = None,
+) -> float:
+    """The fastest one decode step (one token, batch 1, empty cache) can be: every weight
+    read once at ``bandwidth_bps`` (SPEC §5), i.e. the time-per-output-token floor.
+
+    Dense GQA/MHA models: the whole-model decode step's lower bound (weights dominate its
+    bytes). MLA and mixture-of-experts models: the parameters used per token x weight bytes
+    / bandwidth."""
+    if bandwidth_bps <= 0:
+        raise ValueError("bandwidth must be positive")
+    dt = dtypes or Dtypes()
+    if m.attention == "gqa" and not m.is_moe and m.intermediate > 0:
+        cost = step_cost(m, "decode", batch=1, tokens=1, context=0, dtypes=dt).total
+        if peak_flops:
+            return lower_bound(cost, peak_flops, bandwidth_bps).time_s
+        return cost.bytes / bandwidth_bps
+    return float(m.active_params or m.params) * dt.weight / bandwidth_bps

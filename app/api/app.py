@@ -27,6 +27,7 @@ from app.api import (
     routes_jobs,
     routes_probes,
     routes_runs,
+    routes_sweeps,
     routes_tokens,
     routes_workers,
     telemetry,
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(routes_probes.router)
     app.include_router(routes_compare.router)
+    app.include_router(routes_sweeps.router)  # sweeps on workers
     app.include_router(routes_interop.router)  # imports, exports, server metrics
     telemetry.install(app)  # /metrics (own registry) and /readyz
 

@@ -235,10 +235,6 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
     from app.services.sweeps import SweepPlan, execute_sweep
 
     spec = spec_from_args(ns)
-    if ns.server:
-        raise UsageError(
-            "--server: sweeps run here for now (submitting sweeps to a server is not available yet)"
-        )
     if ns.no_save:
         raise UsageError("--no-save: a sweep stores its steps; drop --no-save")
     try:
@@ -251,6 +247,8 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
             plan = SweepPlan("concurrencies", loads, 5, ns.min_ratio, ns.max_error_rate)
     except ValueError as e:
         raise UsageError(str(e).replace("loads:", "--rates/--concurrencies:")) from None
+    if ns.server:
+        return submit_sweep_and_follow(spec, plan, ns, console)
     err = Console(stderr=True)
 
     def on_step(idx: int, load: float, kind: str) -> None:
@@ -294,3 +292,60 @@ def render_sweep(summary: dict[str, Any], console: Console) -> None:
     console.print(f"max goodput: {summary['max_goodput']['reason']}")
     for n in summary.get("diagnosis") or []:
         console.print(f"note: {n['text']}")
+
+
+def sweep_body(spec: Any, plan: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    """POST /api/v1/sweeps body: the bench fields, the plan, the stop rules and the name."""
+    from app.cli.worker_cmd import submission_body
+
+    body = submission_body(spec, ns.name)
+    if plan.mode == "auto":
+        body |= {"auto": True, "auto_steps": plan.auto_steps}
+    elif plan.mode == "rates":
+        body["rates"] = list(plan.loads)
+    else:
+        body["concurrencies"] = [int(x) for x in plan.loads]
+    return body | {"min_ratio": plan.min_ratio, "max_error_rate": plan.max_error_rate}
+
+
+def submit_sweep_and_follow(spec: Any, plan: Any, ns: argparse.Namespace, console: Console) -> int:
+    """``tokentrace sweep --server URL``: queue the sweep on a dashboard (a worker runs it),
+    follow its job's progress, then print the sweep. Exit 1 when it failed."""
+    import os
+
+    import httpx
+
+    from app.cli import worker_cmd as wc
+
+    server = wc._check_url("--server", ns.server)
+    token = ns.token or os.environ.get(wc.SUBMIT_TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    err = Console(stderr=True)
+    try:
+        with httpx.Client(
+            base_url=server + "/api/v1", headers=headers, timeout=30.0, trust_env=False
+        ) as http:
+            sub = wc._check(http.post("/sweeps", json=sweep_body(spec, plan, ns)), "submit")
+            sweep_id, job_id = sub.get("sweep_id"), sub.get("job_id")
+            if not sweep_id or not job_id:
+                raise wc.Failure(f"submit: unexpected answer {json.dumps(sub)[:200]}")
+            err.print(f"submitted sweep {sweep_id} (job {job_id}) to {server}")
+            seen: dict[str, Any] = {}
+
+            def on_progress(p: dict[str, Any]) -> None:
+                step = p.get("step")
+                if step is not None and step != seen.get("step") and not ns.json:
+                    seen["step"] = step
+                    err.print(f"step {int(step) + 1} of {p.get('steps')}")
+
+            state = wc._Follower(http, str(job_id), on_progress).follow()
+            summary = wc._check(http.get(f"/sweeps/{sweep_id}"), "sweep")
+    except wc.Failure as e:
+        return wc._fail(f"tokentrace sweep: error: {e}")
+    except httpx.TransportError as e:
+        return wc._fail(f"tokentrace sweep: error: cannot reach {server}: {type(e).__name__}: {e}")
+    if ns.json:
+        _print_json(summary)
+    else:
+        render_sweep(summary, console)
+    return 1 if state == "failed" or summary.get("status") == "failed" else 0

@@ -96,7 +96,7 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    kinds: list[JobKind] = ns.kind or ["bench"]
+    kinds: list[JobKind] = ns.kind or ["bench", "sweep"]
     worker = Worker(server, token, labels=labels, state_dir=ns.state_dir, kinds=kinds, name=ns.name)
 
     async def main() -> int:

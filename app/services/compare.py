@@ -25,6 +25,7 @@ from app.analysis.compare import (
 from app.analysis.metrics import itl_samples, per_request_metrics, valid_requests
 from app.analysis.percentiles import percentile
 from app.domain import RunTrace
+from app.services import hardware
 from app.services import runs as run_svc
 from app.services.errors import Invalid, NotFound
 from app.storage import compare_repo
@@ -61,6 +62,8 @@ class RunSamples:
     output_tokens: F64
     key: dict[str, Any]
     sweep_id: str | None
+    weight_floor_ms: float | None = None  # the roofline's TPOT floor (run annotation)
+    device: str = hardware.DEFAULT_DEVICE_TEXT
 
 
 def _samples(trace: RunTrace) -> tuple[dict[str, F64], F64, F64, F64]:
@@ -96,27 +99,37 @@ def load_samples(sessions: sessionmaker[Session], run_id: str) -> RunSamples:
         run = run_svc.run_dict(row)
         trace = repo.load_trace(s, run_id)
         step = compare_repo.step_of_run(s, run_id)
+        floor_ms, device = hardware.roofline_floor(s, run_id, row.load_stats)
+        hw = hardware.run_hardware(s, run_id, row.load_stats)
     report = run_svc.assemble_report(run=run, trace=trace)
     samples, sent, inp, outp = _samples(trace)
     key = comparability_key(
         run.get("spec") or {},
         measured_input_p50=_measured_p50(inp),
         measured_output_p50=_measured_p50(outp),
+        hardware=hw,
     )
-    return RunSamples(run, report, samples, sent, inp, outp, key, step.sweep_id if step else None)
+    sweep_id = step.sweep_id if step else None
+    return RunSamples(run, report, samples, sent, inp, outp, key, sweep_id, floor_ms, device)
 
 
 def trace_diagnosis(
-    run: dict[str, Any], trace: RunTrace, report: dict[str, Any]
+    run: dict[str, Any],
+    trace: RunTrace,
+    report: dict[str, Any],
+    *,
+    weight_floor_ms: float | None = None,
+    device: str = hardware.DEFAULT_DEVICE_TEXT,
 ) -> list[dict[str, str]]:
     """Diagnosis notes of a run already loaded (the run page's trace and report)."""
     samples, sent, inp, outp = _samples(trace)
-    rs = RunSamples(run, report, samples, sent, inp, outp, {}, None)
+    rs = RunSamples(run, report, samples, sent, inp, outp, {}, None, weight_floor_ms, device)
     return run_diagnosis(rs)
 
 
-def run_diagnosis(rs: RunSamples, *, weight_floor_ms: float | None = None) -> list[dict[str, str]]:
-    """Diagnosis notes of one run (SPEC §7). The roofline rule needs ``weight_floor_ms``."""
+def run_diagnosis(rs: RunSamples) -> list[dict[str, str]]:
+    """Diagnosis notes of one run (SPEC §7); the roofline rule when the run's annotation
+    gives a weight-read floor (``app.services.hardware.roofline_floor``)."""
     m = rs.report["metrics"]
     reqs = m.get("requests") or {}
     tpot = m.get("tpot_ms") or {}
@@ -129,7 +142,8 @@ def run_diagnosis(rs: RunSamples, *, weight_floor_ms: float | None = None) -> li
         error_rate=m.get("error_rate"),
         sent=int(reqs.get("sent") or 0),
         tpot_p50_ms=tpot.get("p50") if isinstance(tpot, dict) else None,
-        weight_floor_ms=weight_floor_ms,
+        weight_floor_ms=rs.weight_floor_ms,
+        device=rs.device,
     )
     return [n.to_dict() for n in notes]
 

@@ -41,6 +41,7 @@ from app.wire import (
     JobState,
     LeasedJob,
     ResultBatch,
+    RunMeta,
     WorkerCapabilities,
 )
 
@@ -65,6 +66,8 @@ def public_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def planned_requests(job: Job) -> int:
     spec = job.spec or {}
+    if job.kind == "sweep":  # every step plans the base spec's requests
+        spec = spec.get("bench") or {}
     return int(spec.get("num_prompts") or 0) + int(spec.get("warmup_requests") or 0)
 
 
@@ -185,7 +188,7 @@ def heartbeat(
 
 
 def _records(job: Job, batch: ResultBatch) -> list[RequestRecord]:
-    planned = planned_requests(job)
+    planned = planned_requests(job)  # a sweep's steps all plan the base spec's requests
     seen: set[int] = set()
     out: list[RequestRecord] = []
     for i, w in enumerate(batch.requests):
@@ -214,19 +217,24 @@ def ingest_batch(
     """Store one numbered batch; a batch_no already stored is a duplicate and changes nothing.
     The batch row and its requests are written in the caller's one transaction."""
     job = _leased_job(session, job_id, batch.lease_id, principal)
-    if job.run_id is None:
-        raise Conflict(f"job {job_id!r} has no run to store results in")
     if job_repo.batch_exists(session, job_id, batch.batch_no):
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
+    run_id = job.run_id
+    if job.kind == "sweep":
+        from app.services import sweep_jobs
+
+        run_id = sweep_jobs.batch_run(session, job, batch)
+    if run_id is None:
+        raise Conflict(f"job {job_id!r} has no run to store results in")
     records = _records(job, batch)
     if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records)):
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
-    before = job_repo.stored_requests(session, job.run_id)
+    before = job_repo.stored_requests(session, run_id)
     try:
-        store_requests(session, job.run_id, records)
+        store_requests(session, run_id, records)
     except (ValueError, TypeError) as e:
         raise Invalid(f"requests: {e}", loc=("body", "requests")) from None
-    accepted = job_repo.stored_requests(session, job.run_id) - before
+    accepted = job_repo.stored_requests(session, run_id) - before
     return BatchAck(batch_no=batch.batch_no, accepted=accepted, duplicate=False)
 
 
@@ -242,19 +250,31 @@ class Outcome:
 
 
 def _decide(session: Session, job: Job, req: CompleteRequest) -> Outcome:
-    stored = job_repo.stored_requests(session, job.run_id) if job.run_id else 0
+    return decide(session, job, job.run_id, req.status, req.error, req.run_meta)
+
+
+def decide(
+    session: Session,
+    job: Job,
+    run_id: str | None,
+    status_: Literal["succeeded", "failed", "cancelled"],
+    error_: str | None,
+    meta: RunMeta | None,
+) -> Outcome:
+    """The job's end state and ``run_id``'s status from what the worker reported."""
+    stored = job_repo.stored_requests(session, run_id) if run_id else 0
     planned = planned_requests(job)
-    if job.cancel_requested or req.status == "cancelled":
+    if job.cancel_requested or status_ == "cancelled":
         status = RunStatus.PARTIAL if stored else RunStatus.CANCELLED
         note = f"cancelled: {stored} of {planned} planned requests were stored"
         return Outcome("cancelled", status, None, [note])
-    if req.status == "failed":
-        error = req.error or "the worker reported a failure"
+    if status_ == "failed":
+        error = error_ or "the worker reported a failure"
         status = RunStatus.PARTIAL if stored else RunStatus.FAILED
         note = f"failed on the worker: {error} ({stored} of {planned} requests stored)"
         return Outcome("failed", status, error, [note])
-    measured, ok = job_repo.measured_counts(session, job.run_id) if job.run_id else (0, 0)
-    stopped = (req.run_meta.load_stats.get("stopped") if req.run_meta else None) == "stopped"
+    measured, ok = job_repo.measured_counts(session, run_id) if run_id else (0, 0)
+    stopped = (meta.load_stats.get("stopped") if meta else None) == "stopped"
     if measured and not ok:
         status = RunStatus.FAILED
     elif stopped:
@@ -305,6 +325,10 @@ def complete(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "
             "upload them, then complete again"
         )
+    if job.kind == "sweep":
+        from app.services import sweep_jobs
+
+        return sweep_jobs.complete_sweep(session, sessions, job, req)
     outcome = _decide(session, job, req)
     now = utcnow()
     changed = job_repo.transition(
@@ -323,6 +347,9 @@ def complete(
     if job.worker_id:
         worker_repo.seen(session, job.worker_id, now, current_job_id=None)
     if job.run_id is not None and req.run_meta is not None:
+        from app.services.hardware import stamp_meta
+
+        stamp_meta(session, job.worker_id, req.run_meta)  # which worker (and GPUs) ran it
         meta = req.run_meta
         changes = {"client_host": meta.client_host, "client_version": meta.client_version}
         repo.update_run(session, job.run_id, **{k: v for k, v in changes.items() if v})
@@ -408,6 +435,10 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
     """What a lost lease means for ``job``: the expiry, the job's new values, and the run's
     outcome when the job ends here."""
     n_batches = job_repo.count_batches(session, job.id)
+    if job.kind == "sweep" and not n_batches:
+        from app.services import sweep_jobs
+
+        n_batches = sweep_jobs.step_count(session, job)  # steps created: keep them
     now = utcnow()
     ended: dict[str, Any] = {
         "finished_at": now,
@@ -470,6 +501,10 @@ def sweep_expired(
                 continue  # renewed or finished meanwhile
             if job.worker_id:
                 worker_repo.seen_job_done(s, job.worker_id, job.id)
+            if job.kind == "sweep":
+                from app.services import sweep_jobs
+
+                to_finalize += sweep_jobs.expired(s, job, expiry.outcome)
             if job.run_id is not None:
                 if outcome is None:
                     repo.update_run(s, job.run_id, status=RunStatus.QUEUED)

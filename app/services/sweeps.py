@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,6 +23,7 @@ from app.analysis.sweep import (
     saturation_reason,
 )
 from app.domain import RunSpec, RunTrace
+from app.services import hardware
 from app.services import runs as run_svc
 from app.services.errors import NotFound
 from app.storage import compare_repo
@@ -75,6 +76,12 @@ def step_spec(spec: RunSpec, load: float, kind: LoadKind) -> RunSpec:
     return RunSpec.model_validate(spec.model_dump() | update | {"api_key": spec.api_key})
 
 
+def step_label(load: float, kind: LoadKind) -> str:
+    if math.isinf(load):
+        return "max throughput"
+    return f"{load:g} req/s" if kind == "rate" else f"concurrency {load:g}"
+
+
 def step_summary(
     index: int,
     load: float,
@@ -118,6 +125,41 @@ def step_dict(s: StepSummary, role: str = "step") -> dict[str, Any]:
     }
 
 
+def step_from_dict(d: dict[str, Any]) -> StepSummary:
+    """The inverse of ``step_dict`` (a null load is the unlimited-rate probe)."""
+    load = d.get("load")
+    return StepSummary(
+        index=int(d["index"]),
+        load=math.inf if load is None else float(load),
+        load_kind=d["load_kind"],
+        achieved_rps=d.get("achieved_rps"),
+        request_throughput_rps=d.get("request_throughput_rps"),
+        output_throughput_tok_s=d.get("output_throughput_tok_s"),
+        goodput_rps=d.get("goodput_rps"),
+        error_rate=d.get("error_rate"),
+        latency_ms=d.get("latency_ms") or {},
+        run_id=d.get("run_id"),
+    )
+
+
+class StepRunner(Protocol):
+    """Runs one step of a sweep and stores it (here, or on a server for a worker)."""
+
+    def run(self, load: float, kind: LoadKind, role: str) -> StepSummary: ...
+
+    def set_loads(self, loads: list[float]) -> None: ...
+
+
+def drive(runner: StepRunner, plan: SweepPlan) -> str | None:
+    """Run the plan's steps in order through ``runner``; the reason it stopped early, or
+    None when every planned step ran."""
+    return _auto(runner, plan) if plan.mode == "auto" else _fixed(runner, plan)
+
+
+def planned_steps(plan: SweepPlan) -> int:
+    return 2 + plan.auto_steps if plan.mode == "auto" else len(plan.loads)
+
+
 @dataclass(frozen=True, slots=True)
 class SweepOutcome:
     sweep_id: str
@@ -148,9 +190,7 @@ class _Runner:
         self.next_idx += 1
         if self.on_step is not None:
             self.on_step(idx, load, kind)
-        label = f"{load:g} req/s" if kind == "rate" else f"concurrency {load:g}"
-        if math.isinf(load):
-            label = "max throughput"
+        label = step_label(load, kind)
         spec = step_spec(self.spec, load, kind)
         out = run_svc.execute_bench(spec, sessions=self.sessions, name=f"{self.name} · {label}")
         assert out.run_id is not None
@@ -166,6 +206,10 @@ class _Runner:
             )
             trace = repo.load_trace(s, out.run_id)
         return step_summary(idx, load, kind, out.report, trace, out.run_id)
+
+    def set_loads(self, loads: list[float]) -> None:
+        with session_scope(self.sessions) as s:
+            compare_repo.update_sweep(s, self.sweep_id, loads=loads)
 
 
 def execute_sweep(
@@ -184,7 +228,7 @@ def execute_sweep(
     runner = _Runner(sessions, spec, sweep_id, name or f"sweep {sweep_id}", on_step)
     status, stop = "succeeded", None
     try:
-        stop = _auto(runner, plan) if plan.mode == "auto" else _fixed(runner, plan)
+        stop = drive(runner, plan)
     except BaseException:
         status = "failed"
         raise
@@ -196,7 +240,7 @@ def execute_sweep(
     return SweepOutcome(sweep_id, sweep_summary(sessions, sweep_id))
 
 
-def _fixed(runner: _Runner, plan: SweepPlan) -> str | None:
+def _fixed(runner: StepRunner, plan: SweepPlan) -> str | None:
     done: list[StepSummary] = []
     for load in plan.loads:
         done.append(runner.run(load, plan.load_kind, "step"))
@@ -208,15 +252,14 @@ def _fixed(runner: _Runner, plan: SweepPlan) -> str | None:
     return None
 
 
-def _auto(runner: _Runner, plan: SweepPlan) -> str | None:
+def _auto(runner: StepRunner, plan: SweepPlan) -> str | None:
     sync = runner.run(1, "concurrency", "probe")
     peak = runner.run(math.inf, "rate", "probe")
     lo, hi = sync.request_throughput_rps, peak.request_throughput_rps
     if not lo or not hi:
         return "stopped: the synchronous or max-throughput run measured no throughput"
     rates = auto_rates(lo, hi, plan.auto_steps + 2)[1:-1] if hi > lo else [lo]
-    with session_scope(runner.sessions) as s:
-        compare_repo.update_sweep(s, runner.sweep_id, loads=rates)
+    runner.set_loads(rates)
     return _fixed(runner, SweepPlan("rates", tuple(rates), 1, plan.min_ratio, plan.max_error_rate))
 
 
@@ -236,6 +279,7 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             "stop_reason": sweep.stop_reason,
             "created_at": sweep.created_at.isoformat(),
             "finished_at": sweep.finished_at.isoformat() if sweep.finished_at else None,
+            "job_id": sweep.job_id,
         }
         rows = [
             (st.step_idx, st.run_id, st.load, st.load_kind, st.role)
@@ -243,11 +287,13 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
         ]
     steps: list[StepSummary] = []
     out_steps: list[dict[str, Any]] = []
+    floors: dict[str, tuple[float | None, str]] = {}
     for idx, run_id, load, kind, role in rows:
         with session_scope(sessions) as s:
             row = repo.get_run(s, run_id)
             run = run_svc.run_dict(row)
             trace = repo.load_trace(s, run_id)
+            floors[run_id] = hardware.roofline_floor(s, run_id, row.load_stats)
         report = run_svc.assemble_report(run=run, trace=trace)
         real_load = math.inf if load < 0 else load
         summ = step_summary(idx, real_load, kind, report, trace, run_id)  # type: ignore[arg-type]
@@ -260,6 +306,23 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
         steps=out_steps,
         slos_ms=slos,
         max_goodput=best.to_dict(),
-        diagnosis=[n.to_dict() for n in diagnosis.sweep_notes(steps)],
+        diagnosis=[n.to_dict() for n in _roofline_notes(steps, floors)]
+        + [n.to_dict() for n in diagnosis.sweep_notes(steps)],
     )
     return info
+
+
+def _roofline_notes(
+    steps: list[StepSummary], floors: dict[str, tuple[float | None, str]]
+) -> list[diagnosis.Note]:
+    """The roofline rule at the lowest-load step (the smallest decode batch) whose run's
+    annotation gives a weight-read floor: any annotated step's floor stands for the sweep."""
+    known = [f for f in floors.values() if f[0] is not None]
+    if not steps or not known:
+        return []
+    lowest = min(steps, key=lambda s: s.load)
+    floor_ms, device = floors.get(lowest.run_id or "", (None, ""))
+    if floor_ms is None:
+        floor_ms, device = known[0]
+    note = diagnosis.decode_memory_bound(lowest.latency("tpot_ms", "p50"), floor_ms, device=device)
+    return [] if note is None else [note]

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.analysis.profiles import profile_metrics
 from app.domain import RunTrace
 from app.services import compare as compare_svc
+from app.services import hardware
 from app.services import runs as run_svc
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
@@ -31,6 +32,7 @@ class RunData:
     indexes: Any
     job: views.JobView | None
     note: str | None
+    roofline: tuple[float | None, str] = (None, hardware.DEFAULT_DEVICE_TEXT)  # TPOT floor
 
 
 def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
@@ -47,12 +49,13 @@ def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
         sched, sent = view_repo.schedule_columns(s, run_id)
         indexes = view_repo.measured_indexes(s, run_id)
         job = job_repo.job_for_run(s, run_id)
+        floor = hardware.roofline_floor(s, run_id, row.load_stats)
         job_v = (
             views.job_view(job)
             if job is not None and job.state not in ("succeeded", "failed", "cancelled")
             else None
         )
-    return RunData(run, trace, sched, sent, indexes, job_v, note)
+    return RunData(run, trace, sched, sent, indexes, job_v, note, floor)
 
 
 def build_report(
@@ -122,5 +125,11 @@ def run_context(
         "n_requests": data.trace.n_requests,
         "n_events": data.trace.n_events,
         "summary_only": data.trace.summary_only,
-        "diagnosis": compare_svc.trace_diagnosis(data.run, data.trace, report),
+        "diagnosis": compare_svc.trace_diagnosis(
+            data.run,
+            data.trace,
+            report,
+            weight_floor_ms=data.roofline[0],
+            device=data.roofline[1],
+        ),
     }

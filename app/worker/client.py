@@ -33,6 +33,10 @@ from app.wire import (
     RegisterRequest,
     RegisterResponse,
     ResultBatch,
+    StepComplete,
+    StepCompleted,
+    StepCreate,
+    StepCreated,
 )
 
 API_PREFIX = "/api/v1"
@@ -174,3 +178,9 @@ class WorkerClient:
 
     async def complete(self, job_id: str, req: CompleteRequest) -> CompleteResponse:
         return await self._post(f"/jobs/{job_id}/complete", req, CompleteResponse)
+
+    async def create_step(self, job_id: str, req: StepCreate) -> StepCreated:
+        return await self._post(f"/jobs/{job_id}/steps", req, StepCreated)
+
+    async def complete_step(self, job_id: str, step_idx: int, req: StepComplete) -> StepCompleted:
+        return await self._post(f"/jobs/{job_id}/steps/{step_idx}/complete", req, StepCompleted)

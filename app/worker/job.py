@@ -127,6 +127,8 @@ class JobRun:
         self.deadline: float | None = None
         self.load: LoadThread | None = None
         self.server_series: list[ServerMetricSeries] | None = None  # sent with the completion
+        self.step_run: str | None = None  # sweeps: the current step's run (batches name it)
+        self.step_info: tuple[int, int] | None = None  # sweeps: (step, of how many)
 
     # ---- callbacks from the load thread (cheap, thread-safe)
 
@@ -156,6 +158,10 @@ class JobRun:
         job = self.job
         if job.kind == "probe":
             return await self._run_probe()
+        if job.kind == "sweep":
+            from app.worker.sweep_job import SweepRun
+
+            return await SweepRun(self).run()
         if job.kind != "bench":
             return await self._complete("failed", f"this worker cannot run {job.kind!r} jobs")
         try:
@@ -230,7 +236,11 @@ class JobRun:
         return "succeeded", None
 
     async def _complete(
-        self, status: CompleteStatus, error: str | None, meta: RunMeta | None = None
+        self,
+        status: CompleteStatus,
+        error: str | None,
+        meta: RunMeta | None = None,
+        stop_reason: str | None = None,
     ) -> JobOutcome:
         job = self.job
         req = CompleteRequest(
@@ -240,6 +250,7 @@ class JobRun:
             total_batches=self.uploader.next_batch_no,
             run_meta=meta,
             server_metrics=self.server_series,
+            stop_reason=stop_reason,
         )
         # spooled first: a worker restarted before the server answered still completes it
         await asyncio.to_thread(self.spool.write_complete, req)
@@ -271,10 +282,20 @@ class JobRun:
 
     # ---- side tasks
 
+    def _job_progress(self) -> JobProgress:
+        p = job_progress(self.progress)
+        if self.step_info is not None:
+            p.step, p.steps = self.step_info
+            p.run_id = self.step_run
+            p.phase = f"step {p.step + 1} of {p.steps}: {p.phase}"
+        return p
+
     async def _cut(self) -> None:
         n = min(len(self.records), self.opts.batch_max_requests)
         if n and self.uploader.lost is None:
-            await self.uploader.add([self.records.popleft() for _ in range(n)])
+            await self.uploader.add(
+                [self.records.popleft() for _ in range(n)], run_id=self.step_run
+            )
 
     async def _cut_all(self) -> None:
         while self.records and self.uploader.lost is None:
@@ -296,7 +317,7 @@ class JobRun:
             try:
                 resp = await self.client.heartbeat(
                     job.job_id,
-                    HeartbeatRequest(lease_id=job.lease_id, progress=job_progress(self.progress)),
+                    HeartbeatRequest(lease_id=job.lease_id, progress=self._job_progress()),
                 )
             except ServerUnreachable as e:
                 log.info("job %s: heartbeat not sent: %s", job.job_id, e)

@@ -69,7 +69,7 @@ class Worker:
         *,
         labels: dict[str, str] | None = None,
         state_dir: Path | None = None,
-        kinds: Sequence[JobKind] = ("bench",),
+        kinds: Sequence[JobKind] = ("bench", "sweep"),
         name: str | None = None,
         options: WorkerOptions | None = None,
         transport: httpx.AsyncBaseTransport | None = None,

@@ -93,15 +93,16 @@ class Uploader:
 
     # ---- batches
 
-    async def add(self, records: list[RequestRecord]) -> int:
+    async def add(self, records: list[RequestRecord], run_id: str | None = None) -> int:
         """Number, spool (atomically, off the event loop) and queue one batch; returns its
-        number."""
+        number. ``run_id``: the sweep step's run the records belong to."""
         no = self.next_batch_no
         self.next_batch_no += 1
         batch = ResultBatch(
             lease_id=self.job.lease_id,
             batch_no=no,
             requests=[WireRequest.from_record(r) for r in records],
+            run_id=run_id,
         )
         await asyncio.to_thread(self.spool.write, batch)
         self.unacked.append(no)

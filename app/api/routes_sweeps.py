@@ -1,0 +1,134 @@
+"""/api/v1/sweeps (create on a worker, cancel) and the sweep steps of the worker protocol
+(bodies in app.wire). Reading sweeps lives in routes_compare."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, status
+from pydantic import BaseModel, Field, model_validator
+
+from app.api.deps import Runner, SessionDep, SessionsDep, SettingsDep, WorkerCaller
+from app.api.schemas import RunCreate
+from app.services import sweep_jobs, targets
+from app.services.errors import Invalid
+from app.services.sweeps import MAX_STEPS, SweepPlan
+from app.wire import MAX_SWEEP_STEPS, StepComplete, StepCompleted, StepCreate, StepCreated
+
+router = APIRouter(prefix="/api/v1", tags=["sweeps"])
+
+
+class SweepCreate(RunCreate):
+    """A sweep to queue: every bench field (the base workload), then exactly one of
+    ``rates``, ``concurrencies`` or ``auto``, the stop rules, a name and tags (each step's
+    run carries the tags)."""
+
+    rates: list[float] | None = Field(None, max_length=MAX_STEPS)
+    concurrencies: list[int] | None = Field(None, max_length=MAX_STEPS)
+    auto: bool = False
+    auto_steps: int = Field(5, ge=1, le=MAX_STEPS)
+    min_ratio: float = Field(0.8, gt=0, le=1, description="saturated below this x offered")
+    max_error_rate: float = Field(0.05, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> SweepCreate:
+        given = [k for k in ("rates", "concurrencies") if getattr(self, k) is not None]
+        if self.auto:
+            given.append("auto")
+        if len(given) != 1:
+            raise ValueError("give exactly one of rates, concurrencies or auto")
+        return self
+
+    def plan(self) -> SweepPlan:
+        try:
+            if self.auto:
+                return SweepPlan("auto", (), self.auto_steps, self.min_ratio, self.max_error_rate)
+            if self.rates is not None:
+                loads = tuple(float(x) for x in self.rates)
+                return SweepPlan("rates", loads, 5, self.min_ratio, self.max_error_rate)
+            loads = tuple(float(x) for x in self.concurrencies or ())
+            return SweepPlan("concurrencies", loads, 5, self.min_ratio, self.max_error_rate)
+        except ValueError as e:
+            field = "concurrencies" if self.concurrencies is not None else "rates"
+            if "auto_steps" in str(e):
+                field = "auto_steps"
+            raise Invalid(str(e).replace("loads:", f"{field}:"), loc=("body", field)) from None
+
+    def base_spec(self) -> Any:
+        data = self.model_dump(
+            exclude={
+                "name", "requirements", "rates", "concurrencies", "auto", "auto_steps",
+                "min_ratio", "max_error_rate",
+            }
+        )  # fmt: skip
+        data["api_key"] = self.api_key
+        from app.domain import RunSpec
+
+        return RunSpec.model_validate(data)
+
+
+class SweepCreated(BaseModel):
+    sweep_id: str
+    job_id: str
+
+
+class SweepCancelled(BaseModel):
+    sweep_id: str
+    job_id: str
+    state: str
+    cancel_requested: bool
+
+
+@router.post("/sweeps", status_code=status.HTTP_201_CREATED)
+def create_sweep(
+    body: SweepCreate, session: SessionDep, settings: SettingsDep, _: Runner
+) -> SweepCreated:
+    """Queue a sweep: creates the sweep (status queued) and its one ``sweep`` job together;
+    a worker runs the steps in order. 422 naming the field when the plan or the target
+    (allow-list) is refused."""
+    targets.check_target(body.base_url, settings.target_allowlist)
+    plan = body.plan()
+    sweep_id, job_id = sweep_jobs.create_sweep_job(
+        session,
+        body.base_spec(),
+        plan,
+        requirements=body.requirements,
+        name=body.name,
+        max_attempts=settings.max_attempts,
+    )
+    return SweepCreated(sweep_id=sweep_id, job_id=job_id)
+
+
+@router.post("/sweeps/{sweep_id}/cancel")
+def cancel_sweep(sweep_id: str, session: SessionDep, _: Runner) -> SweepCancelled:
+    """Queued: cancelled now. On a worker: it stops at its next heartbeat; finished steps
+    are kept."""
+    return SweepCancelled(**sweep_jobs.cancel_sweep(session, sweep_id))
+
+
+LEASE_LOST: dict[int | str, dict[str, Any]] = {
+    409: {"description": "lease lost, or (step completion) batches missing, named in detail"}
+}
+
+
+@router.post("/jobs/{job_id}/steps", tags=["worker protocol"], responses=LEASE_LOST)
+def create_step(
+    job_id: str, body: StepCreate, session: SessionDep, caller: WorkerCaller
+) -> StepCreated:
+    """Create the next step's run of a leased sweep job (a retry answers the same run)."""
+    return sweep_jobs.create_step(session, job_id, body, caller)
+
+
+@router.post(
+    "/jobs/{job_id}/steps/{step_idx}/complete", tags=["worker protocol"], responses=LEASE_LOST
+)
+def complete_step(
+    job_id: str,
+    step_idx: Annotated[int, Path(ge=0, lt=MAX_SWEEP_STEPS)],
+    body: StepComplete,
+    session: SessionDep,
+    sessions: SessionsDep,
+    caller: WorkerCaller,
+) -> StepCompleted:
+    """Finalize one step's run; the answer is its summary (load, achieved rate, latencies)."""
+    return sweep_jobs.complete_step(session, sessions, job_id, step_idx, body, caller)

@@ -1,0 +1,394 @@
+"""Sweeps on workers (job kind ``sweep``): queue one, let the leasing worker create each
+step's run as it goes, finalize each step, and end the sweep with why it stopped.
+
+The worker drives the plan with ``app.services.sweeps.drive`` (the same planning and
+saturation rules as a local sweep); the server stores what it reports. Protocol in
+``app.wire``. Functions take the request's ``Session`` and never commit it, except step and
+sweep completion, which commit before ``finalize_run`` (it uses sessions of its own).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.analysis.sweep import DEFAULT_MAX_ERROR_RATE, DEFAULT_MIN_RATIO, LoadKind
+from app.domain import RunSpec, RunStatus
+from app.services import hardware
+from app.services import jobs as job_svc
+from app.services import sweeps as sweep_svc
+from app.services.auth import Principal
+from app.services.errors import Conflict, Invalid, NotFound
+from app.services.runs import finalize_run
+from app.storage import compare_repo
+from app.storage import jobs as job_repo
+from app.storage import repository as repo
+from app.storage import workers as worker_repo
+from app.storage.db import session_scope
+from app.storage.jobs import ACTIVE_STATES
+from app.storage.jsonsafe import json_safe
+from app.storage.models import Job, utcnow
+from app.storage.models_compare import SweepStep
+from app.wire import (
+    CompleteRequest,
+    CompleteResponse,
+    JobRequirements,
+    JobState,
+    ResultBatch,
+    StepComplete,
+    StepCompleted,
+    StepCreate,
+    StepCreated,
+)
+
+ACTIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+def plan_dict(plan: sweep_svc.SweepPlan) -> dict[str, Any]:
+    return {
+        "mode": plan.mode,
+        "loads": list(plan.loads),
+        "auto_steps": plan.auto_steps,
+        "min_ratio": plan.min_ratio,
+        "max_error_rate": plan.max_error_rate,
+    }
+
+
+def plan_of(data: dict[str, Any]) -> sweep_svc.SweepPlan:
+    """Raises ValueError for a plan that is not valid."""
+    return sweep_svc.SweepPlan(
+        data["mode"],
+        tuple(float(x) for x in data.get("loads") or ()),
+        int(data.get("auto_steps") or 5),
+        float(data.get("min_ratio") or DEFAULT_MIN_RATIO),
+        float(data.get("max_error_rate", DEFAULT_MAX_ERROR_RATE)),
+    )
+
+
+def create_sweep_job(
+    session: Session,
+    spec: RunSpec,
+    plan: sweep_svc.SweepPlan,
+    *,
+    requirements: JobRequirements,
+    name: str | None,
+    max_attempts: int,
+) -> tuple[str, str]:
+    """The sweep (status queued) and its one ``sweep`` job, in the caller's transaction:
+    (sweep_id, job_id). The API key travels at the top of the job spec (removed from it
+    when the job ends, like a bench job's)."""
+    sweep_id = compare_repo.create_sweep(
+        session,
+        spec=spec.model_dump(mode="json"),
+        mode=plan.mode,
+        loads=list(plan.loads),
+        name=name,
+        status="queued",
+    )
+    job_spec: dict[str, Any] = {
+        "sweep_id": sweep_id,
+        "name": name or f"sweep {sweep_id}",
+        "plan": plan_dict(plan),
+        "bench": json_safe(spec.model_dump(mode="json")),
+    }
+    if spec.api_key:
+        job_spec["api_key"] = spec.api_key
+    job = job_repo.create_job(
+        session,
+        kind="sweep",
+        spec=job_spec,
+        requirements=requirements.model_dump(mode="json"),
+        run_id=None,
+        max_attempts=max_attempts,
+    )
+    compare_repo.update_sweep(session, sweep_id, job_id=job.id)
+    return sweep_id, job.id
+
+
+def _sweep_id(job: Job) -> str:
+    return str((job.spec or {}).get("sweep_id") or "")
+
+
+def _sweep_job(session: Session, job_id: str, lease_id: str, principal: Principal) -> Job:
+    job = job_svc._leased_job(session, job_id, lease_id, principal)
+    if job.kind != "sweep":
+        raise Conflict(f"job {job_id!r} is a {job.kind} job, not a sweep")
+    return job
+
+
+def _step(session: Session, sweep_id: str, step_idx: int) -> SweepStep | None:
+    for st in compare_repo.sweep_steps(session, sweep_id):
+        if st.step_idx == step_idx:
+            return st
+    return None
+
+
+def step_count(session: Session, job: Job) -> int:
+    return len(compare_repo.sweep_steps(session, _sweep_id(job)))
+
+
+# ------------------------------------------------------------------------------ steps
+
+
+def create_step(
+    session: Session, job_id: str, req: StepCreate, principal: Principal
+) -> StepCreated:
+    """Create step ``step_idx``'s run (status running) under the job's lease; a retry of the
+    same step answers the run already made."""
+    job = _sweep_job(session, job_id, req.lease_id, principal)
+    sweep_id = _sweep_id(job)
+    found = _step(session, sweep_id, req.step_idx)
+    if found is not None:
+        return StepCreated(run_id=found.run_id, step_idx=req.step_idx)
+    load = math.inf if req.load is None else float(req.load)
+    if math.isinf(load) and req.load_kind != "rate":
+        raise Invalid("load: only a rate may be unlimited (null)", loc=("body", "load"))
+    if req.load_kind == "concurrency" and load != int(load):
+        raise Invalid("load: a concurrency must be a whole number", loc=("body", "load"))
+    data = dict(job.spec.get("bench") or {})
+    if data.get("request_rate") is None:  # JSON has no infinity: unlimited arrives as null
+        data.pop("request_rate", None)
+    data["api_key"] = job.spec.get("api_key")
+    base = RunSpec.model_validate(data)
+    try:
+        spec = sweep_svc.step_spec(base, load, req.load_kind)
+    except ValueError as e:
+        raise Invalid(f"load: {e}", loc=("body", "load")) from None
+    now = utcnow()
+    name = f"{job.spec.get('name')} · {sweep_svc.step_label(load, req.load_kind)}"
+    run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.RUNNING)
+    repo.start_run(session, run_id, started_at=now)
+    compare_repo.add_step(
+        session,
+        sweep_id,
+        step_idx=req.step_idx,
+        run_id=run_id,
+        load=-1.0 if math.isinf(load) else load,
+        load_kind=req.load_kind,
+        role=req.role,
+    )
+    changes: dict[str, Any] = {"status": "running"}
+    if req.planned_loads is not None:
+        changes["loads"] = [float(x) for x in req.planned_loads]
+    compare_repo.update_sweep(session, sweep_id, **changes)
+    return StepCreated(run_id=run_id, step_idx=req.step_idx)
+
+
+def batch_run(session: Session, job: Job, batch: ResultBatch) -> str:
+    """The run a sweep job's batch belongs to: one of its sweep's steps (422 otherwise)."""
+    if not batch.run_id:
+        raise Invalid("run_id: a sweep job's batch names its step's run", loc=("body", "run_id"))
+    step = compare_repo.step_of_run(session, batch.run_id)
+    if step is None or step.sweep_id != _sweep_id(job):
+        raise Invalid(
+            f"run_id: {batch.run_id!r} is not a step of this job's sweep", loc=("body", "run_id")
+        )
+    return batch.run_id
+
+
+@dataclass(frozen=True, slots=True)
+class _StepRow:
+    step_idx: int
+    run_id: str
+    load: float
+    load_kind: LoadKind
+    role: str
+
+
+def _summary(sessions: sessionmaker[Session], step: _StepRow, report: dict[str, Any]) -> Any:
+    with session_scope(sessions) as s:
+        trace = repo.load_trace(s, step.run_id)
+    load = math.inf if step.load < 0 else step.load
+    summ = sweep_svc.step_summary(step.step_idx, load, step.load_kind, report, trace, step.run_id)
+    return json_safe(sweep_svc.step_dict(summ, step.role))
+
+
+def complete_step(
+    session: Session,
+    sessions: sessionmaker[Session],
+    job_id: str,
+    step_idx: int,
+    req: StepComplete,
+    principal: Principal,
+) -> StepCompleted:
+    """Finalize one step's run (every batch sent so far must have arrived) and answer its
+    summary, from which the worker decides whether the sweep goes on."""
+    from app.services.runs import run_report
+
+    job = _sweep_job(session, job_id, req.lease_id, principal)
+    found = _step(session, _sweep_id(job), step_idx)
+    if found is None:
+        raise NotFound(f"job {job_id!r} has no step {step_idx}")
+    step = _StepRow(
+        found.step_idx,
+        found.run_id,
+        found.load,
+        "concurrency" if found.load_kind == "concurrency" else "rate",
+        found.role,
+    )
+    run = repo.find_run(session, step.run_id)
+    if run is None:
+        raise NotFound(f"the run of step {step_idx} was deleted")
+    if run.status not in ACTIVE_RUN:  # a retry: answer the same
+        status = run.status.value
+        session.commit()
+        report = run_report(sessions, step.run_id)
+        summary = _summary(sessions, step, report)
+        return StepCompleted(run_id=step.run_id, step_idx=step_idx, status=status, summary=summary)
+    missing = sorted(set(range(req.total_batches)) - job_repo.batch_numbers(session, job_id))
+    if missing:
+        raise Conflict(
+            f"batches missing: {missing} (of total_batches={req.total_batches}); "
+            "upload them, then complete the step again"
+        )
+    outcome = job_svc.decide(session, job, step.run_id, req.status, req.error, req.run_meta)
+    hardware.stamp_meta(session, job.worker_id, req.run_meta)
+    if req.run_meta is not None:
+        meta = req.run_meta
+        changes = {"client_host": meta.client_host, "client_version": meta.client_version}
+        repo.update_run(session, step.run_id, **{k: v for k, v in changes.items() if v})
+    if req.server_metrics:
+        from app.services.server_metrics import store_wire
+
+        store_wire(session, step.run_id, req.server_metrics)
+    session.commit()
+    report = finalize_run(
+        sessions,
+        step.run_id,
+        status=outcome.run_status,
+        meta=req.run_meta,
+        extra_notes=outcome.notes or None,
+    )
+    return StepCompleted(
+        run_id=step.run_id,
+        step_idx=step_idx,
+        status=outcome.run_status.value,
+        summary=_summary(sessions, step, report),
+    )
+
+
+# ----------------------------------------------------------------------------- the end
+
+
+def _unfinished_runs(session: Session, sweep_id: str) -> list[tuple[str, RunStatus]]:
+    """Step runs still running, with the status they end in (partial if any request was
+    stored, else failed)."""
+    out: list[tuple[str, RunStatus]] = []
+    for st in compare_repo.sweep_steps(session, sweep_id):
+        run = repo.find_run(session, st.run_id)
+        if run is not None and run.status in ACTIVE_RUN:
+            stored = job_repo.stored_requests(session, st.run_id)
+            out.append((st.run_id, RunStatus.PARTIAL if stored else RunStatus.FAILED))
+    return out
+
+
+def _finalize_all(
+    sessions: sessionmaker[Session], runs: list[tuple[str, RunStatus]], note: str
+) -> None:
+    for run_id, status in runs:
+        finalize_run(sessions, run_id, status=status, meta=None, extra_notes=[note])
+
+
+def complete_sweep(
+    session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
+) -> CompleteResponse:
+    """End a sweep job (its batches all arrived): the job's state, the sweep's status and
+    stop reason; a step left unfinished (the worker failed mid-step) is finalized."""
+    sweep_id = _sweep_id(job)
+    n_steps = step_count(session, job)
+    state: JobState
+    reason: str | None
+    if job.cancel_requested or req.status == "cancelled":
+        state, sweep_status = "cancelled", "cancelled"
+        reason = req.stop_reason or req.error or f"cancelled after {n_steps} step(s)"
+    elif req.status == "failed":
+        state, sweep_status = "failed", "partial" if n_steps else "failed"
+        reason = req.stop_reason or f"failed on the worker: {req.error or 'unknown error'}"
+    else:
+        state, sweep_status, reason = "succeeded", "succeeded", req.stop_reason
+    now = utcnow()
+    changed = job_repo.transition(
+        session,
+        job.id,
+        from_states=ACTIVE_STATES,
+        holding_lease=req.lease_id,
+        state=state,
+        error=req.error if state == "failed" else None,
+        finished_at=now,
+        lease_expires_at=None,
+        spec=job_svc.public_spec(job.spec),
+    )
+    if not changed:
+        raise Conflict(f"lease lost: job {job.id!r} changed while completing")
+    if job.worker_id:
+        worker_repo.seen(session, job.worker_id, now, current_job_id=None)
+    compare_repo.update_sweep(
+        session, sweep_id, status=sweep_status, stop_reason=reason, finished_at=now
+    )
+    leftover = _unfinished_runs(session, sweep_id)
+    session.commit()
+    _finalize_all(sessions, leftover, f"the sweep ended ({state}) before this step completed")
+    return CompleteResponse(job_id=job.id, state=state, run_id=None)
+
+
+def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, job_svc.Outcome]]:
+    """After a sweep job's lease was lost (``app.services.jobs.sweep_expired``): mark the
+    sweep, and return its unfinished step runs with the outcome to finalize them with."""
+    sweep_id = _sweep_id(job)
+    if outcome == "requeued":
+        compare_repo.update_sweep(session, sweep_id, status="queued")
+        return []
+    runs = _unfinished_runs(session, sweep_id)
+    n_steps = step_count(session, job)
+    now = utcnow()
+    if outcome == "partial":
+        reason = f"worker lost after {n_steps} step(s) (lease expired): finished steps are kept"
+        compare_repo.update_sweep(
+            session, sweep_id, status="partial", stop_reason=reason, finished_at=now
+        )
+    else:
+        status = "cancelled" if outcome == "cancelled" else "failed"
+        reason = "cancelled; worker lost" if status == "cancelled" else "worker lost"
+        compare_repo.update_sweep(
+            session, sweep_id, status=status, stop_reason=reason, finished_at=now
+        )
+    note = "worker lost during this step (lease expired)"
+    return [(rid, job_svc.Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
+
+
+def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
+    """Queued: cancelled now. On a worker: flagged; it stops at its next heartbeat, keeping
+    the steps already finished. Finished (or run locally): 409."""
+    sweep = compare_repo.find_sweep(session, sweep_id)
+    if sweep is None:
+        raise NotFound(f"no sweep with id {sweep_id!r}")
+    job = job_repo.get_job(session, sweep.job_id) if sweep.job_id else None
+    if job is None:
+        raise Conflict(f"sweep {sweep_id!r} has no job (it ran locally): nothing to cancel")
+    now = utcnow()
+    if job.state == "queued" and job_repo.transition(
+        session,
+        job.id,
+        from_states=("queued",),
+        state="cancelled",
+        finished_at=now,
+        spec=job_svc.public_spec(job.spec),
+    ):
+        compare_repo.update_sweep(
+            session,
+            sweep_id,
+            status="cancelled",
+            stop_reason="cancelled before it started",
+            finished_at=now,
+        )
+        return {"sweep_id": sweep_id, "job_id": job.id, "state": "cancelled",
+                "cancel_requested": False}  # fmt: skip
+    if job.state in ACTIVE_STATES and job_repo.transition(
+        session, job.id, from_states=ACTIVE_STATES, cancel_requested=True
+    ):
+        return {"sweep_id": sweep_id, "job_id": job.id, "state": job.state,
+                "cancel_requested": True}  # fmt: skip
+    raise Conflict(f"sweep {sweep_id!r} cannot be cancelled: its job is {job.state}")

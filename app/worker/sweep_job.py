@@ -1,0 +1,232 @@
+"""Execute one leased sweep job: the steps in order, each a run created on the server.
+
+The plan is driven by ``app.services.sweeps.drive`` (the same planning and saturation
+rules as a local sweep) on a thread; each step it asks for runs here, on the worker's event
+loop: create the step's run (``POST /jobs/{id}/steps``), run the load, upload its requests
+through the job's spooled ``Uploader`` (batches name the step's run), then finalize the step
+(``POST /jobs/{id}/steps/{n}/complete``), whose answer is the step's summary.
+
+Heartbeats carry "step n of N"; a cancel stops the current step's load, finalizes what it
+measured and completes the job as cancelled (finished steps are kept); a lost lease drops
+the job; a stopped worker completes it as cancelled within the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import ValidationError
+
+from app.analysis.sweep import LoadKind, StepSummary
+from app.services import server_metrics
+from app.services.runs import run_meta
+from app.services.sweep_jobs import plan_of
+from app.services.sweeps import drive, planned_steps, step_from_dict, step_spec
+from app.wire import StepComplete, StepCreate
+from app.worker.backoff import Backoff
+from app.worker.client import (
+    AuthError,
+    BatchesMissing,
+    LeaseLost,
+    NotFound,
+    ProtocolError,
+    ServerUnreachable,
+    describe,
+)
+from app.worker.job import CompleteStatus, JobOutcome, spec_from_job
+from app.worker.load_thread import LoadThread
+
+if TYPE_CHECKING:
+    from app.worker.job import JobRun
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_REJECTIONS = 5
+
+
+class SweepStopped(Exception):
+    """The sweep ends before its plan: cancelled, the worker stopping, or the job lost."""
+
+    def __init__(self, status: CompleteStatus | None, reason: str, error: str | None = None):
+        super().__init__(reason)
+        self.status = status  # None: the job is lost (nothing more to send)
+        self.reason = reason
+        self.error = error
+
+
+class _Bridge:
+    """``app.services.sweeps.StepRunner`` for ``drive`` (on a thread): each step runs as a
+    coroutine on the worker's loop."""
+
+    def __init__(self, sweep: SweepRun, loop: asyncio.AbstractEventLoop) -> None:
+        self.sweep = sweep
+        self.loop = loop
+
+    def run(self, load: float, kind: LoadKind, role: str) -> StepSummary:
+        fut = asyncio.run_coroutine_threadsafe(self.sweep.step(load, kind, role), self.loop)
+        return fut.result()
+
+    def set_loads(self, loads: list[float]) -> None:
+        self.sweep.planned = list(loads)
+
+
+class SweepRun:
+    def __init__(self, jr: JobRun) -> None:
+        self.jr = jr
+        self.job = jr.job
+        self.next_idx = 0
+        self.total = 0
+        self.planned: list[float] | None = None  # auto: rates chosen, sent with the next step
+        self.backoff = Backoff(jr.opts.backoff_initial_s, jr.opts.backoff_max_s)
+
+    async def run(self) -> JobOutcome:
+        jr, job = self.jr, self.job
+        try:
+            plan = plan_of(dict(job.spec["plan"]))
+            bench = dict(job.spec["bench"])
+            if job.spec.get("api_key"):
+                bench["api_key"] = job.spec["api_key"]
+            self.base = spec_from_job(bench)
+        except (KeyError, TypeError, ValueError, ValidationError) as e:
+            return await jr._complete("failed", f"invalid sweep spec: {e}")
+        self.total = planned_steps(plan)
+        side = [
+            asyncio.create_task(jr._heartbeats(), name=f"heartbeat-{job.job_id}"),
+            asyncio.create_task(jr._cutter(), name=f"cut-{job.job_id}"),
+            asyncio.create_task(jr._watch_stop(), name=f"watch-{job.job_id}"),
+        ]
+        try:
+            bridge = _Bridge(self, asyncio.get_running_loop())
+            status: CompleteStatus = "succeeded"
+            error: str | None = None
+            try:
+                stop = await asyncio.to_thread(drive, bridge, plan)
+            except SweepStopped as e:
+                if e.status is None:
+                    return jr._drop(jr.uploader.lost or e.reason)
+                status, error, stop = e.status, e.error, e.reason
+            except Exception as e:
+                log.exception("job %s: sweep failed", job.job_id)
+                status, error, stop = "failed", f"the sweep failed: {describe(e)}", None
+            if jr.uploader.lost is not None:
+                return jr._drop(jr.uploader.lost)
+            log.info("job %s: sweep ends (%s) after %d steps", job.job_id, status, self.next_idx)
+            return await jr._complete(status, error, stop_reason=stop)
+        finally:
+            jr._stop_load()
+            for t in side:
+                t.cancel()
+            for t in side:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+    def _check_going(self) -> None:
+        jr = self.jr
+        if jr.uploader.lost is not None:
+            raise SweepStopped(None, jr.uploader.lost)
+        if jr.cancelled:
+            raise SweepStopped("cancelled", f"cancelled after {self.next_idx} step(s)")
+        if jr.stopping:
+            raise SweepStopped(
+                "cancelled",
+                f"the worker was stopped after {self.next_idx} step(s)",
+                "the worker was stopped during the sweep",
+            )
+
+    async def step(self, load: float, kind: LoadKind, role: str) -> StepSummary:
+        """Run one step end to end; its summary as the server computed it."""
+        jr, job = self.jr, self.job
+        self._check_going()
+        idx = self.next_idx
+        self.next_idx += 1
+        req = StepCreate(
+            lease_id=job.lease_id,
+            step_idx=idx,
+            load=None if math.isinf(load) else float(load),
+            load_kind=kind,
+            role="probe" if role == "probe" else "step",
+            planned_loads=self.planned,
+        )
+        created = await self._call(lambda: jr.client.create_step(job.job_id, req))
+        self.planned = None
+        run_id = created.run_id
+        jr.step_run, jr.step_info, jr.progress = run_id, (idx, self.total), None
+        log.info("job %s: step %d of %d (run %s)", job.job_id, idx + 1, self.total, run_id)
+        spec = step_spec(self.base, load, kind)
+        jr.load = LoadThread(
+            spec,
+            run_tag=run_id,
+            on_record=jr._on_record,
+            on_progress=jr._on_progress,
+            kernel_stamps=jr.opts.kernel_stamps,
+        )
+        scraper = server_metrics.start_scraper(spec)
+        jr.load.start()
+        try:
+            result = await jr.load.result()
+            error: str | None = None
+        except Exception as e:
+            result, error = None, f"the load failed: {describe(e)}"
+            log.exception("job %s: step %d load failed", job.job_id, idx)
+        start_ns = result.start_mono_ns if result is not None else None
+        scraped = await asyncio.to_thread(server_metrics.finish, scraper, start_ns)
+        await jr._cut_all()
+        if not await jr.uploader.drain(jr.deadline):
+            if jr.uploader.lost is not None:
+                raise SweepStopped(None, jr.uploader.lost)
+            raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
+        status, error = jr._status(result, error)
+        meta = run_meta(result) if result is not None else None
+        series = None
+        if meta is not None:
+            server_metrics.attach(meta.load_stats, scraped)
+            series = server_metrics.to_wire(scraped.series) or None
+        done = StepComplete(
+            lease_id=job.lease_id,
+            status=status,
+            error=error,
+            total_batches=jr.uploader.next_batch_no,
+            run_meta=meta,
+            server_metrics=series,
+        )
+        resp = await self._call(lambda: jr.client.complete_step(job.job_id, idx, done))
+        log.info("job %s: step %d %s", job.job_id, idx, resp.status)
+        if status == "cancelled":
+            self._check_going()
+            raise SweepStopped("cancelled", f"stopped during step {idx}")
+        return step_from_dict(resp.summary)
+
+    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """One protocol call, retried while the server is unreachable (or briefly refuses);
+        a lost lease raises ``SweepStopped`` (the job is dropped)."""
+        jr = self.jr
+        rejections = 0
+        while True:
+            try:
+                out = await fn()
+            except ServerUnreachable as e:
+                if jr.stopping:
+                    raise SweepStopped("cancelled", "the worker was stopped", str(e)) from None
+                delay = self.backoff.next()
+                log.info("job %s: unreachable (%s); retry in %.1fs", self.job.job_id, e, delay)
+                await asyncio.sleep(delay)
+                continue
+            except (LeaseLost, NotFound) as e:
+                jr.uploader.lose(f"lease lost: {e}")
+                raise SweepStopped(None, str(e)) from None
+            except (BatchesMissing, AuthError, ProtocolError) as e:
+                rejections += 1
+                if rejections >= MAX_REJECTIONS:
+                    jr.uploader.lose(f"refused {rejections} times: {e}")
+                    raise SweepStopped(None, str(e)) from None
+                log.warning("job %s: refused: %s", self.job.job_id, e)
+                await jr.uploader.drain(jr.deadline)
+                await asyncio.sleep(self.backoff.next())
+                continue
+            self.backoff.reset()
+            return out
