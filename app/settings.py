@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="largest worker result batch (POST .../results)"
     )
+    max_import_bytes: int = Field(
+        256 * 1024 * 1024, gt=0, description="largest uploaded import file (POST imports)"
+    )
     target_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="hosts (glob patterns, host:port) and CIDRs that runs may target; "

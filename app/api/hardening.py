@@ -31,6 +31,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Worker result batches may be large; every other body gets the general limit.
 UPLOAD_PATH = re.compile(r"^/api/v1/jobs/[^/]+/results$")
+IMPORT_PATH = re.compile(r"^/(api/v1/imports|import)$")
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -78,13 +79,20 @@ class BodyLimit:
     """413 for a body over the route's limit: at once from ``Content-Length``, else while
     reading (a chunked body is read up to the limit, then replayed to the app)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, max_upload_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, max_upload_bytes: int, max_import_bytes: int
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_upload_bytes = max_upload_bytes
+        self.max_import_bytes = max_import_bytes
 
     def limit_for(self, path: str) -> int:
-        return self.max_upload_bytes if UPLOAD_PATH.match(path) else self.max_bytes
+        if UPLOAD_PATH.match(path):
+            return self.max_upload_bytes
+        if IMPORT_PATH.match(path):
+            return self.max_import_bytes
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
@@ -198,4 +206,5 @@ def harden(app: FastAPI, settings: Settings) -> None:
         BodyLimit,  # type: ignore[arg-type]
         max_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
+        max_import_bytes=settings.max_import_bytes,
     )

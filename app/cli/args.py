@@ -46,6 +46,7 @@ FLAG_FOR_FIELD = {
     "max_duration_s": "--max-duration",
     "goodput": "--goodput",
     "client_lag_bound_ms": "--client-lag-bound-ms",
+    "metrics_url": "--metrics-url",
     "extra_body": "--extra-body",
     "token_counting": "--token-counting",
 }
@@ -79,6 +80,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "--goodput", nargs="+", default=[], metavar="KEY:MS", help="SLOs, e.g. ttft:150 e2el:2000"
     )
     p.add_argument("--client-lag-bound-ms", type=float, default=10.0)
+    p.add_argument(
+        "--metrics-url",
+        default=None,
+        help="the target's Prometheus /metrics to scrape (default: BASE_URL/metrics)",
+    )
+    p.add_argument(
+        "--no-scrape-metrics",
+        action="store_true",
+        help="do not scrape the target's /metrics during the run",
+    )
     p.add_argument("--extra-body", default=None, help="JSON object merged into each request")
     p.add_argument("--api-key", default=None)
     p.add_argument("--engine", default=None, help="server engine, recorded (e.g. vllm)")
@@ -161,6 +172,8 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "max_duration_s": ns.max_duration,
         "goodput": parse_goodput(ns.goodput),
         "client_lag_bound_ms": ns.client_lag_bound_ms,
+        "metrics_url": ns.metrics_url,
+        "scrape_metrics": not ns.no_scrape_metrics,
         "extra_body": extra,
         "api_key": ns.api_key,
         "engine": ns.engine,

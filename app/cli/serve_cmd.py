@@ -59,8 +59,19 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     return {"serve": cmd_serve, "token": cmd_token}
 
 
-def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
+def _run(app: Any, settings: Any, ns: argparse.Namespace) -> None:
     import uvicorn
+
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=ns.log_level,
+        access_log=ns.access_log,
+    )
+
+
+def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
 
     from app.api import create_app
     from app.settings import Settings
@@ -79,12 +90,12 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
     settings = Settings(**overrides)
     app = create_app(settings)
     if not ns.demo:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=ns.log_level, access_log=ns.access_log)
+        _run(app, settings, ns)
         return 0
     from app.services.demo import demo_environment
 
     with demo_environment(settings, console, sim_port=ns.demo_port):
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=ns.log_level, access_log=ns.access_log)
+        _run(app, settings, ns)
     return 0
 
 

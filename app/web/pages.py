@@ -21,8 +21,8 @@ from app.storage.db import session_scope
 from app.web import figures as fg
 from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
-from app.web.runpage import PROFILE_NAMES, load_run, run_context
 from app.web.interop_page import add_interop
+from app.web.runpage import PROFILE_NAMES, load_run, run_context
 
 router = APIRouter(include_in_schema=False)
 
