@@ -21,6 +21,7 @@ from app.analysis import roofline as rl
 from app.analysis.device_presets import device_preset, preset_for_device_name
 from app.analysis.model_presets import ModelConfig, dtype_bytes
 from app.storage import probes as probe_repo
+from app.storage import repository as repo
 from app.storage.models import Worker
 from app.wire import RunMeta, WorkerCapabilities
 
@@ -49,6 +50,17 @@ def stamp_meta(session: Session, worker_id: str | None, meta: RunMeta | None) ->
     stamp = worker_stamp(session, worker_id)
     if meta is not None and stamp is not None:
         meta.load_stats["worker"] = stamp
+
+
+def stamp_run(session: Session, run_id: str, worker_id: str | None, meta: RunMeta | None) -> None:
+    """``stamp_meta``, or with no ``RunMeta`` (nothing measured), straight into the run."""
+    if meta is not None:
+        stamp_meta(session, worker_id, meta)
+        return
+    stamp = worker_stamp(session, worker_id)
+    run = repo.find_run(session, run_id)
+    if stamp is not None and run is not None:
+        repo.update_run(session, run_id, load_stats=dict(run.load_stats or {}) | {"worker": stamp})
 
 
 def worker_gpus(load_stats: dict[str, Any] | None) -> list[str]:

@@ -245,7 +245,7 @@ def complete_step(
             "upload them, then complete the step again"
         )
     outcome = job_svc.decide(session, job, step.run_id, req.status, req.error, req.run_meta)
-    hardware.stamp_meta(session, job.worker_id, req.run_meta)
+    hardware.stamp_run(session, step.run_id, job.worker_id, req.run_meta)
     if req.run_meta is not None:
         meta = req.run_meta
         changes = {"client_host": meta.client_host, "client_version": meta.client_version}
