@@ -24,6 +24,7 @@ from app.loadgen.sim_config import SimConfig
 from app.loadgen.simulator import start_simulator_thread
 from app.services.file_imports import import_path, import_text
 from app.services.runs import execute_bench, open_database, run_report
+from app.storage import compare_repo
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -157,6 +158,16 @@ def test_summary_only_import_page_says_so(sqlite_url: str) -> None:
         page = api.client.get(f"/runs/{ids[0]}").text
         assert "Summary-only run" in page and "compare them" in page
         assert "GuideLLM 0.8.1" in page
+        # the file's benchmarks form one sweep, a step per benchmark at its stated load
+        with session_scope(api.sessions) as s:
+            sweep_id = compare_repo.sweep_ids_of_runs(s, ids)[ids[0]]
+            steps = compare_repo.sweep_steps(s, sweep_id)
+            assert [(st.run_id, st.load, st.load_kind) for st in steps] == [
+                (ids[0], 1.0, "concurrency"),
+                (ids[1], 2.0, "concurrency"),
+            ]
+        sweep_page = api.client.get(f"/sweeps/{sweep_id}")
+        assert sweep_page.status_code == 200 and ids[1] in sweep_page.text
 
 
 def test_server_metrics_scraped_during_a_local_run(tmp_path: Path) -> None:

@@ -167,6 +167,27 @@ def _strategy(bench: dict[str, Any]) -> str:
     return kind
 
 
+def _load(bench: dict[str, Any]) -> tuple[float | None, str]:
+    """The offered load of a benchmark: (rate in req/s, "rate") or (streams, "concurrency");
+    (None, "index") for a throughput (unbounded) benchmark."""
+    cfg = bench.get("config") if isinstance(bench.get("config"), dict) else {}
+    strat = cfg.get("strategy") if isinstance(cfg, dict) else None
+    if not isinstance(strat, dict):
+        return None, "index"
+    kind = str(strat.get("type_") or strat.get("type") or "")
+    if kind == "synchronous":
+        return 1.0, "concurrency"
+    for key, load_kind in (
+        ("rate", "rate"),
+        ("streams", "concurrency"),
+        ("max_concurrency", "concurrency"),
+    ):
+        v = strat.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return float(v), load_kind
+    return None, "index"
+
+
 def parse_guidellm(text: str, *, name: str = "guidellm") -> list[ImportedRun]:
     """One run per benchmark; ``ImportFormatError`` names the first bad field."""
     objs = json_objects(text)
@@ -208,6 +229,8 @@ def parse_guidellm(text: str, *, name: str = "guidellm") -> list[ImportedRun]:
                     "guidellm_version": version,
                     "benchmark_index": k,
                     "strategy": strategy,
+                    "load": _load(bench)[0],
+                    "load_kind": _load(bench)[1],
                     "duration_s": duration,
                     "start_time": bench.get("start_time"),
                     "end_time": bench.get("end_time"),

@@ -24,6 +24,7 @@ from app.importers.guidellm_json import parse_guidellm
 from app.importers.vllm_result import parse_vllm_result
 from app.services.imports import read_import_text
 from app.services.runs import headline, run_report
+from app.storage import compare_repo
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -122,11 +123,51 @@ def store_imported(
                 meta=run.meta,
             )
             ids.append(run_id)
+        if len(runs) > 1 and all(r.format == "guidellm" for r in runs):
+            _group_as_sweep(s, runs, ids, file_name=file_name)
     for run_id in ids:
         report = run_report(sessions, run_id)
         with session_scope(sessions) as s:
             repo.finish_run(s, run_id, summary=headline(report))
     return ids
+
+
+def _achieved_rate(run: ImportedRun) -> float:
+    fig = run.figures.get("request_throughput")
+    value = fig.get("value") if isinstance(fig, dict) else None
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _group_as_sweep(
+    s: Session, runs: list[ImportedRun], ids: list[str], *, file_name: str | None
+) -> str:
+    """A GuideLLM file's benchmarks are one sweep, a step per benchmark at its offered load.
+    When the file does not state one kind of offered load for every benchmark (a
+    synchronous + throughput + constant-rate profile), each step's load is the request rate
+    the file measured, and the sweep's spec says so."""
+    loads = [r.meta.get("load") for r in runs]
+    kinds = {str(r.meta.get("load_kind")) for r in runs}
+    stated = all(isinstance(x, int | float) for x in loads) and len(kinds) == 1
+    load_kind = kinds.pop() if stated else "rate"
+    if stated:
+        values = [float(x) for x in loads]  # type: ignore[arg-type]
+        basis = "offered load stated in the file"
+    else:
+        values = [_achieved_rate(r) for r in runs]
+        basis = "achieved request rate measured by GuideLLM (no common offered load stated)"
+    sweep_id = compare_repo.create_sweep(
+        s,
+        spec={"source": "import:guidellm", "file": file_name, "loads": basis},
+        mode="concurrencies" if load_kind == "concurrency" else "rates",
+        loads=values,
+        name=f"{file_name or 'GuideLLM file'} (imported)",
+        status="succeeded",
+    )
+    for k, (run_id, load) in enumerate(zip(ids, values, strict=True)):
+        compare_repo.add_step(
+            s, sweep_id, step_idx=k, run_id=run_id, load=load, load_kind=load_kind
+        )
+    return sweep_id
 
 
 def import_text(
