@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -80,16 +81,39 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def request_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def iter_request_pages(
+    sessions: sessionmaker[Session], run_id: str
+) -> Iterator[list[dict[str, Any]]]:
+    """The run's request rows (``request_row``), a page of ``PAGE`` at a time."""
     offset = 0
     while True:
         with session_scope(sessions) as s:
             rows = browse.request_rows(s, run_id, limit=PAGE, offset=offset)
-        out.extend(request_row(r) for r in rows)
+        yield [request_row(r) for r in rows]
         if len(rows) < PAGE:
-            return out
+            return
         offset += PAGE
+
+
+def request_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
+    return [r for page in iter_request_pages(sessions, run_id) for r in page]
+
+
+def iter_requests_csv(sessions: sessionmaker[Session], run_id: str) -> Iterator[str]:
+    """requests.csv streamed page by page (a page's text per chunk)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(REQUEST_COLUMNS)
+    for page in iter_request_pages(sessions, run_id):
+        for r in page:
+            w.writerow(_csv_cells(r, REQUEST_COLUMNS))
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+
+
+def _csv_cells(r: dict[str, Any], columns: tuple[str, ...]) -> list[Any]:
+    return ["" if r[c] is None else r[c] for c in columns]
 
 
 def event_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
@@ -127,7 +151,7 @@ def to_csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> bytes:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
     for r in rows:
-        w.writerow(["" if r[c] is None else r[c] for c in columns])
+        w.writerow(_csv_cells(r, columns))
     return buf.getvalue().encode("utf-8")
 
 
