@@ -37,7 +37,7 @@ from app.loadgen.records import build_record
 from app.loadgen.runner import LoadResult, Progress, run_load, run_load_sync
 from app.loadgen.tokenizer import BuiltinTokenizer
 
-FIXTURES = Path("/work/shared/fixtures/sse")
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
 LINUX = sys.platform.startswith("linux")
 
 # --------------------------------------------------------------------------- test server
@@ -352,10 +352,7 @@ def test_stream_ok(endpoint: str) -> None:
 )
 @pytest.mark.parametrize("mode", ["chunked", "until_close", "no_done_chunked"])
 def test_fixture_replay_over_socket(name: str, mode: str) -> None:
-    p = FIXTURES / name
-    if not p.is_file():
-        pytest.skip("fixtures not available")
-    raw_bytes = p.read_bytes()
+    raw_bytes = (FIXTURES / name).read_bytes()
     if mode == "no_done_chunked":
         raw_bytes = raw_bytes.replace(b"data: [DONE]\n\n", b"")
     behaviour = (

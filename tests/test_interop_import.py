@@ -32,7 +32,7 @@ from app.loadgen.sim_config import SimConfig
 from app.loadgen.simulator import SimServer
 
 FIX = Path(__file__).parent / "fixtures" / "interop"
-SHARED = Path("/work/shared/fixtures")
+SHARED = Path(__file__).resolve().parent / "fixtures" / "shared"
 
 # request: start (s), ttft (s), chunk gaps (s), output tokens, error
 REQS: list[tuple[float, float, list[float], int, str]] = [

@@ -11,9 +11,8 @@ from app.domain import EventKind
 from app.loadgen.events import classify
 from app.loadgen.sse import SSEEvent, SSEEventTooLarge, SSEParser
 
-FIXTURES = Path("/work/shared/fixtures/sse")
-if not FIXTURES.is_dir():  # a checkout may carry its own copy
-    FIXTURES = Path(__file__).resolve().parents[1] / "shared" / "fixtures" / "sse"
+# Real captures from ../shared/fixtures, copied byte for byte (see tests/fixtures/shared).
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
 NAMES = [
     "llamacpp-chat.sse",
     "llamacpp-completions.sse",
@@ -23,10 +22,7 @@ NAMES = [
 
 
 def fixture(name: str) -> bytes:
-    p = FIXTURES / name
-    if not p.is_file():
-        pytest.skip(f"fixture {p} not available")
-    return p.read_bytes()
+    return (FIXTURES / name).read_bytes()
 
 
 def parse_all(parts: list[bytes]) -> list[SSEEvent]:

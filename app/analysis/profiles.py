@@ -6,7 +6,7 @@ with its definition text, count, mean, std and p50/p90/p95/p99/p99.9/max, or a s
 definitions alone: every profile reads the same events and divides throughputs by the same
 observation window (``metrics.default_window`` unless one is given).
 
-Sources (see docs/metrics.md and /work/shared/ANCHORS.md): vLLM ``bench serve`` 0.33,
+Sources (see docs/metrics.md): vLLM ``bench serve`` 0.33,
 GuideLLM 0.8, AIPerf 0.13.
 """
 

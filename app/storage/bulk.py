@@ -48,9 +48,7 @@ def upsert_statement(dialect: str, *, replace: bool) -> Insert:
     elif dialect == "postgresql":
         stmt = postgresql.insert(table)
     else:
-        raise NotImplementedError(
-            f"bulk insert is implemented for sqlite and postgresql, not {dialect}"
-        )
+        raise ValueError(f"bulk insert supports sqlite and postgresql, not {dialect}")
     if replace:
         keep = {"id", *_KEY}
         stmt = stmt.on_conflict_do_update(
