@@ -54,7 +54,7 @@ from typing import Any, Protocol
 import h11
 
 from app.loadgen.sim_config import FAULT_ORDER, Fault, SimConfig
-from app.loadgen.tokenizer import _PRETOKEN, WORDS
+from app.loadgen.tokenizer import PRETOKEN, WORDS
 
 __all__ = [
     "EVENT_KINDS",
@@ -106,7 +106,7 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 def _count_tokens(text: str) -> int:
     """``BuiltinTokenizer().count(text)``, with the matching done in C (long prompts)."""
-    return len(_PRETOKEN.findall(text))
+    return len(PRETOKEN.findall(text))
 
 
 def _frame(payload: bytes) -> bytes:
