@@ -84,6 +84,7 @@ def test_every_page_loads_without_console_errors(
     urls = [
         "/",
         "/workers",
+        "/sweeps",
         "/launch",
         "/signin",
         f"/compare?ids={seeded.normal}&ids={seeded.one}",

@@ -99,6 +99,18 @@ def step_of_run(session: Session, run_id: str) -> SweepStep | None:
     return session.scalar(select(SweepStep).where(SweepStep.run_id == run_id))
 
 
+def step_counts(session: Session, sweep_ids: list[str]) -> dict[str, int]:
+    """The number of step rows (probe steps included) of each sweep; absent means none."""
+    if not sweep_ids:
+        return {}
+    stmt = (
+        select(SweepStep.sweep_id, func.count())
+        .where(SweepStep.sweep_id.in_(sweep_ids))
+        .group_by(SweepStep.sweep_id)
+    )
+    return {sid: int(n) for sid, n in session.execute(stmt)}
+
+
 def sweep_ids_of_runs(session: Session, run_ids: list[str]) -> dict[str, str]:
     if not run_ids:
         return {}

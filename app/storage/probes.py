@@ -173,6 +173,12 @@ def job_telemetry(session: Session, job_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def has_telemetry(session: Session, job_id: str) -> bool:
+    """Whether any telemetry upload of the job is stored."""
+    stmt = select(JobTelemetry.id).where(JobTelemetry.job_id == job_id).limit(1)
+    return session.scalar(stmt) is not None
+
+
 # ---------------------------------------------------------------------------- annotations
 
 

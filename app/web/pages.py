@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from app.domain import RunStatus
 from app.services import runs as run_svc
-from app.storage import browse
+from app.storage import browse, compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage import views as view_repo
@@ -81,12 +81,14 @@ def runs_page(
             s, [r.id for r in runs if str(r.status) in views.ACTIVE_RUN_STATES]
         )
         rows = [views.run_row(r, jobs.get(r.id)) for r in runs]
+        sweep_of = compare_repo.sweep_ids_of_runs(s, [r.id for r in runs])
     return render(
         request,
         "runs.html",
         {
             "nav": "runs",
             "rows": rows,
+            "sweep_of": sweep_of,
             "total": total,
             "filters": filters,
             "statuses": [s.value for s in RunStatus],

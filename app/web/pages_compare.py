@@ -182,6 +182,32 @@ def _sweep_figures(summaries: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+@router.get("/sweeps")
+def sweeps_page(request: Request) -> Response:
+    """Every sweep, newest first (max goodput is on each sweep's page: it needs the traces)."""
+    principal, redirect = _gate(request)
+    if redirect is not None:
+        return redirect
+    with session_scope(sessions_of(request)) as s:
+        rows = compare_repo.list_sweeps(s, limit=500)
+        counts = compare_repo.step_counts(s, [w.id for w in rows])
+        sweeps = [
+            {
+                "id": w.id,
+                "name": w.name,
+                "mode": w.mode,
+                "loads": list(w.loads or []),
+                "status": w.status,
+                "stop_reason": w.stop_reason,
+                "created_at": w.created_at,
+                "model": (w.spec or {}).get("model"),
+                "steps": counts.get(w.id, 0),
+            }
+            for w in rows
+        ]
+    return render(request, "sweeps.html", {"nav": "sweeps", "sweeps": sweeps}, principal=principal)
+
+
 @router.get("/sweeps/{sweep_id}")
 async def sweep_page(request: Request, sweep_id: str) -> Response:
     principal, redirect = _gate(request)
@@ -202,6 +228,6 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
     return render(
         request,
         "sweep.html",
-        {"nav": "runs", "sweep": summ, "names": names, "figures": _sweep_figures([summ])},
+        {"nav": "sweeps", "sweep": summ, "names": names, "figures": _sweep_figures([summ])},
         principal=principal,
     )

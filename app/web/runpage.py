@@ -13,7 +13,9 @@ from app.domain import RunTrace
 from app.services import compare as compare_svc
 from app.services import hardware
 from app.services import runs as run_svc
+from app.storage import compare_repo
 from app.storage import jobs as job_repo
+from app.storage import probes as probe_repo
 from app.storage import repository as repo
 from app.storage import views as view_repo
 from app.storage.db import session_scope
@@ -33,6 +35,8 @@ class RunData:
     job: views.JobView | None
     note: str | None
     roofline: tuple[float | None, str] = (None, hardware.DEFAULT_DEVICE_TEXT)  # TPOT floor
+    sweep_step: tuple[str, int] | None = None  # (sweep id, step index) of a sweep step
+    telemetry_job_id: str | None = None  # the job whose device telemetry is stored
 
 
 def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
@@ -55,7 +59,23 @@ def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
             if job is not None and job.state not in ("succeeded", "failed", "cancelled")
             else None
         )
-    return RunData(run, trace, sched, sent, indexes, job_v, note, floor)
+        step = compare_repo.step_of_run(s, run_id)
+        sweep_step = (step.sweep_id, step.step_idx) if step is not None else None
+        tele = _telemetry_job(s, job.id if job is not None else None, sweep_step)
+    return RunData(run, trace, sched, sent, indexes, job_v, note, floor, sweep_step, tele)
+
+
+def _telemetry_job(
+    s: Session, job_id: str | None, sweep_step: tuple[str, int] | None
+) -> str | None:
+    """The run's job when it has telemetry; for a sweep step, else the sweep's job."""
+    if job_id is not None and probe_repo.has_telemetry(s, job_id):
+        return job_id
+    if sweep_step is not None:
+        sweep = compare_repo.find_sweep(s, sweep_step[0])
+        if sweep is not None and sweep.job_id and probe_repo.has_telemetry(s, sweep.job_id):
+            return sweep.job_id
+    return None
 
 
 def build_report(
@@ -122,6 +142,8 @@ def run_context(
         "failed_by_status": (metrics.get("requests") or {}).get("failed_by_status") or {},
         "figures": figures_json(data),
         "job": data.job,
+        "sweep_step": data.sweep_step,
+        "telemetry_job_id": data.telemetry_job_id,
         "n_requests": data.trace.n_requests,
         "n_events": data.trace.n_events,
         "summary_only": data.trace.summary_only,
