@@ -249,6 +249,7 @@ async def one_request(
     timeout_s: float = 5.0,
     kernel: bool = True,
     max_event_bytes: int = 1 << 20,
+    finalize: bool = True,
 ) -> RawStream:
     target = parse_target(url)
     body = request_body(
@@ -272,7 +273,7 @@ async def one_request(
         kernel_stamps=kernel,
         max_event_bytes=max_event_bytes,
     )
-    return await sr.run()
+    return await sr.run(finalize=finalize)
 
 
 def record_of(raw: RawStream, counting: str = "auto") -> Any:
@@ -792,3 +793,78 @@ def test_content_length_response() -> None:
     raw = run(main())
     assert raw.status is RequestStatus.OK and sum(raw.ev_bytes) == len(raw_bytes)
     assert record_of(raw).output_tokens == 24
+
+
+def test_postprocessing_in_pieces_matches_at_once() -> None:
+    """The runner post-processes a finished stream in resumable pieces (body decoding, SSE
+    splitting, batches of events): the record must be the one ``build_record`` makes at once."""
+    import copy
+    import dataclasses
+
+    from app.loadgen.records import record_steps
+
+    async def main() -> RawStream:
+        async with Server(stream(n=300, gap_s=0.0)) as srv:
+            return await one_request(srv.url, finalize=False)
+
+    raw = run(main())
+    assert not raw.finalized
+    twin = copy.deepcopy(raw)
+    want = record_of(raw)
+    steps = record_steps(
+        twin,
+        index=0,
+        scheduled_ns=0,
+        run_start_ns=twin.t0_ns,
+        tokenizer=BuiltinTokenizer(),
+        token_counting="auto",
+    )
+    pieces = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            got = done.value
+            break
+        pieces += 1
+    assert pieces >= 8  # 300+ events: several pieces of decoding, splitting, classifying
+    assert want.status is RequestStatus.OK and want.output_tokens == 300
+    for f in dataclasses.fields(want):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), f.name
+        else:
+            assert a == b, f.name
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+def test_long_stream_any_line_ending(eol: bytes) -> None:
+    """Finalizing in pieces (LF-only payloads) or whole (CR) gives every event of a long
+    stream, stamped in order."""
+    body = b"".join(content_ev(" the", True) for _ in range(200)) + b"data: [DONE]\n\n"
+    body = body.replace(b"\n", eol)
+
+    async def main() -> RawStream:
+        async with Server(replay_chunked(body.replace(eol, b"\n"))) as srv:
+            return await one_request(srv.url, finalize=False)
+
+    raw = run(main())
+    if eol != b"\n":  # same reads, other line endings: rewrite the captured body in place
+        raw.buf = bytearray(bytes(raw.buf[: raw.body_start]))
+        raw.buf += (
+            b"".join(
+                b"%x\r\n%s\r\n" % (len(ev), ev)
+                for ev in [body[i : i + 997] for i in range(0, len(body), 997)]
+            )
+            + b"0\r\n\r\n"
+        )
+        raw.read_end = [len(raw.buf)]
+        raw.read_t = raw.read_t[-1:]
+        raw.read_user_t = raw.read_user_t[-1:]
+    rec = record_of(raw)
+    assert rec.status is RequestStatus.OK, rec.error
+    kinds = rec.event_kind.tolist()
+    assert kinds.count(EventKind.CONTENT) == 200 and kinds[-1] == EventKind.OTHER
+    assert rec.output_tokens == 200
+    assert int(rec.event_bytes.sum()) == len(body)
+    assert np.all(np.diff(rec.event_t_ns) >= 0)

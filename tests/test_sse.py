@@ -196,3 +196,104 @@ def test_classify_errors() -> None:
     s = classify(b'{"error":"boom"}')
     assert s.error is not None and "boom" in s.error
     assert classify(b"[1,2]").error is not None
+
+
+# ---- the per-stream Classifier (template fast path) must agree with classify exactly
+
+_CHUNK = (
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":%s},"finish_reason":null}]}'
+)
+
+
+def _classify_stream(datas: list[bytes | None]) -> None:
+    from app.loadgen.events import Classifier
+
+    c = Classifier()
+    for d in datas:
+        assert c.classify(d) == classify(d), d
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_classifier_matches_classify_on_fixtures(name: str) -> None:
+    from app.loadgen.events import Classifier
+
+    datas = [d for d, _ in parse_all([fixture(name)])]
+    _classify_stream(datas)
+    _classify_stream(datas * 3)
+    c = Classifier()
+    for d in datas:
+        c.classify(d)
+    assert c._templates  # the fast path is in use on every real server's chunks
+
+
+def test_classifier_matches_classify_on_tricky_chunks() -> None:
+    lits = [
+        b'"hello"',
+        b'" the"',
+        b'"\\u00e9t\\u00e9"',
+        '"été"'.encode(),
+        b'"a\\"b"',
+        b'"\\n"',
+        b'""',  # empty text: not a content event
+        b'"a", "content": "b"',  # two values in the slot
+        b'"a"} , "x": {"y": 1',
+        b'"unterminated',
+        b'"bad \\x escape"',
+        b'"ctl \x01 char"',
+        b'"\xff invalid utf-8"',
+        b'"\xed\xa0\x80 surrogate"',
+        b"null",
+        b"1",
+        b'"ok"',
+    ]
+    datas: list[bytes | None] = [_CHUNK % b'"seed"']
+    for lit in lits:
+        datas.append(_CHUNK % lit)
+        datas.append(_CHUNK % b'"again"')
+    datas += [
+        _CHUNK % b'"x"' + b" ",  # trailing whitespace
+        b" " + _CHUNK % b'"x"',
+        _CHUNK % b'"x"' + b"garbage",
+        _CHUNK.replace(b'"delta"', b'"error":"boom","delta"') % b'"x"',
+        b'{"error":{"message":"overloaded","code":503}}',
+        b"not json",
+        b"[DONE]",
+        None,
+        b"",
+        # the text value duplicated elsewhere: no template from it
+        _CHUNK.replace(b'"m"', b'"dup"') % b'"dup"',
+        _CHUNK.replace(b'"m"', b'"dup"') % b'"other"',
+        # duplicate "content" keys: the last one wins
+        _CHUNK % b'"first","content":"second"',
+        _CHUNK % b'"first","content":"third"',
+        # reasoning then content in the same template layout
+        _CHUNK.replace(b'"content"', b'"reasoning_content"') % b'"think"',
+        _CHUNK.replace(b'"content"', b'"reasoning_content"') % b'"more"',
+        _CHUNK.replace(b'"content"', b'"reasoning_content"') % b'""',
+        # completions layout and a usage chunk with the same prefix
+        b'{"choices":[{"text":"a","index":0}],"model":"m"}',
+        b'{"choices":[{"text":"b","index":0}],"model":"m"}',
+        b'{"choices":[{"text":"b","index":0}],"model":"m","usage":{"completion_tokens":2}}',
+    ]
+    _classify_stream(datas)
+    _classify_stream(list(reversed(datas)))
+
+
+def test_split_events_in_pieces_matches_whole() -> None:
+    from app.loadgen.sse import split_events
+
+    for name in NAMES:
+        raw = fixture(name)
+        lf = raw.replace(b"\r\n", b"\n")
+        for buf in (raw, lf, lf.replace(b"\n\n", b"\n\n\n"), lf + b"data: tail", raw + b"\r"):
+            want = split_events(buf)
+            for limit in (1, 2, 3, 7):
+                got: list[tuple[bytes | None, int, int]] = []
+                rest = 0
+                while True:
+                    evs, rest, err = split_events(buf, start=rest, limit=limit)
+                    got += evs
+                    if err is not None or len(evs) < limit or b"\r" in buf:
+                        break
+                assert (got, rest, err) == want

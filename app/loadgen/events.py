@@ -9,12 +9,16 @@ event is not valid stream data (non-JSON data line, ``{"error": ...}`` object).
 from __future__ import annotations
 
 import json
+import json.decoder
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from app.domain import EventKind
 
 DONE = b"[DONE]"
 _SNIPPET = 200
+# decodes one JSON string literal (C accelerated); not in the typing stubs
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
 
 class Classified(NamedTuple):
@@ -84,3 +88,84 @@ def classify(data: bytes | None) -> Classified:
     if reasoning:
         return Classified(EventKind.REASONING, "".join(reasoning), usage, None)
     return Classified(EventKind.ROLE, "", usage, None)
+
+
+_PROBE = "\x01tokentrace-probe\x02"
+_MAX_TEMPLATES = 2
+_MAX_TEMPLATE_TRIES = 4
+
+
+class Classifier:
+    """``classify`` for the events of one stream, with a fast path for repeated chunks.
+
+    A server streams nearly identical JSON chunks that differ only in the generated text,
+    e.g. ``{"id":"x",...,"choices":[{"index":0,"delta":{"content":"<text>"},...}]}``. After
+    an event classified the full way as content or reasoning, the stream learns a template
+    from it: the bytes before and after the JSON string literal holding the text. A later
+    event that is exactly ``prefix + one JSON string literal + suffix`` has the same JSON
+    structure, so its classification is the template's with that string as the text: only
+    the string literal is decoded (``json.decoder.scanstring``), not the whole object.
+
+    Exactness: a template is only kept after a probe check (the template with a marker
+    string parses to the same kind with the marker as the whole text, no usage, no error);
+    anything that does not match a template byte for byte (error objects, non-JSON lines,
+    usage chunks, an empty text, a different layout) takes the full ``classify`` path.
+    """
+
+    __slots__ = ("_templates", "_tries")
+
+    def __init__(self) -> None:
+        self._templates: list[tuple[bytes, bytes, int, EventKind]] = []
+        self._tries = 0
+
+    def classify(self, data: bytes | None) -> Classified:
+        if data is not None:
+            for prefix, suffix, lmin, kind in self._templates:
+                if len(data) > lmin and data.startswith(prefix) and data.endswith(suffix):
+                    mid = data[len(prefix) : len(data) - len(suffix)]
+                    if mid[:1] != b'"':
+                        break
+                    try:
+                        s = mid.decode()
+                        text, end = _scanstring(s, 1, True)
+                    except ValueError:  # UnicodeDecodeError is a ValueError
+                        break
+                    if end == len(s) and text:
+                        return Classified(kind, text, None, None)
+                    break
+        c = classify(data)
+        if (
+            data is not None
+            and c.text
+            and c.usage is None
+            and c.error is None
+            and self._tries < _MAX_TEMPLATE_TRIES
+        ):
+            self._learn(data, c)
+        return c
+
+    def _learn(self, data: bytes, c: Classified) -> None:
+        self._tries += 1
+        doc = data.strip()
+        found: tuple[int, int] | None = None
+        for ascii_only in (False, True):
+            try:
+                lit = json.dumps(c.text, ensure_ascii=ascii_only).encode()
+            except UnicodeEncodeError:  # lone surrogates: the text has no UTF-8 literal
+                continue
+            i = doc.find(lit)
+            if i < 0 or doc.find(lit, i + 1) >= 0:
+                continue
+            found = (i, i + len(lit))
+            break
+        if found is None:
+            return
+        prefix, suffix = doc[: found[0]], doc[found[1] :]
+        if not prefix or not suffix:
+            return
+        probe = classify(prefix + json.dumps(_PROBE).encode() + suffix)
+        if probe != (c.kind, _PROBE, None, None):
+            return
+        if len(self._templates) >= _MAX_TEMPLATES:
+            self._templates.pop()  # the oldest
+        self._templates.insert(0, (prefix, suffix, len(prefix) + len(suffix) + 1, c.kind))

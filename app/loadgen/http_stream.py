@@ -47,7 +47,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -124,7 +124,8 @@ def keep_kernel_stamps_on() -> None:
     Linux turns receive timestamping on system-wide only while some socket wants it, and it
     does so asynchronously (a deferred static-key switch): the first segments a fresh socket
     receives right after ``setsockopt`` can come without a stamp. Turning it on early (at
-    clock setup, before any request) and keeping it on avoids that race.
+    clock setup, before any request), waiting until a datagram to itself comes back stamped
+    (at most ~0.5 s), and keeping it on avoids that race.
     """
     global _stamp_keeper
     if _stamp_keeper is not None or not kernel_stamps_supported():
@@ -132,6 +133,13 @@ def keep_kernel_stamps_on() -> None:
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(0.05)
+        for _ in range(10):
+            s.sendto(b"t", s.getsockname())
+            _data, anc, _flags, _addr = s.recvmsg(16, _ANCBUF)
+            if any(lvl == socket.SOL_SOCKET and typ == SCM_TIMESTAMPNS for lvl, typ, _ in anc):
+                break
     except OSError:
         return
     _stamp_keeper = s
@@ -314,6 +322,7 @@ _LAST_CHUNK = b"\r\n0\r\n\r\n"
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+FINALIZE_STEP_EVENTS = 64  # events stamped per resumable piece of RawStream.finalize_steps
 
 # How the capture ended (RawStream._end), decided in the read callback; ``finalize`` turns it
 # into status and error once the body has been decoded.
@@ -354,59 +363,74 @@ def dechunk(
     raw stream); whether the terminal chunk was reached; a framing error, if any (the
     payload before it is kept). An incomplete last chunk is not an error.
     """
+    steps = dechunk_steps(buf, start)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: tuple[bytes, list[int], list[int], bool, str | None] = done.value
+            return result
+
+
+def dechunk_steps(
+    buf: bytes | bytearray, start: int, step_chunks: int = 64
+) -> Generator[None, None, tuple[bytes, list[int], list[int], bool, str | None]]:
+    """``dechunk`` in resumable pieces: yields every ``step_chunks`` chunks (``buf`` must not
+    change meanwhile) and returns what ``dechunk`` returns."""
     mv = memoryview(buf)
     n = len(buf)
     pos = start
-    parts: list[bytes] = []
+    parts: list[memoryview] = []  # views into buf, joined (copied) once at the end
     seg_p: list[int] = []
     seg_r: list[int] = []
     plen = 0
+    find = buf.find
+    error: str | None = None
+    done = False
     try:
         while pos < n:
-            i = buf.find(b"\n", pos)
+            if len(parts) % step_chunks == step_chunks - 1:
+                yield
+            i = find(b"\n", pos)
             if i < 0:
                 if n - pos > 1024:
-                    return (
-                        b"".join(parts),
-                        seg_p,
-                        seg_r,
-                        False,
-                        ("chunked body: chunk-size line too long"),
-                    )
+                    error = "chunked body: chunk-size line too long"
                 break
-            line = bytes(buf[pos:i]).split(b";", 1)[0].strip()
+            line = buf[pos:i]
+            if b";" in line:
+                line = line.split(b";", 1)[0]
+            line = line.strip()
             try:
                 size = int(line, 16)
             except ValueError:
-                msg = f"chunked body: bad chunk size {line[:40]!r}"
-                return b"".join(parts), seg_p, seg_r, False, msg
+                error = f"chunked body: bad chunk size {bytes(line[:40])!r}"
+                break
             if size < 0:
-                return b"".join(parts), seg_p, seg_r, False, "chunked body: negative chunk size"
+                error = "chunked body: negative chunk size"
+                break
             pos = i + 1
             if size == 0:
-                return b"".join(parts), seg_p, seg_r, True, None
+                done = True
+                break
             end = pos + size
             seg_p.append(plen)
             seg_r.append(pos)
             if end > n:  # cut off inside this chunk's data
-                parts.append(bytes(mv[pos:n]))
+                parts.append(mv[pos:n])
                 break
-            parts.append(bytes(mv[pos:end]))
+            parts.append(mv[pos:end])
             plen += size
             if n - end < 2:
                 break
-            if buf[end : end + 2] != b"\r\n":
-                return (
-                    b"".join(parts),
-                    seg_p,
-                    seg_r,
-                    False,
-                    ("chunked body: missing CRLF after chunk data"),
-                )
+            if buf[end] != 13 or buf[end + 1] != 10:
+                error = "chunked body: missing CRLF after chunk data"
+                break
             pos = end + 2
+        payload = b"".join(parts)
     finally:
+        parts.clear()
         mv.release()
-    return b"".join(parts), seg_p, seg_r, False, None
+    return payload, seg_p, seg_r, done, error
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
@@ -480,11 +504,19 @@ class RawStream:
 
     def finalize(self) -> RawStream:
         """Decode the captured body into events (idempotent); never raises."""
+        for _ in self.finalize_steps():
+            pass
+        return self
+
+    def finalize_steps(self) -> Iterator[None]:
+        """``finalize`` in resumable pieces: it yields between pieces (body decoding, SSE
+        splitting, every ``FINALIZE_STEP_EVENTS`` events stamped) so a caller can serve I/O
+        in between. The stream is final once the iterator is exhausted."""
         if self.finalized:
-            return self
+            return
         self.finalized = True
         try:
-            self._finalize()
+            yield from self._finalize()
         except Exception as e:  # a bug here must not lose the request
             self.status = RequestStatus.ERROR
             self.error = f"client failed to decode the stream: {e!r}"
@@ -492,9 +524,8 @@ class RawStream:
         self.read_t = []
         self.read_user_t = []
         self.read_end = []
-        return self
 
-    def _finalize(self) -> None:
+    def _finalize(self) -> Iterator[None]:
         end = self.end_kind
         if self.mode == _MODE_HEAD:
             if self.count_events:
@@ -508,7 +539,7 @@ class RawStream:
         body_error: str | None = None
         complete = end in (_END_BODY, _END_DONE)
         if mode == _MODE_CHUNKED:
-            payload, seg_p, seg_r, chunk_done, body_error = dechunk(buf, bs)
+            payload, seg_p, seg_r, chunk_done, body_error = yield from dechunk_steps(buf, bs)
             if chunk_done:
                 complete = complete or end == _END_EOF  # terminal chunk with trailers
         elif mode == _MODE_LENGTH:
@@ -519,6 +550,7 @@ class RawStream:
             payload = bytes(buf[bs:])
             complete = complete or end == _END_EOF
         self.body_bytes = len(payload)
+        yield
         if self.http_status != 200:
             if complete and self.status is RequestStatus.OK:
                 self.status = RequestStatus.ERROR
@@ -526,7 +558,6 @@ class RawStream:
             elif self.count_events:
                 self.error = f"{self.error} (0 events received)"
             return
-        events, rest, sse_error = split_events(payload, self.max_event_bytes)
         ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
         rt, ru, re_ = self.read_t, self.read_user_t, self.read_end
         nseg = len(seg_p)
@@ -534,20 +565,30 @@ class RawStream:
         k = 0  # current read
         nreads = len(re_)
         done_i = -1
-        for data, nbytes, e in events:
-            last = e - 1  # payload offset of the event's last byte
-            while s + 1 < nseg and seg_p[s + 1] <= last:
-                s += 1
-            raw_pos = seg_r[s] + (last - seg_p[s])
-            while k + 1 < nreads and re_[k] <= raw_pos:
-                k += 1
-            ev_t.append(rt[k])
-            ev_u.append(ru[k])
-            ev_b.append(nbytes)
-            ev_d.append(data)
-            if data == _DONE:
-                done_i = len(ev_t) - 1
+        # LF-only payloads are split a piece at a time; one using CR is split whole
+        step = 0 if b"\r" in payload else FINALIZE_STEP_EVENTS
+        rest = 0
+        while done_i < 0:  # split and stamp the events, a resumable piece at a time
+            events, rest, sse_error = split_events(
+                payload, self.max_event_bytes, start=rest, limit=step
+            )
+            for data, nbytes, e in events:
+                last = e - 1  # payload offset of the event's last byte
+                while s + 1 < nseg and seg_p[s + 1] <= last:
+                    s += 1
+                raw_pos = seg_r[s] + (last - seg_p[s])
+                while k + 1 < nreads and re_[k] <= raw_pos:
+                    k += 1
+                ev_t.append(rt[k])
+                ev_u.append(ru[k])
+                ev_b.append(nbytes)
+                ev_d.append(data)
+                if data == _DONE:
+                    done_i = len(ev_t) - 1
+                    break
+            if not step or sse_error is not None or len(events) < step:
                 break
+            yield
         if done_i >= 0:
             self.done_ns = ev_t[done_i]
             if self.status is RequestStatus.OK or end in (_END_EOF, _END_CAP):

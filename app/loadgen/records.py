@@ -15,14 +15,17 @@ both counts are always recorded so reports can flag disagreement.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 
-from app.domain import TOKEN_KINDS, EventKind, RequestRecord, RequestStatus, TokenCounting
-from app.loadgen.events import classify
+from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus, TokenCounting
+from app.loadgen.events import Classifier
 from app.loadgen.http_stream import RawStream
 from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
+
+RECORD_STEP_EVENTS = 48  # events classified per resumable piece of record_steps
 
 
 def _int_or_none(usage: dict[str, Any] | None, key: str) -> int | None:
@@ -43,24 +46,61 @@ def build_record(
     warmup: bool = False,
     input_tokens: int | None = None,
 ) -> RequestRecord:
-    raw.finalize()  # no-op when already decoded
+    """``record_steps`` at once."""
+    steps = record_steps(
+        raw,
+        index=index,
+        scheduled_ns=scheduled_ns,
+        run_start_ns=run_start_ns,
+        tokenizer=tokenizer,
+        token_counting=token_counting,
+        warmup=warmup,
+        input_tokens=input_tokens,
+    )
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            rec: RequestRecord = done.value
+            return rec
+
+
+def record_steps(
+    raw: RawStream,
+    *,
+    index: int,
+    scheduled_ns: int,
+    run_start_ns: int,
+    tokenizer: BuiltinTokenizer | HFTokenizer,
+    token_counting: TokenCounting,
+    warmup: bool = False,
+    input_tokens: int | None = None,
+) -> Generator[None, None, RequestRecord]:
+    """Build the record in resumable pieces: yields between pieces (finalizing the stream,
+    every ``RECORD_STEP_EVENTS`` events classified, token counting) and returns the record."""
+    yield from raw.finalize_steps()  # nothing to do when already decoded
     n = len(raw.ev_t)
-    kinds = np.full(n, int(EventKind.OTHER), np.int8)
+    kind_list: list[int] = []
     texts: list[str] = []
     token_idx: list[int] = []
     usage: dict[str, Any] | None = None
     stream_error: str | None = None
+    classify = Classifier().classify
     for i, data in enumerate(raw.ev_data):
-        c = classify(data)
-        kinds[i] = c.kind
-        if c.usage is not None:
-            usage = c.usage
-        if c.error is not None and stream_error is None:
-            stream_error = c.error
-        if c.kind in TOKEN_KINDS:
-            texts.append(c.text)
+        if i % RECORD_STEP_EVENTS == RECORD_STEP_EVENTS - 1:
+            yield
+        kind, text, ev_usage, ev_error = classify(data)
+        kind_list.append(kind)
+        if ev_usage is not None:
+            usage = ev_usage
+        if ev_error is not None and stream_error is None:
+            stream_error = ev_error
+        if kind in TOKEN_KINDS:
+            texts.append(text)
             token_idx.append(i)
+    kinds = np.array(kind_list, np.int8)
 
+    yield
     counts = tokens_per_chunk(tokenizer, texts)
     tok_total = sum(counts)
     usage_ct = _int_or_none(usage, "completion_tokens")

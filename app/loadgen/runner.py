@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -47,12 +47,12 @@ from app.loadgen.http_stream import (
     reserve_fds,
     resolve,
 )
-from app.loadgen.records import build_record
+from app.loadgen.records import record_steps
 from app.loadgen.shapes import schedule_for
 from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
 
 MONITOR_PERIOD_S = 0.005
-POSTPROCESS_SLICE_NS = 500_000  # post-processing work between two I/O rounds
+POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
 BURST_STARTS = 4  # request starts between two I/O rounds during a burst
 CLOCK_RESAMPLE_S = 1.0
 PROGRESS_PERIOD_S = 0.5
@@ -168,6 +168,7 @@ class _Run:
         self.in_flight = 0
         self.backlog: deque[tuple[_Item, RawStream, int]] = deque()
         self.backlog_ready = asyncio.Event()
+        self.current: Iterator[None] | None = None  # the stream being post-processed
         self.finished = 0
         self.max_in_flight = 0
         self.done = 0
@@ -293,27 +294,44 @@ class _Run:
         self.backlog_ready.set()
 
     async def postprocess(self) -> None:
-        """Decode and classify finished streams in slices of <= ~0.5 ms between I/O rounds,
-        so body decoding, SSE splitting, JSON parsing and token counting never hold up
-        reads for long."""
+        """Decode and classify finished streams in resumable pieces (~0.1 ms each: body
+        decoding, SSE splitting, a batch of events stamped or classified, token counting)
+        run in slices of <= ~POSTPROCESS_SLICE_NS between I/O rounds, so no post-processing
+        holds up reads for long, not even one long stream's."""
         while True:
-            if not self.backlog:
+            if self.current is None and not self.backlog:
                 self.backlog_ready.clear()
                 await self.backlog_ready.wait()
                 continue
             t_end = time.monotonic_ns() + POSTPROCESS_SLICE_NS
-            while self.backlog and time.monotonic_ns() < t_end:
-                self.finish(*self.backlog.popleft())
+            while time.monotonic_ns() < t_end and self.step():
+                pass
             await asyncio.sleep(0)
 
+    def step(self) -> bool:
+        """Run one piece of post-processing; False when there is nothing left to do."""
+        if self.current is None:
+            if not self.backlog:
+                return False
+            self.current = self.finish_steps(*self.backlog.popleft())
+        try:
+            next(self.current)
+        except StopIteration:
+            self.current = None
+        return True
+
     def drain(self) -> None:
-        while self.backlog:
-            self.finish(*self.backlog.popleft())
+        while self.step():
+            pass
 
     def finish(self, it: _Item, raw: RawStream, due_ns: int) -> None:
+        """Post-process one finished stream at once."""
+        for _ in self.finish_steps(it, raw, due_ns):
+            pass
+
+    def finish_steps(self, it: _Item, raw: RawStream, due_ns: int) -> Iterator[None]:
         try:
-            raw.finalize()  # decode the body, split and stamp the SSE events
-            rec = build_record(
+            rec = yield from record_steps(
                 raw,
                 index=it.index,
                 scheduled_ns=it.scheduled_ns,
@@ -388,6 +406,11 @@ class _Run:
             await asyncio.sleep(MONITOR_PERIOD_S)
             now = time.monotonic_ns()
             self.loop_lag.append(max(0, now - t - period_ns))
+            # Objects that survived until now leave the cycle collector's view (O(1)): its
+            # older generations would otherwise grow with every stream's capture lists and
+            # records, and one collection over them stalls the loop for milliseconds.
+            # Cyclic garbage frozen this way is reclaimed after the run (``run_load``).
+            gc.freeze()
             if self.stop is not None and self.stop.is_set():
                 self.halt("stopped", "run stopped by the user")
             if self.deadline_ns is not None and now >= self.deadline_ns:

@@ -43,7 +43,12 @@ def _data_of_lines(lines: list[bytes]) -> bytes | None:
 
 
 def split_events(
-    buf: bytes, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, scan_from: int = 0
+    buf: bytes,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    scan_from: int = 0,
+    *,
+    start: int = 0,
+    limit: int = 0,
 ) -> tuple[list[SSEEventAt], int, str | None]:
     """Split a whole buffer at once: ``(events, rest, error)``.
 
@@ -51,20 +56,27 @@ def split_events(
     ``rest`` is where the trailing incomplete event starts; ``error`` is set (and the events
     before it kept) when an event is larger than ``max_event_bytes``. ``scan_from`` lets an
     incremental caller skip separators it already searched for (LF-only buffers).
+
+    ``limit`` > 0 returns after at most that many events, ``rest`` then being where the next
+    call (``start=rest``) resumes: splitting in such pieces gives the same events as one call.
+    This is for LF-only buffers (only the first call, ``start=0``, looks for ``\r``): a buffer
+    using ``\r`` is always split whole, ``limit`` ignored.
     """
-    if b"\r" in buf:
+    if not start and b"\r" in buf:
         return _split_lines(buf, max_event_bytes)
     out: list[SSEEventAt] = []
-    start = 0
-    i = buf.find(b"\n\n", scan_from)
+    find = buf.find
+    append = out.append
+    i = find(b"\n\n", max(scan_from, start))
     while i >= 0:
         if i - start > max_event_bytes:
             return out, start, f"SSE event larger than {max_event_bytes} bytes"
-        block = buf[start:i]
-        if block:
-            out.append((_data_of_lf(block), i + 2 - start, i + 2))
+        if i > start:
+            append((_data_of_lf(buf[start:i]), i + 2 - start, i + 2))
+            if len(out) == limit:
+                return out, i + 2, None
         start = i + 2
-        i = buf.find(b"\n\n", start)
+        i = find(b"\n\n", start)
     # a lone separator "\n" between events is absorbed into the next block
     if len(buf) - start > max_event_bytes:
         return out, start, _too_large_open(max_event_bytes)
