@@ -53,6 +53,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.domain import ClockSource, RequestStatus
+from app.loadgen.eventloop import StampingSelector, stamping_selector
 from app.loadgen.events import snippet
 from app.loadgen.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
 
@@ -654,7 +655,7 @@ class StreamRequest:
 
     __slots__ = (
         "_addr", "_anc", "_clock", "_done", "_family", "_finished", "_in_io", "_kernel",
-        "_loop", "_max_bytes", "_rbuf", "_reader_fd", "_req_bytes", "_sent", "_sock",
+        "_loop", "_max_bytes", "_rbuf", "_reader_fd", "_req_bytes", "_sel", "_sent", "_sock",
         "_target", "_task", "_timeout_s", "_timer", "_writer_fd", "raw",
     )  # fmt: skip
 
@@ -698,6 +699,7 @@ class StreamRequest:
         self._task: asyncio.Task[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sel: StampingSelector | None = None
         self._done: asyncio.Future[None] | None = None
 
     # ---- control
@@ -751,6 +753,7 @@ class StreamRequest:
         ``raw.finalize()`` later (the runner does it between I/O rounds)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._sel = stamping_selector(loop)
         self._done = loop.create_future()
         self._timer = loop.call_later(self._timeout_s, self._on_timeout)
         try:
@@ -895,14 +898,16 @@ class StreamRequest:
             self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
             return
         r = self.raw
-        stamp = t_user
+        # user-space stamp: when the poll that reported this socket returned (the data was
+        # there then), else now
+        sel = self._sel
+        stamp = sel.ready_ns if sel is not None and 0 < sel.ready_ns <= t_user else t_user
         if anc:
             for level, typ, cdata in anc:
                 if level == _SOL_SOCKET and typ == SCM_TIMESTAMPNS:
                     sec, nsec = _TIMESPEC.unpack_from(cdata)
                     k = sec * 1_000_000_000 + nsec - self._clock.offset_ns
-                    if k < t_user:
-                        stamp = k
+                    stamp = k if k < t_user else t_user
             r.kernel_reads += 1
         elif n:
             r.user_reads += 1

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
+from app.loadgen import eventloop
 from app.loadgen.datasets import Prompt, Workload, build_workload
 from app.loadgen.http_stream import (
     ClockMap,
@@ -625,4 +626,4 @@ def run_load_sync(
             if installed:
                 loop.remove_signal_handler(signal.SIGINT)
 
-    return asyncio.run(main())
+    return eventloop.run(main())

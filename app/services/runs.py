@@ -26,6 +26,7 @@ from app.domain import (
     RunStatus,
     trace_from_records,
 )
+from app.loadgen import eventloop
 from app.loadgen.runner import LoadResult, Progress, run_load
 from app.services import server_metrics
 from app.storage import repository as repo
@@ -212,7 +213,7 @@ def execute_bench(
     tag = run_id or secrets.token_hex(6)
     scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
     try:
-        result = asyncio.run(_load(spec, tag, on_progress, handle_sigint))
+        result = eventloop.run(_load(spec, tag, on_progress, handle_sigint))
     except BaseException:
         server_metrics.finish(scraper, None)
         if sessions is not None and run_id is not None:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 from app.domain import RequestRecord, RunSpec
+from app.loadgen import eventloop
 from app.loadgen.runner import LoadResult, Progress, run_load
 
 
@@ -60,7 +61,7 @@ class LoadThread:
 
     def _main(self) -> None:
         try:
-            res = asyncio.run(self._amain())
+            res = eventloop.run(self._amain())
         except BaseException as e:  # handed to the awaiting loop
             self._result.set_exception(e)
         else:

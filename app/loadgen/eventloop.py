@@ -1,0 +1,45 @@
+"""The load generator's event loop: a selector that notes when each poll returned.
+
+With user-space receive stamps, reading ready sockets one after another in one I/O round
+would stamp the last of them later than the first, although all their data was already
+there when the poll returned. ``StampingSelector`` records that moment (``ready_ns``) and
+the read callback uses it as the user-space stamp of every read of the round. Kernel
+receive stamps (``SO_TIMESTAMPNS``) do not depend on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class StampingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The platform's default selector, plus the monotonic time its last poll returned."""
+
+    ready_ns: int = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        events: list[tuple[Any, int]] = super().select(timeout)
+        self.ready_ns = time.monotonic_ns()
+        return events
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.SelectorEventLoop(StampingSelector())
+
+
+def stamping_selector(loop: asyncio.AbstractEventLoop) -> StampingSelector | None:
+    """The loop's ``StampingSelector``, or None for any other loop (stamps at read time)."""
+    sel = getattr(loop, "_selector", None)
+    return sel if isinstance(sel, StampingSelector) else None
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on a loop with a ``StampingSelector``."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coro)
