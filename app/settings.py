@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     )
     auth_reads: bool = Field(False, description="GET routes need a token with the read scope")
     local_worker: bool = Field(True, description="`tokentrace serve` starts an embedded worker")
+    local_worker_realtime: bool = Field(
+        False,
+        description="the embedded worker runs loads at real-time priority (SCHED_FIFO; needs "
+        "root or CAP_SYS_NICE)",
+    )
     # jobs and workers
     lease_ttl_s: float = Field(30.0, gt=0, description="a job lease lasts this long unrenewed")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="how often workers heartbeat")

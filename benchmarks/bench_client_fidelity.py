@@ -12,6 +12,8 @@ number of streams that were all active at once, and the client's own health numb
 
     python benchmarks/bench_client_fidelity.py --streams 256 --itl-ms 10 --output-len 100
     python benchmarks/bench_client_fidelity.py --streams 1000 --sim-cpus 1 --client-cpus 0
+    python benchmarks/bench_client_fidelity.py --streams 256 --userspace --realtime
+    python benchmarks/bench_client_fidelity.py --streams 256 --tls     # https, kernel stamps
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,21 @@ def summary(a_ns: list[int]) -> dict[str, float | None]:
     }
 
 
+def throwaway_certificate(d: Path) -> dict[str, str]:
+    """A self-signed certificate for 127.0.0.1 (also its own trust anchor), via openssl."""
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "key.pem", "-out", "cert.pem",
+            "-days", "1", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+        ],
+        cwd=d, check=True, capture_output=True,
+    )  # fmt: skip
+    return {"tls_certfile": str(d / "cert.pem"), "tls_keyfile": str(d / "key.pem")}
+
+
 def cpus(arg: str | None) -> set[int] | None:
     return {int(c) for c in arg.split(",")} if arg else None
 
@@ -59,6 +78,10 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=100)
     ap.add_argument("--tokens-per-event", type=int, default=1)
     ap.add_argument("--userspace", action="store_true", help="disable kernel receive stamps")
+    ap.add_argument(
+        "--realtime", action="store_true", help="run the load thread at SCHED_FIFO priority"
+    )
+    ap.add_argument("--tls", action="store_true", help="https: a throwaway certificate (openssl)")
     ap.add_argument("--sim-cpus", help="pin the simulator, e.g. 1")
     ap.add_argument("--client-cpus", help="pin this client process, e.g. 0")
     ap.add_argument("--json", action="store_true", help="print JSON only")
@@ -66,11 +89,16 @@ def main() -> int:
 
     if args.client_cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus(args.client_cpus) or set())
+    tls: dict[str, str] = {}
+    if args.tls:
+        tls = throwaway_certificate(Path(tempfile.mkdtemp(prefix="tt-fid-tls-")))
+        os.environ["SSL_CERT_FILE"] = tls["tls_certfile"]  # the client trusts it
     cfg = SimConfig(
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
         tokens_per_event=args.tokens_per_event,
         output_len=args.output_len,
+        **tls,
     )
     tag = "fid" + uuid.uuid4().hex[:6]
     with start_simulator_process(cfg, cpus=cpus(args.sim_cpus)) as sim:
@@ -83,7 +111,9 @@ def main() -> int:
             max_concurrency=args.streams,
             request_timeout_s=120,
         )
-        res = run_load_sync(spec, run_tag=tag, kernel_stamps=not args.userspace)
+        res = run_load_sync(
+            spec, run_tag=tag, kernel_stamps=not args.userspace, realtime=args.realtime
+        )
         gt = sim.ground_truth()["requests"]
 
     ttft_err: list[int] = []
@@ -115,6 +145,8 @@ def main() -> int:
         "itl_ms": args.itl_ms,
         "tokens_per_event": args.tokens_per_event,
         "clock_source": res.clock_source.value,
+        "tls": args.tls,
+        "scheduling": res.scheduling.policy,
         "ok": res.counts["ok"],
         "compared": len(ttft_err),
         "all_streams_active_together": all_active,
@@ -124,6 +156,7 @@ def main() -> int:
         "send_lag_ms": {"p99": res.send_lag.p99_ms, "max": res.send_lag.max_ms},
         "loop_lag_ms": {"p99": res.loop_lag.p99_ms, "max": res.loop_lag.max_ms},
         "read_delay_ms": {"p99": res.read_delay.p99_ms, "max": res.read_delay.max_ms},
+        "cpu_wait_ms": {"total": res.cpu_wait_total_ms, "max_per_tick": res.cpu_wait.max_ms},
         "client_limited": res.client_limited,
         "client_limited_reasons": res.client_limited_reasons,
         "notes": res.notes,

@@ -87,6 +87,9 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
         assert "TTFT ≤ 30 ms" in r.text or "ttft ≤ 30 ms" in r.text
         assert 'id="error-table"' in r.text
         assert "&lt;b&gt;normal" in r.text
+        health = re.search(r'id="client-health">(.*?)</p>', r.text, re.S)
+        assert health is not None, "the run page shows the client's own health"
+        assert "scheduling normal" in health.group(1) and "event-loop lag p99" in health.group(1)
     if which == "all_errors":
         assert figs["cdf_ttft"]["data"] == []
         assert "no data" in r.text and 'id="error-table"' in r.text
@@ -95,6 +98,7 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
     if which == "imported":
         assert "no per-token data" in json.dumps(figs["cdf_itl"])
         assert "summary-only" in r.text.lower()
+        assert 'id="client-health"' not in r.text  # an import has no client of ours
         assert "no spec" in r.text.lower() or "has no spec" in r.text
 
 

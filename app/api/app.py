@@ -58,11 +58,13 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
 def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     """The embedded worker (app.worker.embedded), with a fresh worker-scope token."""
     from app.worker.embedded import start_local_worker
+    from app.worker.loop import WorkerOptions
 
+    options = WorkerOptions(shutdown_grace_s=5.0, realtime=settings.local_worker_realtime)
     with session_scope(app.state.sessions) as s:
         row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")
     app.state.local_worker_token_id = row.id
-    return start_local_worker(settings.server_url(), secret)
+    return start_local_worker(settings.server_url(), secret, options=options)
 
 
 def _revoke_local_token(app: FastAPI) -> None:

@@ -81,6 +81,17 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--client-lag-bound-ms", type=float, default=10.0)
     p.add_argument(
+        "--clock",
+        choices=("auto", "userspace"),
+        default="auto",
+        help="receive stamps: auto = kernel (SO_TIMESTAMPNS) where available, else user-space",
+    )
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run the load thread at real-time priority (SCHED_FIFO; needs root or CAP_SYS_NICE)",
+    )
+    p.add_argument(
         "--metrics-url",
         default=None,
         help="the target's Prometheus /metrics to scrape (default: BASE_URL/metrics)",

@@ -100,7 +100,17 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
     if ns.server:
         from app.cli.worker_cmd import submit_and_follow
 
+        if ns.realtime or ns.clock != "auto":
+            flag = "--realtime" if ns.realtime else "--clock"
+            raise UsageError(f"{flag}: a worker's own options decide it (tokentrace worker {flag})")
         return submit_and_follow(spec, ns, console)
+    if ns.realtime:
+        from app.loadgen.sched import RealtimeRefused, check_realtime
+
+        try:
+            check_realtime()
+        except RealtimeRefused as e:
+            raise UsageError(f"--realtime: {e}") from None
     if ns.profile is not None and ns.profile not in PROFILE_CHOICES:
         raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
     if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
@@ -134,6 +144,8 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
             on_progress=on_progress,
             handle_sigint=True,
             profile=ns.profile,
+            kernel_stamps=ns.clock == "auto",
+            realtime=ns.realtime,
         )
     report = outcome.report
     if ns.json:

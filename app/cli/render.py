@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from app.services.client_health import client_health
+
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
 
 # Report metric key -> (label, aggregation) in the order shown.
@@ -48,6 +50,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
             f"{spec.get('max_concurrency') or '∞'}  seed {spec.get('seed')}"
         )
     console.print(f"clock source: {report.get('clock_source')}")
+    health = client_health(report)
+    if health:
+        console.print("client: " + " · ".join(health))
     if v.get("client_limited"):
         console.print("[bold red]CLIENT-LIMITED: the client fell behind; figures are suspect[/]")
     for note in v.get("notes") or []:

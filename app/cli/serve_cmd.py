@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     serve.add_argument(
         "--no-local-worker", action="store_true", help="do not start the embedded worker"
     )
+    serve.add_argument(
+        "--realtime",
+        action="store_true",
+        help="the embedded worker runs loads at real-time priority (SCHED_FIFO; root or "
+        "CAP_SYS_NICE)",
+    )
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
     serve.add_argument(
@@ -87,6 +93,14 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
         overrides["database_url"] = ns.database_url
     if ns.no_local_worker:
         overrides["local_worker"] = False
+    if ns.realtime:
+        from app.loadgen.sched import RealtimeRefused, check_realtime
+
+        try:
+            check_realtime()
+        except RealtimeRefused as e:
+            raise UsageError(f"--realtime: {e}") from None
+        overrides["local_worker_realtime"] = True
     settings = Settings(**overrides)
     app = create_app(settings)
     if not ns.demo:

@@ -60,6 +60,17 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     )
     w.add_argument("--kind", action="append", default=None, choices=("bench", "probe", "sweep"))
     w.add_argument("--once", action="store_true", help="run at most one job, then exit")
+    w.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run loads at real-time priority (SCHED_FIFO; needs root or CAP_SYS_NICE)",
+    )
+    w.add_argument(
+        "--clock",
+        choices=("auto", "userspace"),
+        default="auto",
+        help="receive stamps: auto = kernel (SO_TIMESTAMPNS) where available, else user-space",
+    )
     w.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
     return {"worker": cmd_worker}
 
@@ -83,7 +94,7 @@ def _check_url(flag: str, url: str) -> str:
 
 def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
     from app.worker.client import AuthError, ServerUnreachable
-    from app.worker.loop import Worker
+    from app.worker.loop import Worker, WorkerOptions
 
     labels = parse_labels(ns.label)
     server = _check_url("--server", ns.server)
@@ -96,8 +107,24 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if ns.realtime:
+        from app.loadgen.sched import RealtimeRefused, check_realtime
+
+        try:
+            check_realtime()
+        except RealtimeRefused as e:
+            raise UsageError(f"--realtime: {e}") from None
     kinds: list[JobKind] = ns.kind or ["bench", "sweep"]
-    worker = Worker(server, token, labels=labels, state_dir=ns.state_dir, kinds=kinds, name=ns.name)
+    opts = WorkerOptions(realtime=ns.realtime, kernel_stamps=ns.clock == "auto")
+    worker = Worker(
+        server,
+        token,
+        labels=labels,
+        state_dir=ns.state_dir,
+        kinds=kinds,
+        name=ns.name,
+        options=opts,
+    )
 
     async def main() -> int:
         stop = asyncio.Event()

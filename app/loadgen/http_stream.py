@@ -13,7 +13,13 @@ Timing model
   Kernel stamps do not depend on when the event loop got round to reading: a busy client
   still measures arrival times right, as long as the reads do not coalesce several events
   (events completed by one read all share its stamp).
-* Otherwise (TLS, non-Linux, option refused, ``kernel_stamps=False``) each read is stamped
+* HTTPS gets the same kernel stamps: TLS runs over the same raw socket through
+  ``ssl.SSLContext.wrap_bio`` (memory BIOs), driven by the same loop callbacks. Each TCP read
+  is stamped as above, fed to the TLS object, and the plaintext it made available (possibly
+  none) is recorded with that read's stamp. So an event gets the stamp of the TCP read that
+  completed the TLS record holding its last byte. The TLS handshake counts in TTFT, like
+  ``connect``; reads that only carried handshake bytes count for ``RawStream.clock`` too.
+* Otherwise (non-Linux, option refused, ``kernel_stamps=False``) each read is stamped
   with ``time.monotonic_ns()`` first thing in the read callback (user-space stamps).
 
 HTTP framing: the request bytes are formatted once (``build_request``, the runner does it
@@ -136,11 +142,15 @@ def keep_kernel_stamps_on() -> None:
         s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         s.bind(("127.0.0.1", 0))
         s.settimeout(0.05)
-        for _ in range(10):
+        deadline = time.monotonic() + 0.5
+        while True:
             s.sendto(b"t", s.getsockname())
             _data, anc, _flags, _addr = s.recvmsg(16, _ANCBUF)
             if any(lvl == socket.SOL_SOCKET and typ == SCM_TIMESTAMPNS for lvl, typ, _ in anc):
                 break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.002)  # the switch is done by a kernel worker: give it time
     except OSError:
         return
     _stamp_keeper = s
@@ -170,6 +180,20 @@ class Target:
         tail = "/chat/completions" if endpoint == "chat" else "/completions"
         base = self.base_path if self.base_path.endswith("/v1") else self.base_path + "/v1"
         return base + tail
+
+
+_default_contexts: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """``ssl.create_default_context()`` (verification on), made once and shared: loading the
+    trust store takes milliseconds, too long to do per request. Keyed by ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR``, which OpenSSL reads when the context is made."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    ctx = _default_contexts.get(key)
+    if ctx is None:
+        ctx = _default_contexts[key] = ssl.create_default_context()
+    return ctx
 
 
 def parse_target(base_url: str) -> Target:
@@ -651,12 +675,15 @@ class StreamRequest:
 
     ``addr`` is a resolved socket address (resolve once per run: DNS is not part of TTFT).
     ``request_bytes``, when given, is the prebuilt request (``build_request``).
+    ``ssl_context`` is used for ``https`` targets; by default the system's trust store with
+    certificate and host name verification on (``default_ssl_context``).
     """
 
     __slots__ = (
-        "_addr", "_anc", "_clock", "_done", "_family", "_finished", "_in_io", "_kernel",
-        "_loop", "_max_bytes", "_rbuf", "_reader_fd", "_req_bytes", "_sel", "_sent", "_sock",
-        "_target", "_task", "_timeout_s", "_timer", "_writer_fd", "raw",
+        "_addr", "_anc", "_clock", "_done", "_family", "_finished", "_hs_done", "_in_bio",
+        "_kernel", "_loop", "_max_bytes", "_out_bio", "_rbuf", "_reader_fd", "_req_bytes",
+        "_sel", "_sent", "_sock", "_ssl", "_ssl_ctx", "_target", "_timeout_s", "_timer",
+        "_tls_out", "_writer_fd", "raw",
     )  # fmt: skip
 
     def __init__(
@@ -676,31 +703,37 @@ class StreamRequest:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         bufsize: int = 65536,
         request_bytes: bytes | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._target = target
         self._addr = addr
         self._family = family
         self._timeout_s = timeout_s
         self._clock = clock
-        self._kernel = kernel_stamps and not target.tls and kernel_stamps_supported()
+        self._kernel = kernel_stamps and kernel_stamps_supported()
         self._anc = _ANCBUF if self._kernel else 0
         self._rbuf = _read_buffer(bufsize)
         self._max_bytes = max_response_bytes
         self._req_bytes = (
             request_bytes if request_bytes is not None else build_request(path, headers, body)
         )
-        self._sent = 0
+        self._sent = 0  # bytes written to the socket (TLS: ciphertext, handshake included)
         self.raw = RawStream(request_id=request_id, max_event_bytes=max_event_bytes)
         self._finished = False
-        self._in_io = False
         self._sock: socket.socket | None = None
         self._reader_fd = -1
         self._writer_fd = -1
-        self._task: asyncio.Task[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sel: StampingSelector | None = None
         self._done: asyncio.Future[None] | None = None
+        # TLS (https targets): an SSLObject over two memory BIOs, fed from the raw socket
+        self._ssl_ctx = (ssl_context or default_ssl_context()) if target.tls else None
+        self._ssl: ssl.SSLObject | None = None
+        self._in_bio: ssl.MemoryBIO | None = None
+        self._out_bio: ssl.MemoryBIO | None = None
+        self._tls_out = bytearray()  # ciphertext not yet accepted by the socket
+        self._hs_done = False
 
     # ---- control
 
@@ -712,7 +745,9 @@ class StreamRequest:
     def _on_timeout(self) -> None:
         r = self.raw
         msg = f"request timeout after {self._timeout_s:g} s, "
-        if r.mode == _MODE_HEAD:
+        if self._ssl is not None and not self._hs_done:
+            msg += "during the TLS handshake"
+        elif r.mode == _MODE_HEAD:
             msg += "waiting for the response headers"
         else:
             msg += "streaming"
@@ -737,8 +772,6 @@ class StreamRequest:
                 self._writer_fd = -1
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
-        if self._in_io and self._task is not None:
-            self._task.cancel()
 
     def _end(self, kind: int, stamp: int) -> None:
         r = self.raw
@@ -757,12 +790,8 @@ class StreamRequest:
         self._done = loop.create_future()
         self._timer = loop.call_later(self._timeout_s, self._on_timeout)
         try:
-            if self._target.tls:
-                self._task = asyncio.current_task()
-                await self._run_tls()
-            else:
-                self._start_plain()
-                await self._done
+            self._start()
+            await self._done
         finally:
             self._timer.cancel()
             if not self._finished:  # cancelled from outside
@@ -774,17 +803,20 @@ class StreamRequest:
             r.clock = ClockSource.KERNEL
         return r.finalize() if finalize else r
 
-    def _swallow_own_cancel(self) -> bool:
-        """True when a CancelledError came from our own ``_finish`` (timeout/abort)."""
-        if self._finished and self._task is not None:
-            self._task.uncancel()
-            return True
-        return False
-
-    def _start_plain(self) -> None:
+    def _start(self) -> None:
         """Connect and send from callbacks (no futures or task switches on the way)."""
         loop = self._loop
         assert loop is not None
+        if self._ssl_ctx is not None:
+            try:
+                self._in_bio = ssl.MemoryBIO()
+                self._out_bio = ssl.MemoryBIO()
+                self._ssl = self._ssl_ctx.wrap_bio(
+                    self._in_bio, self._out_bio, server_hostname=self._target.host
+                )
+            except (ssl.SSLError, ValueError) as e:
+                self._finish(RequestStatus.ERROR, _os_error("tls setup", e), time.monotonic_ns())
+                return
         try:
             sock = socket.socket(self._family, socket.SOCK_STREAM)
         except OSError as e:
@@ -803,7 +835,7 @@ class StreamRequest:
         self.raw.t0_ns = time.monotonic_ns()
         err = sock.connect_ex(self._addr)
         if err == 0 or err == errno.EISCONN:
-            self._send()
+            self._connected()
         elif err in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
             self._writer_fd = sock.fileno()
             loop.add_writer(self._writer_fd, self._on_writable)
@@ -814,6 +846,12 @@ class StreamRequest:
         e = OSError(err, os.strerror(err))  # OSError picks the subclass from errno
         self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
 
+    def _connected(self) -> None:
+        if self._ssl is not None:
+            self._tls_advance()
+        else:
+            self._send()
+
     def _on_writable(self) -> None:
         sock = self._sock
         assert sock is not None and self._loop is not None
@@ -822,7 +860,10 @@ class StreamRequest:
             if err:
                 self._connect_failed(err)
                 return
-        self._send()
+        if self._ssl is not None:
+            self._tls_advance()
+        else:
+            self._send()
 
     def _send(self) -> None:
         sock = self._sock
@@ -849,43 +890,82 @@ class StreamRequest:
             self._reader_fd = fd
             loop.add_reader(fd, self._on_readable)
 
-    async def _run_tls(self) -> None:
-        t = self._target
-        ctx = ssl.create_default_context()
-        self.raw.t0_ns = time.monotonic_ns()
-        self._in_io = True
-        writer: asyncio.StreamWriter | None = None
-        try:
-            reader, writer = await asyncio.open_connection(
-                self._addr[0], self._addr[1], ssl=ctx, server_hostname=t.host
-            )
-            writer.write(self._req_bytes)
-            await writer.drain()
-            while not self._finished:
-                data = await reader.read(65536)
-                now = time.monotonic_ns()
-                self._in_io = False
-                if data:
-                    self.raw.user_reads += 1
-                    old = len(self.raw.buf)
-                    self.raw.buf += data
-                    self._took(old, len(data), now, now)
-                else:
-                    self._on_eof(now)
-                self._in_io = True
-        except asyncio.CancelledError:
-            self._in_io = False
-            if not self._swallow_own_cancel():
-                raise
-        except (OSError, ssl.SSLError) as e:
-            self._in_io = False
-            self._finish(RequestStatus.ERROR, _os_error("tls", e), time.monotonic_ns())
-        finally:
-            self._in_io = False
-            if writer is not None:
-                writer.close()
+    # ---- TLS over the raw socket (memory BIOs)
 
-    # ---- the read callback (keep it small: no decoding here)
+    def _tls_advance(self) -> None:
+        """Drive the handshake as far as the received bytes allow; once it is done, hand
+        the request to TLS. Then send what TLS produced and make sure we read."""
+        sslobj = self._ssl
+        assert sslobj is not None
+        if not self._hs_done:
+            try:
+                sslobj.do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                pass  # more bytes from the server needed (memory BIOs never block writes)
+            except (ssl.SSLError, ValueError) as e:  # ValueError: host name checks
+                self._tls_flush(best_effort=True)  # the alert, if any, tells the server why
+                self._finish(
+                    RequestStatus.ERROR, _os_error("tls handshake", e), time.monotonic_ns()
+                )
+                return
+            else:
+                self._hs_done = True
+                req = memoryview(self._req_bytes)
+                off = 0
+                while off < len(req):  # a memory BIO takes it all; the loop is for form
+                    off += sslobj.write(req[off:])
+        self._tls_flush()
+
+    def _tls_flush(self, *, best_effort: bool = False) -> None:
+        """Send the ciphertext TLS produced; what the socket does not take waits for
+        writability. Also makes sure the socket is being read."""
+        sock = self._sock
+        loop = self._loop
+        out_bio = self._out_bio
+        assert sock is not None and loop is not None and out_bio is not None
+        out = self._tls_out
+        if out_bio.pending:
+            out += out_bio.read()
+        if out:
+            try:
+                n = sock.send(out)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as e:
+                if not best_effort:
+                    phase = "tls send" if self._hs_done else "tls handshake"
+                    self._finish(RequestStatus.ERROR, _os_error(phase, e), time.monotonic_ns())
+                return
+            del out[:n]
+            self._sent += n
+        if best_effort:
+            return
+        fd = sock.fileno()
+        if out:
+            if self._writer_fd < 0:
+                self._writer_fd = fd
+                loop.add_writer(fd, self._on_writable)
+        elif self._writer_fd >= 0:
+            loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+        if self._reader_fd < 0:
+            self._reader_fd = fd
+            loop.add_reader(fd, self._on_readable_tls)
+
+    # ---- the read callbacks (keep them small: no decoding here)
+
+    def _stamp(self, anc: list[tuple[int, int, bytes]], t_user: int) -> int:
+        """A read's stamp: the kernel's receive time when ``anc`` carries it, else the
+        user-space one: when the poll that reported this socket returned (the data was there
+        then), else ``t_user`` (now)."""
+        sel = self._sel
+        stamp = sel.ready_ns if sel is not None and 0 < sel.ready_ns <= t_user else t_user
+        for level, typ, cdata in anc:
+            if level == _SOL_SOCKET and typ == SCM_TIMESTAMPNS:
+                sec, nsec = _TIMESPEC.unpack_from(cdata)
+                k = sec * 1_000_000_000 + nsec - self._clock.offset_ns
+                stamp = k if k < t_user else t_user
+        return stamp
 
     def _on_readable(self) -> None:
         t_user = time.monotonic_ns()
@@ -898,16 +978,8 @@ class StreamRequest:
             self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
             return
         r = self.raw
-        # user-space stamp: when the poll that reported this socket returned (the data was
-        # there then), else now
-        sel = self._sel
-        stamp = sel.ready_ns if sel is not None and 0 < sel.ready_ns <= t_user else t_user
+        stamp = self._stamp(anc, t_user)
         if anc:
-            for level, typ, cdata in anc:
-                if level == _SOL_SOCKET and typ == SCM_TIMESTAMPNS:
-                    sec, nsec = _TIMESPEC.unpack_from(cdata)
-                    k = sec * 1_000_000_000 + nsec - self._clock.offset_ns
-                    stamp = k if k < t_user else t_user
             r.kernel_reads += 1
         elif n:
             r.user_reads += 1
@@ -918,6 +990,84 @@ class StreamRequest:
         old = len(buf)
         buf += rbuf[0][:n]
         self._took(old, n, stamp, t_user)
+
+    def _on_readable_tls(self) -> None:
+        """``_on_readable`` for TLS: the read's stamp goes to the plaintext it made
+        available (none while handshaking, or when it only completed part of a record)."""
+        t_user = time.monotonic_ns()
+        rbuf = self._rbuf
+        try:
+            n, anc, _flags, _addr = self._sock.recvmsg_into(rbuf, self._anc)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            phase = "read" if self._hs_done else "tls handshake"
+            self._finish(RequestStatus.ERROR, _os_error(phase, e), t_user)
+            return
+        r = self.raw
+        stamp = self._stamp(anc, t_user)
+        if anc:
+            r.kernel_reads += 1
+        elif n:
+            r.user_reads += 1
+        else:  # TCP EOF without the server's close_notify (that one ends the read below)
+            self._tls_eof(t_user)
+            return
+        sslobj = self._ssl
+        assert sslobj is not None and self._in_bio is not None
+        self._in_bio.write(rbuf[0][:n])
+        if not self._hs_done:
+            self._tls_advance()
+            if not self._hs_done or self._finished:
+                return
+        parts: list[bytes] = []
+        closed = False
+        while True:
+            try:
+                data = sslobj.read(65536)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:  # close_notify: the server ended the session
+                closed = True
+                break
+            except ssl.SSLError as e:
+                self._tls_error("tls read failed", e, t_user)
+                return
+            if not data:  # close_notify
+                closed = True
+                break
+            parts.append(data)
+        if parts:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            buf = r.buf
+            old = len(buf)
+            buf += data
+            self._took(old, len(data), stamp, t_user)
+        if self._finished:
+            return
+        if closed:
+            self._on_eof(stamp)
+        elif self._out_bio is not None and self._out_bio.pending:  # e.g. a key update
+            self._tls_flush()
+
+    def _tls_eof(self, t_user: int) -> None:
+        if not self._hs_done:
+            self._finish(
+                RequestStatus.ERROR,
+                "tls handshake failed: the server closed the connection",
+                t_user,
+            )
+            return
+        self.raw.count_events = True
+        self._finish(
+            RequestStatus.ERROR,
+            "tls: the server closed the connection without close_notify (truncated)",
+            t_user,
+        )
+
+    def _tls_error(self, what: str, e: BaseException, t_ns: int) -> None:
+        self.raw.count_events = True
+        self._finish(RequestStatus.ERROR, f"{what}: {e.__class__.__name__}: {e}", t_ns)
 
     def _took(self, old: int, n: int, stamp: int, t_user: int) -> None:
         """Record a read of ``n`` bytes appended at ``old``; detect the end of the response."""

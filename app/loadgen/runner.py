@@ -13,7 +13,10 @@ note: it has no schedule to fall behind. Either p99 above
 ``spec.client_lag_bound_ms`` marks the run ``client_limited``. With kernel receive stamps
 ``read_delay`` (user-space stamp minus kernel stamp of the same read) shows how late the
 client read data it had already received: timings stay exact, but events that one read
-returns together share that read's stamp.
+returns together share that read's stamp. ``cpu_wait`` (per monitor tick, from the thread's
+scheduler statistics) tells how much of the loop lag was the CPU being held by other tasks;
+``realtime=True`` runs the load thread at real-time priority to avoid that
+(``app.loadgen.sched``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from app.loadgen.http_stream import (
     resolve,
 )
 from app.loadgen.records import record_steps
+from app.loadgen.sched import NORMAL, CpuWait, Scheduling, realtime_priority
 from app.loadgen.shapes import schedule_for
 from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
 
@@ -56,6 +60,7 @@ MONITOR_PERIOD_S = 0.005
 POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
 BURST_STARTS = 4  # request starts between two I/O rounds during a burst
 CLOCK_RESAMPLE_S = 1.0
+CPU_WAIT_NOTE_MS = 1.0  # a longer wait for a CPU within one monitor tick is noted in the run
 PROGRESS_PERIOD_S = 0.5
 
 
@@ -102,6 +107,7 @@ class LoadResult:
     send_lag: LagStats
     loop_lag: LagStats
     read_delay: LagStats  # kernel stamp -> user-space read, per event (kernel clock only)
+    cpu_wait: LagStats  # per monitor tick: time the load thread was runnable without a CPU
     client_limited: bool
     client_limited_reasons: list[str]
     counts: dict[str, int]
@@ -111,6 +117,8 @@ class LoadResult:
     clock_drift_max_ns: int  # largest change of that offset seen during the run
     tokenizer: str
     notes: list[str] = field(default_factory=list)
+    scheduling: Scheduling = NORMAL  # the load thread's CPU scheduling policy
+    cpu_wait_total_ms: float | None = None  # None where the OS does not report it
 
 
 @dataclass(slots=True)
@@ -165,6 +173,11 @@ class _Run:
         self.send_lag: list[int] = []
         self.burst_lag: list[int] = []
         self.loop_lag: list[int] = []
+        self.cpu_wait = CpuWait()  # opened on the loop's thread: it measures that thread
+        self.cpu_wait_ticks: list[int] = []
+        self.cpu_wait_first: int | None = self.cpu_wait.read()
+        self.cpu_wait_last: int | None = self.cpu_wait_first
+        self.scheduling: Scheduling = NORMAL
         self.read_delay: list[np.ndarray] = []
         self.in_flight = 0
         self.backlog: deque[tuple[_Item, RawStream, int]] = deque()
@@ -398,6 +411,12 @@ class _Run:
             tokens_per_s=self.tokens / t_meas if self.phase != "warmup" and t_meas > 0 else 0.0,
         )
 
+    def sample_cpu_wait(self) -> None:
+        w = self.cpu_wait.read()
+        if w is not None and self.cpu_wait_last is not None:
+            self.cpu_wait_ticks.append(max(0, w - self.cpu_wait_last))
+            self.cpu_wait_last = w
+
     async def monitor(self) -> None:
         period_ns = int(MONITOR_PERIOD_S * 1e9)
         next_clock = time.monotonic_ns() + int(CLOCK_RESAMPLE_S * 1e9)
@@ -407,6 +426,7 @@ class _Run:
             await asyncio.sleep(MONITOR_PERIOD_S)
             now = time.monotonic_ns()
             self.loop_lag.append(max(0, now - t - period_ns))
+            self.sample_cpu_wait()
             # Objects that survived until now leave the cycle collector's view (O(1)): its
             # older generations would otherwise grow with every stream's capture lists and
             # records, and one collection over them stalls the loop for milliseconds.
@@ -443,6 +463,7 @@ async def run_load(
     stop: asyncio.Event | None = None,
     kernel_stamps: bool = True,
     on_record: Callable[[RequestRecord], None] | None = None,
+    realtime: bool = False,
 ) -> LoadResult:
     """Run ``spec`` against its target and return every request's record plus client health.
 
@@ -450,6 +471,8 @@ async def run_load(
     take indices 0..W-1, measured requests W..W+N-1). ``kernel_stamps=False`` forces
     user-space receive stamps. ``on_record`` is called with each request's record (warm-ups
     included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
+    ``realtime=True`` runs the load thread at real-time priority (``app.loadgen.sched``); it
+    raises ``RealtimeRefused`` before anything is sent when the OS refuses it.
     """
     tok = load_tokenizer(spec.tokenizer)
     workload = build_workload(spec, tok)
@@ -460,9 +483,19 @@ async def run_load(
     gc.collect()
     gc.freeze()
     try:
-        return await _run(
-            spec, run_tag, tok, target, workload, on_progress, stop, kernel_stamps, on_record
-        )
+        with realtime_priority(realtime) as scheduling:
+            return await _run(
+                spec,
+                run_tag,
+                tok,
+                target,
+                workload,
+                on_progress,
+                stop,
+                kernel_stamps,
+                on_record,
+                scheduling,
+            )
     finally:
         gc.unfreeze()
 
@@ -477,12 +510,14 @@ async def _run(
     stop: asyncio.Event | None,
     kernel_stamps: bool,
     on_record: Callable[[RequestRecord], None] | None = None,
+    scheduling: Scheduling = NORMAL,
 ) -> LoadResult:
     schedule = schedule_for(spec)
     items = _items(spec, workload.warmup, workload.measured)
     warm, measured = items[: len(workload.warmup)], items[len(workload.warmup) :]
     r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
     r.on_record = on_record
+    r.scheduling = scheduling
     try:
         r.addr = await resolve(target)
     except OSError as e:
@@ -512,6 +547,8 @@ async def _run(
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         r.drain()
+        r.sample_cpu_wait()
+        r.cpu_wait.close()
     end_ns = time.monotonic_ns() - r.start_ns
     r.clock.resample()
     if on_progress is not None:
@@ -538,7 +575,7 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
     if r.kernel_streams and not r.user_streams:
         clock = ClockSource.KERNEL
     elif r.kernel_streams == 0 and r.user_streams == 0:
-        would = r.kernel_stamps and not r.target.tls and kernel_stamps_supported()
+        would = r.kernel_stamps and kernel_stamps_supported()
         clock = ClockSource.KERNEL if would else ClockSource.USERSPACE
     else:
         clock = ClockSource.USERSPACE
@@ -569,6 +606,22 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
             f"starting the initial burst of {len(r.burst_lag)} requests took "
             f"{max(r.burst_lag) / 1e6:.1f} ms (TTFT counts from each request's own start)"
         )
+    cpu_wait = LagStats.of_ns(r.cpu_wait_ticks)
+    cpu_wait_total: float | None = None
+    if r.cpu_wait_first is not None and r.cpu_wait_last is not None:
+        cpu_wait_total = (r.cpu_wait_last - r.cpu_wait_first) / 1e6
+    if cpu_wait.max_ms is not None and cpu_wait.max_ms >= CPU_WAIT_NOTE_MS:
+        effect = (
+            "kernel receive stamps are unaffected, but reads in those moments coalesce"
+            if clock is ClockSource.KERNEL
+            else "user-space receive stamps taken then are late by up to that much"
+        )
+        notes.append(
+            f"the load thread waited {cpu_wait_total or 0.0:.1f} ms in all for a CPU that other "
+            f"tasks held (longest {cpu_wait.max_ms:.1f} ms within one "
+            f"{MONITOR_PERIOD_S * 1e3:g} ms tick): {effect}; a quieter CPU or real-time "
+            "priority (--realtime) avoids it"
+        )
     drift = r.clock.max_drift_ns
     if clock is ClockSource.KERNEL and drift > 1_000_000:
         notes.append(f"realtime/monotonic offset moved by {drift / 1e6:.2f} ms during the run")
@@ -583,6 +636,7 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         send_lag=send_lag,
         loop_lag=loop_lag,
         read_delay=read_delay,
+        cpu_wait=cpu_wait,
         client_limited=bool(reasons),
         client_limited_reasons=reasons,
         counts=counts,
@@ -592,6 +646,8 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         clock_drift_max_ns=drift,
         tokenizer=r.tok.name,
         notes=notes,
+        scheduling=r.scheduling,
+        cpu_wait_total_ms=cpu_wait_total,
     )
 
 
@@ -602,6 +658,7 @@ def run_load_sync(
     on_progress: Callable[[Progress], None] | None = None,
     kernel_stamps: bool = True,
     handle_sigint: bool = True,
+    realtime: bool = False,
 ) -> LoadResult:
     """``asyncio.run(run_load(...))``; Ctrl-C (main thread only) stops the run cleanly and
     returns what was measured."""
@@ -621,6 +678,7 @@ def run_load_sync(
                 on_progress=on_progress,
                 stop=stop,
                 kernel_stamps=kernel_stamps,
+                realtime=realtime,
             )
         finally:
             if installed:

@@ -77,6 +77,9 @@ class SimConfig:
     coalesce_late: bool = True  # when behind schedule, send a stream's overdue events together
     spin_us: int = 1000  # busy-poll window before a deadline (epoll sleeps in whole ms)
     record_ground_truth: bool = True
+    # TLS: serve https with this certificate (chain, PEM) and private key (PEM); both or none
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port must be in 0..65535")
@@ -108,6 +111,17 @@ class SimConfig:
         _check(self.kv_capacity_tokens >= 1, "kv_capacity_tokens must be >= 1")
         _check(self.max_body_bytes >= 1024, "max_body_bytes must be >= 1024")
         _check(self.spin_us >= 0, "spin_us must be >= 0")
+        _check(
+            (self.tls_certfile is None) == (self.tls_keyfile is None),
+            "tls_certfile and tls_keyfile go together: give both (https) or neither (http)",
+        )
+        _check(
+            self.tls_certfile != "" and self.tls_keyfile != "", "TLS file names must not be empty"
+        )
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
 
     def fault_rate(self, fault: Fault) -> float:
         rate: float = getattr(self, f"{fault.value}_rate")

@@ -10,7 +10,9 @@ client process on the same host sees, so a client's timings can be checked again
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream true/false),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM-like names),
 ``GET /_sim/ground_truth``, ``POST /_sim/reset``. The timing model and the faults are
-described in ``app.loadgen.sim_config``.
+described in ``app.loadgen.sim_config``. With ``tls_certfile``/``tls_keyfile`` it serves
+https (asyncio's TLS transport; the stamps are still taken right before ``transport.write``,
+which encrypts and hands the bytes to the socket in the same call).
 
 Ground truth JSON: ``{"clock": "monotonic_ns", "pid", "config", "requests": {request_id:
 {...}}}`` where request_id is the ``X-Request-Id`` header (or ``sim-<n>``) and each request
@@ -39,6 +41,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -69,6 +72,7 @@ __all__ = [
     "decide_fault",
     "main",
     "serve",
+    "server_ssl_context",
     "start_simulator_process",
     "start_simulator_thread",
 ]
@@ -907,6 +911,7 @@ class SimServer:
             self.config.port,
             backlog=4096,
             reuse_address=True,
+            ssl=server_ssl_context(self.config),
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._task = asyncio.create_task(self._sched.run(), name="tokentrace-sim-scheduler")
@@ -1161,9 +1166,31 @@ def _client_host(host: str) -> str:
     return host
 
 
-def _base_url(host: str, port: int) -> str:
+def _base_url(host: str, port: int, tls: bool = False) -> str:
     h = _client_host(host)
-    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{h}]:{port}" if ":" in h else f"{scheme}://{h}:{port}"
+
+
+def server_ssl_context(config: SimConfig) -> ssl.SSLContext | None:
+    """The server-side TLS context when the config asks for https, else None. Raises
+    ``OSError`` (``ssl.SSLError`` is one) when the certificate or key cannot be loaded."""
+    if config.tls_certfile is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(config.tls_certfile, config.tls_keyfile)
+    return ctx
+
+
+def _control_verify(config: SimConfig) -> bool | ssl.SSLContext:
+    """TLS verification for the harness's own control calls (ground truth, reset) to the
+    simulator process it started: none (its certificate is often a throwaway one)."""
+    if not config.tls:
+        return True
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 class SimulatorHandle(Protocol):
@@ -1226,7 +1253,7 @@ class SimulatorThread:
 
     @property
     def base_url(self) -> str:
-        return _base_url(self.config.host, self.port)
+        return _base_url(self.config.host, self.port, self.config.tls)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         assert self._loop is not None
@@ -1265,7 +1292,7 @@ def start_simulator_thread(config: SimConfig) -> SimulatorThread:
     return SimulatorThread(config).start()
 
 
-_READY = re.compile(r"listening on (http://\S+)")
+_READY = re.compile(r"listening on (https?://\S+)")
 
 
 class SimulatorProcess:
@@ -1310,12 +1337,16 @@ class SimulatorProcess:
 
     @property
     def base_url(self) -> str:
-        return _base_url(self.config.host, self._port)
+        return _base_url(self.config.host, self._port, self.config.tls)
 
     def ground_truth(self) -> dict[str, Any]:
         import httpx
 
-        r = httpx.get(self.base_url + "/_sim/ground_truth", timeout=60)
+        r = httpx.get(
+            self.base_url + "/_sim/ground_truth",
+            timeout=60,
+            verify=_control_verify(self.config),
+        )
         r.raise_for_status()
         data: dict[str, Any] = r.json()
         return data
@@ -1323,7 +1354,9 @@ class SimulatorProcess:
     def reset(self) -> None:
         import httpx
 
-        httpx.post(self.base_url + "/_sim/reset", timeout=30).raise_for_status()
+        httpx.post(
+            self.base_url + "/_sim/reset", timeout=30, verify=_control_verify(self.config)
+        ).raise_for_status()
 
     def stop(self) -> None:
         proc = self._proc
@@ -1409,6 +1442,15 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--fault-after-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
+        "--tls-certfile",
+        default=None,
+        metavar="PEM",
+        help="serve https with this certificate (chain); needs --tls-keyfile",
+    )
+    p.add_argument(
+        "--tls-keyfile", default=None, metavar="PEM", help="private key of --tls-certfile"
+    )
+    p.add_argument(
         "--no-ground-truth",
         action="store_true",
         help="do not keep per-event ground truth (long runs)",
@@ -1446,6 +1488,8 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         fault_after_tokens=ns.fault_after_tokens,
         seed=ns.seed,
         record_ground_truth=not ns.no_ground_truth,
+        tls_certfile=ns.tls_certfile,
+        tls_keyfile=ns.tls_keyfile,
     )
 
 
@@ -1458,7 +1502,8 @@ async def _serve_until_signal(config: SimConfig) -> None:
 
     def ready(port: int) -> None:
         print(
-            f"tokentrace sim: listening on {_base_url(config.host, port)} (pid {os.getpid()})",
+            f"tokentrace sim: listening on {_base_url(config.host, port, config.tls)} "
+            f"(pid {os.getpid()})",
             flush=True,
         )
 
@@ -1477,6 +1522,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     except (_UsageError, ValueError) as e:
         print(f"tokentrace sim: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        server_ssl_context(config)  # a bad certificate or key is a usage error, not a bind one
+    except OSError as e:
+        print(f"tokentrace sim: error: cannot load the TLS certificate/key: {e}", file=sys.stderr)
         return 2
     try:
         asyncio.run(_serve_until_signal(config))

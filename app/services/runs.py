@@ -31,6 +31,7 @@ from app.loadgen.runner import LoadResult, Progress, run_load
 from app.services import server_metrics
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
+from app.storage.jsonsafe import json_safe
 from app.wire import RunMeta
 
 PROFILES = ("tokentrace", "vllm", "guidellm", "aiperf")
@@ -96,6 +97,9 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
         "send_lag_ms": dataclasses.asdict(result.send_lag),
         "loop_lag_ms": dataclasses.asdict(result.loop_lag),
         "read_delay_ms": dataclasses.asdict(result.read_delay),
+        "cpu_wait_ms": dataclasses.asdict(result.cpu_wait),
+        "cpu_wait_total_ms": result.cpu_wait_total_ms,
+        "scheduling": result.scheduling.as_dict(),
         "max_in_flight": result.max_in_flight,
         "stopped": result.stopped,
         "counts": result.counts,
@@ -175,6 +179,8 @@ async def _load(
     tag: str,
     on_progress: Callable[[Progress], None] | None,
     handle_sigint: bool,
+    kernel_stamps: bool = True,
+    realtime: bool = False,
 ) -> LoadResult:
     """Run the load; with ``handle_sigint``, Ctrl-C stops it cleanly and keeps what was measured."""
     stop = asyncio.Event()
@@ -182,7 +188,14 @@ async def _load(
     if handle_sigint:
         loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
-        return await run_load(spec, run_tag=tag, on_progress=on_progress, stop=stop)
+        return await run_load(
+            spec,
+            run_tag=tag,
+            on_progress=on_progress,
+            stop=stop,
+            kernel_stamps=kernel_stamps,
+            realtime=realtime,
+        )
     finally:
         if handle_sigint:
             loop.remove_signal_handler(signal.SIGINT)
@@ -196,8 +209,13 @@ def execute_bench(
     on_progress: Callable[[Progress], None] | None = None,
     handle_sigint: bool = False,
     profile: str | None = None,
+    kernel_stamps: bool = True,
+    realtime: bool = False,
 ) -> BenchOutcome:
-    """Run the load here, then store the run (unless ``sessions`` is None) and report it."""
+    """Run the load here, then store the run (unless ``sessions`` is None) and report it.
+
+    ``kernel_stamps=False`` forces user-space receive stamps; ``realtime`` runs the load thread
+    at real-time priority (``app.loadgen.sched``)."""
     run_id: str | None = None
     if sessions is not None:
         with session_scope(sessions) as s:
@@ -213,7 +231,9 @@ def execute_bench(
     tag = run_id or secrets.token_hex(6)
     scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
     try:
-        result = eventloop.run(_load(spec, tag, on_progress, handle_sigint))
+        result = eventloop.run(
+            _load(spec, tag, on_progress, handle_sigint, kernel_stamps, realtime)
+        )
     except BaseException:
         server_metrics.finish(scraper, None)
         if sessions is not None and run_id is not None:
@@ -231,7 +251,7 @@ def execute_bench(
                 "name": name,
                 "status": status.value,
                 "source": "bench",
-                "spec": spec.model_dump(mode="json"),
+                "spec": json_safe(spec.model_dump(mode="json")),  # as a stored run has it
                 "clock_source": meta.clock_source,
                 "client_limited": meta.client_limited,
                 "client_host": meta.client_host,

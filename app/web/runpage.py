@@ -13,6 +13,7 @@ from app.domain import RunTrace
 from app.services import compare as compare_svc
 from app.services import hardware
 from app.services import runs as run_svc
+from app.services.client_health import client_health
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import probes as probe_repo
@@ -128,6 +129,7 @@ def run_context(
         "note": data.note,
         "report": report,
         "cards": views.summary_cards(report),
+        "client_health": client_health(report),
         "rows": views.metric_rows(report),
         "pcts": views.PCTS,
         "profile": profile,

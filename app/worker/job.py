@@ -63,6 +63,7 @@ class JobOptions:
     backoff_max_s: float = 10.0
     shutdown_grace_s: float = 10.0
     kernel_stamps: bool = True
+    realtime: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +175,7 @@ class JobRun:
             on_record=self._on_record,
             on_progress=self._on_progress,
             kernel_stamps=self.opts.kernel_stamps,
+            realtime=self.opts.realtime,
         )
         scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [

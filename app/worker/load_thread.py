@@ -26,12 +26,14 @@ class LoadThread:
         on_record: Callable[[RequestRecord], None],
         on_progress: Callable[[Progress], None],
         kernel_stamps: bool = True,
+        realtime: bool = False,
     ) -> None:
         self.spec = spec
         self.run_tag = run_tag
         self._on_record = on_record
         self._on_progress = on_progress
         self._kernel_stamps = kernel_stamps
+        self._realtime = realtime
         self._result: concurrent.futures.Future[LoadResult] = concurrent.futures.Future()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -81,6 +83,7 @@ class LoadThread:
                 on_progress=self._on_progress,
                 stop=stop,
                 kernel_stamps=self._kernel_stamps,
+                realtime=self._realtime,
                 on_record=self._on_record,
             )
         finally:

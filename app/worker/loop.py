@@ -40,6 +40,7 @@ class WorkerOptions:
     batch_max_requests: int = 256
     shutdown_grace_s: float = 10.0
     kernel_stamps: bool = True
+    realtime: bool = False  # run loads at real-time priority (app.loadgen.sched)
     heartbeat_interval_s: float | None = None  # None: what the server asks for
     poll_interval_s: float | None = None  # None: what the server asks for
 
@@ -175,6 +176,7 @@ class Worker:
             backoff_max_s=self.opts.backoff_max_s,
             shutdown_grace_s=self.opts.shutdown_grace_s,
             kernel_stamps=self.opts.kernel_stamps,
+            realtime=self.opts.realtime,
         )
 
     async def _register(self, stop: asyncio.Event) -> bool:

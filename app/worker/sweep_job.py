@@ -164,6 +164,7 @@ class SweepRun:
             on_record=jr._on_record,
             on_progress=jr._on_progress,
             kernel_stamps=jr.opts.kernel_stamps,
+            realtime=jr.opts.realtime,
         )
         scraper = server_metrics.start_scraper(spec)
         jr.load.start()

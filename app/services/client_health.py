@@ -1,0 +1,41 @@
+"""The load generator's own health for one run, as short phrases for the CLI and the run page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def client_health(report: dict[str, Any]) -> list[str]:
+    """The client's own health for one run, as short "label value" phrases (empty when the
+    run carries none, e.g. an import)."""
+    load = report.get("load") or {}
+    out: list[str] = []
+
+    def ms(d: Any, key: str) -> str | None:
+        v = _f((d or {}).get(key)) if isinstance(d, dict) else None
+        return None if v is None else f"{v:.2f} ms"
+
+    sched = load.get("scheduling")
+    if isinstance(sched, dict) and sched.get("policy"):
+        out.append(f"scheduling {sched['policy']}")
+    for key, label in (("send_lag_ms", "send lag"), ("loop_lag_ms", "event-loop lag")):
+        p99, mx = ms(load.get(key), "p99_ms"), ms(load.get(key), "max_ms")
+        if p99 is not None:
+            out.append(f"{label} p99 {p99} (max {mx})")
+    total = _f(load.get("cpu_wait_total_ms"))
+    if total is not None:
+        mx = ms(load.get("cpu_wait_ms"), "max_ms")
+        out.append(f"waited for a CPU {total:.2f} ms in all (longest {mx or '—'})")
+    rd = ms(load.get("read_delay_ms"), "p99_ms")
+    if rd is not None:
+        out.append(f"kernel stamp to read p99 {rd}")
+    return out

@@ -1,0 +1,333 @@
+"""The load thread's scheduling: real-time priority on request, and CPU waits measured and noted.
+
+Real threads, real processes and the real simulator over loopback. Tests that need Linux
+real-time scheduling skip (with the reason) where the OS refuses it; CPU-contention tests need
+two CPUs (the simulator runs on the other one).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from app.cli.main import main
+from app.domain import RunSpec
+from app.loadgen.runner import run_load_sync
+from app.loadgen.sched import (
+    NORMAL,
+    CpuWait,
+    RealtimeRefused,
+    check_realtime,
+    realtime_priority,
+)
+from app.loadgen.simulator import SimConfig, start_simulator_process, start_simulator_thread
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduler only")
+
+
+def _realtime_refusal() -> str | None:
+    try:
+        check_realtime()
+    except RealtimeRefused as e:
+        return str(e)
+    return None
+
+
+needs_realtime = pytest.mark.skipif(
+    _realtime_refusal() is not None, reason=f"real-time scheduling refused: {_realtime_refusal()}"
+)
+needs_two_cpus = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+    reason="needs two CPUs: the simulator runs on one, the client and a competitor on the other",
+)
+
+
+def _policy() -> int:
+    return os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+
+
+def test_disabled_changes_nothing() -> None:
+    before = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+    with realtime_priority(False) as s:
+        assert s == NORMAL and s.as_dict() == {"policy": "normal", "priority": 0}
+        if before is not None:
+            assert os.sched_getscheduler(0) == before
+
+
+@linux
+@needs_realtime
+def test_realtime_is_per_thread_not_inherited_and_restored() -> None:
+    assert _policy() == os.SCHED_OTHER
+    seen: dict[str, int] = {}
+    with realtime_priority(True) as s:
+        assert s.policy == "realtime" and s.priority == 1
+        assert _policy() == os.SCHED_FIFO
+        assert os.sched_getparam(0).sched_priority == 1
+        # a thread started meanwhile is not real-time (reset on fork/clone)
+        t = threading.Thread(target=lambda: seen.setdefault("child", _policy()))
+        t.start()
+        t.join()
+        # nor is a child process
+        out = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        seen["process"] = int(out)
+    assert seen == {"child": os.SCHED_OTHER, "process": os.SCHED_OTHER}
+    assert _policy() == os.SCHED_OTHER
+
+
+@linux
+def test_refusal_is_a_clear_error_and_cli_exits_2() -> None:
+    """An unprivileged process is refused: the error says why; the CLI exits 2 in one line
+    and writes nothing."""
+    if os.geteuid() != 0:
+        refusal = _realtime_refusal()
+        if refusal is None:
+            pytest.skip("this user may use real-time scheduling: nothing is refused")
+        assert "CAP_SYS_NICE" in refusal
+        return
+    # as root: a child without CAP_SYS_NICE (dropped from the bounding set before exec) and
+    # with RLIMIT_RTPRIO 0, which is what an unprivileged user has
+    code = (
+        "import sys\n"
+        "from app.cli.main import main\n"
+        "sys.exit(main(['bench', '--base-url', 'http://127.0.0.1:9', '--model', 'm', "
+        "'--no-save', '--realtime']))\n"
+    )
+
+    def drop_sys_nice() -> None:
+        import ctypes
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(24, 23, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_SYS_NICE
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        preexec_fn=drop_sys_nice,
+        timeout=60,
+    )
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].count("--realtime") == 1, res.stderr
+    assert "CAP_SYS_NICE" in lines[0]
+
+
+def test_cpu_wait_reads_and_grows_under_contention() -> None:
+    w = CpuWait()
+    if not w.available:
+        pytest.skip("this kernel does not expose /proc/thread-self/schedstat")
+    first = w.read()
+    assert first is not None and first >= 0
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    old = os.sched_getaffinity(0)
+    cpu = min(old)
+    with _competitor(cpu):
+        os.sched_setaffinity(0, {cpu})
+        try:
+            t_end = time.monotonic() + 0.4
+            while time.monotonic() < t_end:  # runnable all along, sharing the CPU
+                pass
+        finally:
+            os.sched_setaffinity(0, old)
+    waited = (w.read() or 0) - first
+    w.close()
+    assert waited > 20_000_000, f"waited only {waited / 1e6:.2f} ms for a shared CPU"
+
+
+@contextmanager
+def _competitor(cpu: int) -> Iterator[None]:
+    """A busy process pinned to ``cpu``."""
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
+            "t = time.monotonic() + 60\nwhile time.monotonic() < t: pass\n",
+        ]
+    )
+    time.sleep(0.2)  # let it start spinning
+    try:
+        yield
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _run_pinned(base_url: str, cpu: int, *, realtime: bool, streams: int = 32) -> object:
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        spec = RunSpec(
+            base_url=base_url,
+            model="sim",
+            input_len=16,
+            output_len=60,
+            num_prompts=streams,
+            max_concurrency=streams,
+            request_timeout_s=60,
+        )
+        return run_load_sync(
+            spec, run_tag="rt" + uuid.uuid4().hex[:6], kernel_stamps=False, realtime=realtime
+        )
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+@linux
+@needs_two_cpus
+def test_contention_is_measured_and_noted_and_realtime_avoids_it() -> None:
+    """A busy process shares the client's CPU: the run says how long the load thread waited
+    for it, and with real-time priority it (almost) does not wait."""
+    cpus = sorted(os.sched_getaffinity(0))
+    client_cpu, sim_cpu = cpus[0], cpus[1]
+    cfg = SimConfig(ttft_ms=20, itl_ms=10, output_len=60)
+    with start_simulator_process(cfg, cpus={sim_cpu}) as sim, _competitor(client_cpu):
+        normal = _run_pinned(sim.base_url, client_cpu, realtime=False)
+        rt = None
+        if _realtime_refusal() is None:
+            rt = _run_pinned(sim.base_url, client_cpu, realtime=True)
+    assert normal.scheduling.policy == "normal"  # type: ignore[attr-defined]
+    total = normal.cpu_wait_total_ms  # type: ignore[attr-defined]
+    assert total is not None and total > 5, total
+    assert normal.cpu_wait.max_ms is not None and normal.cpu_wait.n > 10  # type: ignore[attr-defined]
+    notes = " ".join(normal.notes)  # type: ignore[attr-defined]
+    assert "waited" in notes and "for a CPU" in notes and "user-space receive stamps" in notes
+    assert normal.counts["ok"] == 32  # type: ignore[attr-defined]
+    if rt is None:
+        pytest.skip("real-time scheduling refused: only the normal half ran")
+    assert rt.scheduling.policy == "realtime"  # type: ignore[attr-defined]
+    assert rt.counts["ok"] == 32  # type: ignore[attr-defined]
+    # one run, one machine: compare the ratio, not wall-clock figures
+    assert (rt.cpu_wait_total_ms or 0.0) < total / 4, (rt.cpu_wait_total_ms, total)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> Iterator[str]:
+    handle = start_simulator_thread(SimConfig(ttft_ms=10, itl_ms=2, seed=5))
+    try:
+        yield handle.base_url
+    finally:
+        handle.stop()
+
+
+def test_cli_unsaved_json_report_has_client_health(
+    sim_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-save --json`` with the default (infinite) rate prints strict JSON, with the
+    clock, the scheduling and the CPU wait of the run."""
+    import json
+
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            sim_url,
+            "--model",
+            "sim",
+            "--num-prompts",
+            "6",
+            "--output-len",
+            "8",
+            "--input-len",
+            "16",
+            "--no-save",
+            "--json",
+            "--clock",
+            "userspace",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["spec"]["request_rate"] == "inf"
+    assert report["clock_source"] == "userspace"
+    load = report["load"]
+    assert load["scheduling"] == {"policy": "normal", "priority": 0}
+    if CpuWait().available:
+        assert load["cpu_wait_total_ms"] >= 0 and load["cpu_wait_ms"]["n"] >= 1
+
+
+@needs_realtime
+def test_cli_realtime_run_is_recorded(sim_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            sim_url,
+            "--model",
+            "sim",
+            "--num-prompts",
+            "4",
+            "--output-len",
+            "8",
+            "--no-save",
+            "--realtime",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "client: scheduling realtime" in out and "event-loop lag p99" in out
+    assert _policy() == os.SCHED_OTHER  # given back after the run
+
+
+def test_cli_realtime_with_server_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--server",
+            "http://127.0.0.1:1",
+            "--realtime",
+        ]
+    )
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--realtime" in err[0] and "worker" in err[0]
+
+
+@needs_realtime
+def test_worker_load_thread_runs_at_realtime_and_control_thread_does_not(sim_url: str) -> None:
+    """A worker started with --realtime runs each load's thread at SCHED_FIFO; its own control
+    loop (heartbeats, uploads) keeps normal scheduling."""
+    import asyncio
+
+    from app.worker.load_thread import LoadThread
+
+    spec = RunSpec(base_url=sim_url, model="sim", num_prompts=3, output_len=6, input_len=16)
+    records: list[object] = []
+
+    async def go() -> object:
+        lt = LoadThread(
+            spec,
+            run_tag="w" + uuid.uuid4().hex[:6],
+            on_record=records.append,
+            on_progress=lambda p: None,
+            realtime=True,
+        ).start()
+        res = await lt.result()
+        lt.join(5)
+        return res
+
+    res = asyncio.run(go())
+    assert res.scheduling.policy == "realtime"  # type: ignore[attr-defined]
+    assert len(records) == 3 and _policy() == os.SCHED_OTHER

@@ -1,0 +1,534 @@
+"""The socket client over TLS (https), over real loopback sockets.
+
+A throwaway CA and server certificate for 127.0.0.1 are made with the ``openssl`` command
+line once per session; the simulator serves https with them and its ground truth checks the
+client's per-event stamps. Small asyncio TLS servers and a silent TCP listener play the
+cases the simulator does not (close_notify, a truncated session, a handshake that never
+completes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
+from app.loadgen.http_stream import (
+    ClockMap,
+    RawStream,
+    StreamRequest,
+    kernel_stamps_supported,
+    parse_target,
+    request_body,
+    request_headers,
+)
+from app.loadgen.records import build_record
+from app.loadgen.runner import run_load_sync
+from app.loadgen.sim_config import SimConfig
+from app.loadgen.simulator import (
+    build_arg_parser,
+    config_from_args,
+    start_simulator_process,
+    start_simulator_thread,
+)
+from app.loadgen.simulator import main as sim_main
+from app.loadgen.tokenizer import BuiltinTokenizer
+
+LINUX = sys.platform.startswith("linux")
+OPENSSL = shutil.which("openssl")
+
+# --------------------------------------------------------------------------- certificates
+
+
+@dataclass(frozen=True)
+class Certs:
+    ca: str  # the test CA's certificate (trust anchor)
+    cert: str  # server certificate for 127.0.0.1 / localhost, signed by the CA
+    key: str
+    self_cert: str  # a self-signed server certificate for 127.0.0.1 (trusted by nobody)
+    self_key: str
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    assert OPENSSL is not None
+    subprocess.run([OPENSSL, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+_EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+_SERVER_EXT = (
+    "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    "basicConstraints=critical,CA:FALSE\n"
+    "keyUsage=critical,digitalSignature\n"
+    "extendedKeyUsage=serverAuth\n"
+    "subjectKeyIdentifier=hash\n"
+    "authorityKeyIdentifier=keyid\n"
+)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    if OPENSSL is None:
+        pytest.skip("the openssl command line is not installed: cannot make test certificates")
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=tokentrace test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)  # fmt: skip
+    _openssl("req", *_EC, "-keyout", "server.key", "-out", "server.csr",
+             "-subj", "/CN=127.0.0.1", cwd=d)  # fmt: skip
+    (d / "server.ext").write_text(_SERVER_EXT)
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.pem", "-days", "2",
+             "-extfile", "server.ext", cwd=d)  # fmt: skip
+    _openssl("req", "-x509", *_EC, "-keyout", "self.key", "-out", "self.pem", "-days", "2",
+             "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1", cwd=d)  # fmt: skip
+    return Certs(
+        ca=str(d / "ca.pem"),
+        cert=str(d / "server.pem"),
+        key=str(d / "server.key"),
+        self_cert=str(d / "self.pem"),
+        self_key=str(d / "self.key"),
+    )
+
+
+def client_ctx(certs: Certs) -> ssl.SSLContext:
+    """A client context that trusts the test CA (verification on)."""
+    return ssl.create_default_context(cafile=certs.ca)
+
+
+def server_ctx(certs: Certs) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certs.cert, certs.key)
+    return ctx
+
+
+def sim_config(certs: Certs, **kw: Any) -> SimConfig:
+    base: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 5.0, "seed": 1}
+    base.update(kw)
+    return SimConfig(tls_certfile=certs.cert, tls_keyfile=certs.key, **base)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_request(
+    url: str,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    output_len: int = 10,
+    timeout_s: float = 5.0,
+    kernel: bool = True,
+    request_id: str = "t-0",
+) -> StreamRequest:
+    target = parse_target(url)
+    body = request_body(
+        endpoint="chat",
+        model="m",
+        prompt="hello",
+        messages=None,
+        output_len=output_len,
+        ignore_eos=True,
+    )
+    return StreamRequest(
+        target,
+        (target.host, target.port),
+        socket.AF_INET,
+        target.path_for("chat"),
+        body,
+        request_headers(target, request_id, None),
+        request_id=request_id,
+        timeout_s=timeout_s,
+        clock=ClockMap(),
+        kernel_stamps=kernel,
+        ssl_context=ssl_context,
+    )
+
+
+def one_request(url: str, **kw: Any) -> RawStream:
+    async def main() -> RawStream:
+        return await make_request(url, **kw).run()
+
+    return asyncio.run(main())
+
+
+def record_of(raw: RawStream) -> Any:
+    return build_record(
+        raw,
+        index=0,
+        scheduled_ns=0,
+        run_start_ns=raw.t0_ns,
+        tokenizer=BuiltinTokenizer(),
+        token_counting="auto",
+    )
+
+
+def content_stamps(rec: Any, offset_ns: int) -> np.ndarray:
+    return np.asarray(rec.event_t_ns[rec.event_kind == EventKind.CONTENT]) + offset_ns
+
+
+def truth_content(gt: dict[str, Any], rid: str) -> np.ndarray:
+    g = gt["requests"][rid]["events"]
+    return np.asarray(
+        [t for t, k in zip(g["t_ns"], g["kind"], strict=True) if k == "content"], np.int64
+    )
+
+
+def check_against_truth(ours: np.ndarray, truth: np.ndarray) -> None:
+    assert len(ours) == len(truth)
+    err_ms = np.abs(ours - truth) / 1e6
+    assert np.percentile(err_ms, 99) < 5  # loose: shared hosts are noisy
+    assert np.all(ours >= truth - 200_000)  # the server stamps before it writes
+    assert np.all(np.diff(ours) >= 0)
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+def test_stream_over_tls_matches_ground_truth(certs: Certs) -> None:
+    handle = start_simulator_thread(sim_config(certs))
+    try:
+        assert handle.base_url.startswith("https://127.0.0.1:")
+        raw = one_request(handle.base_url, ssl_context=client_ctx(certs), output_len=20)
+        gt = handle.ground_truth()
+    finally:
+        handle.stop()
+    assert raw.status is RequestStatus.OK and raw.error is None and raw.http_status == 200
+    rec = record_of(raw)
+    assert rec.status is RequestStatus.OK and rec.output_tokens == 20
+    assert int((rec.event_kind == EventKind.CONTENT).sum()) == 20
+    if kernel_stamps_supported():
+        assert raw.clock is ClockSource.KERNEL, (raw.kernel_reads, raw.user_reads)
+        # handshake-only reads count too: more reads than events delivered
+        assert raw.kernel_reads >= 2
+    else:
+        assert raw.clock is ClockSource.USERSPACE
+    assert raw.t0_ns < raw.ev_t[0] <= raw.end_ns
+    check_against_truth(content_stamps(rec, raw.t0_ns), truth_content(gt, "t-0"))
+
+
+def test_runner_over_tls_with_ssl_cert_file(certs: Certs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner passes no context: the default one honours ``SSL_CERT_FILE``."""
+    monkeypatch.setenv("SSL_CERT_FILE", certs.ca)
+    handle = start_simulator_thread(sim_config(certs))
+    try:
+        spec = RunSpec(
+            base_url=handle.base_url,
+            model="m",
+            input_len=8,
+            output_len=10,
+            num_prompts=4,
+            max_concurrency=4,
+            request_timeout_s=5.0,
+        )
+        res = run_load_sync(spec, run_tag="tls", handle_sigint=False)
+        gt = handle.ground_truth()
+    finally:
+        handle.stop()
+    assert res.counts["ok"] == 4, [r.error for r in res.records]
+    if kernel_stamps_supported():
+        assert res.clock_source is ClockSource.KERNEL
+    for r in res.records:
+        assert r.output_tokens == 10
+        ours = content_stamps(r, res.start_mono_ns)
+        check_against_truth(ours, truth_content(gt, f"tls-{r.index}"))
+
+
+def test_untrusted_certificate_is_a_request_error(certs: Certs) -> None:
+    cfg = SimConfig(tls_certfile=certs.self_cert, tls_keyfile=certs.self_key)
+    handle = start_simulator_thread(cfg)
+    try:
+        t = time.monotonic()
+        raw = one_request(handle.base_url, ssl_context=None, timeout_s=5.0)  # default context
+        assert time.monotonic() - t < 2.0
+    finally:
+        handle.stop()
+    assert raw.status is RequestStatus.ERROR and raw.error is not None
+    assert raw.error.startswith("tls handshake failed") and "certificate" in raw.error
+    assert raw.ev_t == []
+
+
+def test_wrong_ca_is_a_request_error(certs: Certs) -> None:
+    """Verification against a context that trusts another CA fails the same way."""
+    cfg = SimConfig(tls_certfile=certs.self_cert, tls_keyfile=certs.self_key)
+    handle = start_simulator_thread(cfg)
+    try:
+        raw = one_request(handle.base_url, ssl_context=client_ctx(certs))
+    finally:
+        handle.stop()
+    assert raw.status is RequestStatus.ERROR and "certificate" in (raw.error or "")
+
+
+def test_disconnect_mid_stream_over_tls_keeps_events(certs: Certs) -> None:
+    cfg = sim_config(certs, disconnect_rate=1.0, fault_after_tokens=5)
+    handle = start_simulator_thread(cfg)
+    try:
+        raw = one_request(handle.base_url, ssl_context=client_ctx(certs), output_len=20)
+    finally:
+        handle.stop()
+    assert raw.status is RequestStatus.ERROR and raw.error is not None
+    assert "reset" in raw.error or "closed" in raw.error
+    rec = record_of(raw)
+    assert rec.status is RequestStatus.ERROR
+    assert int((rec.event_kind == EventKind.CONTENT).sum()) == 5
+
+
+def test_userspace_stamps_over_tls(certs: Certs) -> None:
+    handle = start_simulator_thread(sim_config(certs))
+    try:
+        raw = one_request(handle.base_url, ssl_context=client_ctx(certs), kernel=False)
+        gt = handle.ground_truth()
+    finally:
+        handle.stop()
+    assert raw.status is RequestStatus.OK and raw.clock is ClockSource.USERSPACE
+    assert raw.kernel_reads == 0 and raw.user_reads > 0
+    assert raw.ev_t == raw.ev_user_t
+    rec = record_of(raw)
+    check_against_truth(content_stamps(rec, raw.t0_ns), truth_content(gt, "t-0"))
+
+
+def test_simulator_process_over_tls(certs: Certs) -> None:
+    with start_simulator_process(sim_config(certs)) as proc:
+        assert proc.base_url.startswith("https://127.0.0.1:")
+        raw = one_request(proc.base_url, ssl_context=client_ctx(certs), output_len=5)
+        gt = proc.ground_truth()  # its control calls work over https too
+        proc.reset()
+    assert raw.status is RequestStatus.OK
+    assert len(truth_content(gt, "t-0")) == 5
+
+
+# --------------------------------------------------------------------------- handshake
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[int]:
+    """A TCP listener that never answers: the kernel accepts, the handshake waits."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    try:
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def test_handshake_timeout(silent_listener: int, certs: Certs) -> None:
+    url = f"https://127.0.0.1:{silent_listener}"
+    t = time.monotonic()
+    raw = one_request(url, ssl_context=client_ctx(certs), timeout_s=0.3)
+    assert time.monotonic() - t < 1.5
+    assert raw.status is RequestStatus.TIMEOUT
+    assert raw.error == "request timeout after 0.3 s, during the TLS handshake"
+
+
+def test_abort_during_handshake(silent_listener: int, certs: Certs) -> None:
+    async def main() -> RawStream:
+        sr = make_request(f"https://127.0.0.1:{silent_listener}", ssl_context=client_ctx(certs))
+        asyncio.get_running_loop().call_later(
+            0.1, sr.abort, RequestStatus.CANCELLED, "stopped: max_duration"
+        )
+        return await sr.run()
+
+    t = time.monotonic()
+    raw = asyncio.run(main())
+    assert time.monotonic() - t < 1.5
+    assert raw.status is RequestStatus.CANCELLED and raw.error == "stopped: max_duration"
+
+
+def test_task_cancel_during_handshake(silent_listener: int, certs: Certs) -> None:
+    async def main() -> RawStream:
+        sr = make_request(f"https://127.0.0.1:{silent_listener}", ssl_context=client_ctx(certs))
+        task = asyncio.create_task(sr.run())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return sr.raw
+
+    raw = asyncio.run(main())
+    assert raw.status is RequestStatus.CANCELLED and raw.error == "request cancelled"
+
+
+# --------------------------------------------------------------------------- TLS endings
+
+Handler = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+def with_tls_server(certs: Certs, handler: Handler, **kw: Any) -> RawStream:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await handler(writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+
+    async def main() -> RawStream:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx(certs))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await make_request(
+                f"https://127.0.0.1:{port}", ssl_context=client_ctx(certs), **kw
+            ).run()
+        finally:
+            server.close()
+
+    return asyncio.run(main())
+
+
+_UNTIL_CLOSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+)
+_EVENTS = b"".join(
+    b'data: {"choices":[{"index":0,"delta":{"content":" the"}}]}\n\n' for _ in range(3)
+)
+
+
+def test_close_notify_ends_an_until_close_body(certs: Certs) -> None:
+    async def h(w: asyncio.StreamWriter) -> None:
+        w.write(_UNTIL_CLOSE_HEAD)
+        await w.drain()
+        await asyncio.sleep(0.01)
+        w.write(_EVENTS)
+        await w.drain()
+        w.close()  # TLS close_notify, then FIN
+        await w.wait_closed()
+
+    raw = with_tls_server(certs, h)
+    assert raw.status is RequestStatus.OK and raw.error is None
+    assert len(raw.ev_t) == 3 and raw.done_ns is not None
+    if kernel_stamps_supported():
+        assert raw.clock is ClockSource.KERNEL
+
+
+def test_truncated_tls_session_is_an_error(certs: Certs) -> None:
+    """FIN without close_notify: the body may be cut short and nobody can tell."""
+
+    async def h(w: asyncio.StreamWriter) -> None:
+        w.write(_UNTIL_CLOSE_HEAD + _EVENTS)
+        await w.drain()
+        await asyncio.sleep(0.05)
+        sock = w.get_extra_info("socket")
+        sock.shutdown(socket.SHUT_WR)
+        await asyncio.sleep(0.2)
+
+    raw = with_tls_server(certs, h)
+    assert raw.status is RequestStatus.ERROR and raw.error is not None
+    assert "close_notify" in raw.error and "(3 events received)" in raw.error
+    assert len(raw.ev_t) == 3
+
+
+def test_server_closing_during_handshake(certs: Certs) -> None:
+    async def main() -> RawStream:
+        def closer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.close()
+
+        server = await asyncio.start_server(closer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await make_request(
+                f"https://127.0.0.1:{port}", ssl_context=client_ctx(certs)
+            ).run()
+        finally:
+            server.close()
+
+    raw = asyncio.run(main())
+    assert raw.status is RequestStatus.ERROR
+    assert (raw.error or "").startswith(("tls handshake failed", "connection reset"))
+
+
+def test_plain_http_server_on_https_url(certs: Certs) -> None:
+    """A server answering plain HTTP to the ClientHello: a handshake error, not a hang."""
+
+    async def main() -> RawStream:
+        async def plain(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            await w.drain()
+            await asyncio.sleep(0.5)
+            w.close()
+
+        server = await asyncio.start_server(plain, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await make_request(
+                f"https://127.0.0.1:{port}", ssl_context=client_ctx(certs), timeout_s=2.0
+            ).run()
+        finally:
+            server.close()
+
+    raw = asyncio.run(main())
+    assert raw.status is RequestStatus.ERROR
+    assert (raw.error or "").startswith("tls handshake failed")
+
+
+# --------------------------------------------------------------------------- sim options
+
+
+def test_sim_config_tls_needs_both_files(certs: Certs) -> None:
+    with pytest.raises(ValueError, match="tls_certfile and tls_keyfile go together"):
+        SimConfig(tls_certfile=certs.cert)
+    with pytest.raises(ValueError, match="tls_certfile and tls_keyfile go together"):
+        SimConfig(tls_keyfile=certs.key)
+    assert not SimConfig().tls and sim_config(certs).tls
+    assert SimConfig.from_dict(sim_config(certs).to_dict()) == sim_config(certs)
+
+
+def test_sim_cli_tls_flags(certs: Certs, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = build_arg_parser().parse_args(["--tls-certfile", certs.cert, "--tls-keyfile", certs.key])
+    cfg = config_from_args(ns)
+    assert cfg.tls_certfile == certs.cert and cfg.tls_keyfile == certs.key
+    assert sim_main(["--tls-certfile", certs.cert]) == 2
+    assert "go together" in capsys.readouterr().err
+    assert sim_main(["--port", "0", "--tls-certfile", certs.key, "--tls-keyfile", certs.key]) == 2
+    assert "TLS certificate" in capsys.readouterr().err
+
+
+def test_large_request_body_over_tls(certs: Certs) -> None:
+    """A request larger than the socket buffers: the ciphertext goes out in partial sends."""
+
+    async def main() -> tuple[RawStream, int]:
+        target_url = handle.base_url
+        target = parse_target(target_url)
+        prompt = "hello " * 600_000  # ~3.6 MB
+        body = request_body(
+            endpoint="chat",
+            model="m",
+            prompt=prompt,
+            messages=None,
+            output_len=3,
+            ignore_eos=True,
+        )
+        sr = StreamRequest(
+            target,
+            (target.host, target.port),
+            socket.AF_INET,
+            target.path_for("chat"),
+            body,
+            request_headers(target, "big", None),
+            request_id="big",
+            timeout_s=20.0,
+            clock=ClockMap(),
+            ssl_context=client_ctx(certs),
+        )
+        return await sr.run(), len(body)
+
+    handle = start_simulator_thread(sim_config(certs, ttft_ms=1.0, itl_ms=1.0))
+    try:
+        raw, nbody = asyncio.run(main())
+        gt = handle.ground_truth()
+    finally:
+        handle.stop()
+    assert raw.status is RequestStatus.OK, raw.error
+    assert gt["requests"]["big"]["input_tokens"] >= 600_000
+    assert len(truth_content(gt, "big")) == 3 and nbody > 3_000_000
