@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     )
     auth_reads: bool = Field(False, description="GET routes need a token with the read scope")
     local_worker: bool = Field(True, description="`tokentrace serve` starts an embedded worker")
+    local_worker_probes: bool = Field(
+        True,
+        description="the embedded worker also runs probe jobs, where torch is installed",
+    )
     local_worker_realtime: bool = Field(
         False,
         description="the embedded worker runs loads at real-time priority (SCHED_FIFO; needs "

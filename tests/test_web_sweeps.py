@@ -157,14 +157,16 @@ def test_run_page_links_to_job_telemetry_only_when_stored(tmp_path: Path) -> Non
         assert c.get(f"/jobs/{job_id}/telemetry").status_code == 200
 
 
-def test_probe_jobs_need_a_probe_worker(tmp_path: Path) -> None:
-    """The embedded worker (``tokentrace serve``) does not lease probe jobs; the probes page
-    and docs/probes.md say which worker does."""
+def test_probes_page_says_which_worker_takes_probe_jobs(tmp_path: Path) -> None:
+    """A plain worker leases no probe jobs unless started with --kind probe; the embedded
+    worker does where torch is installed; the probes page and docs/probes.md say so."""
     assert "probe" not in Worker("http://127.0.0.1:1", "tt_x").kinds
     url = f"sqlite:///{tmp_path / 'probes.db'}"
     open_database(url)
     with TestClient(web_app(url)) as c:
         html = c.get("/probes").text
     assert 'id="empty-probes"' in html and "--kind probe" in html
+    assert "TOKENTRACE_LOCAL_WORKER_PROBES" in html
     docs = (Path(__file__).parents[1] / "docs" / "probes.md").read_text()
     assert "tokentrace serve" in docs and "--kind probe" in docs
+    assert "TOKENTRACE_LOCAL_WORKER_PROBES" in docs

@@ -40,6 +40,7 @@ from app.services.errors import ServiceError
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.web.mount import mount
+from app.wire import JobKind
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +56,27 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
             log.exception("lease sweep failed")
 
 
+def local_worker_kinds(settings: Settings, *, torch_installed: bool) -> list[JobKind]:
+    """The job kinds the embedded worker leases: loads and sweeps, and probes where torch is
+    installed (one machine then runs probes out of the box) unless turned off."""
+    kinds: list[JobKind] = ["bench", "sweep"]
+    if settings.local_worker_probes and torch_installed:
+        kinds.append("probe")
+    return kinds
+
+
 def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     """The embedded worker (app.worker.embedded), with a fresh worker-scope token."""
+    from app.worker.capabilities import torch_version
     from app.worker.embedded import start_local_worker
     from app.worker.loop import WorkerOptions
 
     options = WorkerOptions(shutdown_grace_s=5.0, realtime=settings.local_worker_realtime)
+    kinds = local_worker_kinds(settings, torch_installed=torch_version() is not None)
     with session_scope(app.state.sessions) as s:
         row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")
     app.state.local_worker_token_id = row.id
-    return start_local_worker(settings.server_url(), secret, options=options)
+    return start_local_worker(settings.server_url(), secret, options=options, kinds=kinds)
 
 
 def _revoke_local_token(app: FastAPI) -> None:

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+from app.wire import JobKind
 from app.worker.loop import Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -68,10 +70,19 @@ def start_local_worker(
     state_dir: Path | None = None,
     name: str = "local",
     options: WorkerOptions | None = None,
+    kinds: Sequence[JobKind] = ("bench", "sweep"),
 ) -> LocalWorkerHandle:
     """Start a worker for ``server_url`` on a background thread; ``.stop()`` ends it.
 
     Registering retries with backoff, so it may start before the server listens."""
     opts = options or WorkerOptions(shutdown_grace_s=5.0)
-    worker = Worker(server_url, token, labels=labels, state_dir=state_dir, name=name, options=opts)
+    worker = Worker(
+        server_url,
+        token,
+        labels=labels,
+        state_dir=state_dir,
+        name=name,
+        options=opts,
+        kinds=kinds,
+    )
     return LocalWorkerHandle(worker).start()
