@@ -25,8 +25,12 @@ The final ``complete`` carries ``stop_reason`` (why the sweep stopped early, if 
 Lease semantics: a lease lasts ``lease_ttl_s`` and each heartbeat renews it. When a lease
 expires, the job is requeued (attempt + 1) if the lost attempt uploaded nothing and attempts
 remain; it fails if attempts are used up; and if the lost attempt had uploaded results they
-are kept and the run is marked partial (a sweep that had created steps keeps them and is
-marked partial; its unfinished step runs are finalized as partial). A retried batch (same
+are kept and the run is marked partial. A sweep job is requeued while attempts remain even
+after it created steps: the next lease carries ``resume`` (the steps earlier attempts
+completed, which the worker replays instead of running, and the first batch number to use);
+the interrupted step is re-run in a new run in the same step slot. With no attempts left a
+sweep that had created steps keeps them and is marked partial (its unfinished step runs are
+finalized as partial). A retried batch (same
 job, same ``batch_no``) is acknowledged as a duplicate and changes nothing; requests are
 unique per (run, index).
 """
@@ -109,6 +113,7 @@ class LeasedJob(_Model):
     attempt: int
     lease_id: str
     lease_expires_at: datetime
+    resume: SweepResume | None = None  # sweeps, attempt >= 2: what earlier attempts did
 
 
 class LeaseResponse(_Model):
@@ -308,3 +313,27 @@ class StepCompleted(_Model):
     step_idx: int
     status: str  # the run's status
     summary: dict[str, Any]  # the step as ``app.services.sweeps.step_dict`` writes it
+
+
+class ResumedStep(_Model):
+    """A step an earlier attempt of the sweep job completed: the worker replays it (the plan
+    must ask for the same load, kind and role at ``step_idx``) instead of running it."""
+
+    step_idx: int = Field(ge=0, lt=MAX_SWEEP_STEPS)
+    run_id: str
+    load: float | None  # None: unlimited rate (the max-throughput probe)
+    load_kind: Literal["rate", "concurrency"]
+    role: Literal["step", "probe"]
+    summary: dict[str, Any]  # as ``StepCompleted.summary`` answered it
+
+
+class SweepResume(_Model):
+    """Sent with the lease of a sweep job's attempt >= 2: the steps completed so far (steps
+    0..n-1, in order) and the first batch number this attempt uses (batch numbers stay
+    unique per job)."""
+
+    completed: list[ResumedStep] = Field(default_factory=list, max_length=MAX_SWEEP_STEPS)
+    first_batch_no: int = Field(0, ge=0)
+
+
+LeasedJob.model_rebuild()

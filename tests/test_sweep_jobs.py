@@ -5,6 +5,8 @@ idempotency; and the roofline note and hardware in the comparability key."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from fastapi.testclient import TestClient
 from app.analysis import roofline as rl
 from app.analysis.comparability import check
 from app.analysis.model_presets import ModelConfig
+from app.analysis.sweep import LoadKind, StepSummary
 from app.domain import RunSpec
 from app.loadgen.sim_config import SimConfig
 from app.loadgen.simulator import SimulatorThread, start_simulator_thread
@@ -27,13 +30,22 @@ from app.services.runs import open_database
 from app.settings import Settings
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.storage.jsonsafe import json_safe
 from app.storage.models_probes import RunAnnotation
-from app.wire import GPUInfo, RegisterRequest, WireRequest, WorkerCapabilities
+from app.wire import GPUInfo, RegisterRequest, ResumedStep, WireRequest, WorkerCapabilities
 from app.worker.job import JobOutcome
 from app.worker.loop import Worker, WorkerOptions
+from app.worker.sweep_job import Replay, ReplayMismatch
 from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
 from tests.web_support import bench
-from tests.worker_helpers import api, request_indices, sim_spec, wait_for, wait_job
+from tests.worker_helpers import (
+    api,
+    request_indices,
+    sim_spec,
+    start_worker_process,
+    wait_for,
+    wait_job,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -257,7 +269,9 @@ def test_lost_sweep_lease_keeps_steps_and_marks_partial(
     sqlite_url: str,
     sim: SimulatorThread,
 ) -> None:
-    srv = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "1"})
+    """With no attempt left (max_attempts 1) a lost sweep ends partial, its steps kept."""
+    env = {"TOKENTRACE_LEASE_TTL_S": "1", "TOKENTRACE_MAX_ATTEMPTS": "1"}
+    srv = live_server(sqlite_url, env=env)
     w = {"Authorization": f"Bearer {srv.worker_token}"}
     with api(srv) as c:
         sweep_id, job_id = create(c, sweep_body(sim, num_prompts=3, rates=[5, 6]))
@@ -279,6 +293,344 @@ def test_lost_sweep_lease_keeps_steps_and_marks_partial(
         assert summary["status"] == "partial" and "worker lost" in summary["stop_reason"]
         assert [s["status"] for s in summary["steps"]] == ["partial"]
         assert request_indices(c, run_id) == [0]
+
+
+# ------------------------------------------------------------- lost workers: resume
+
+
+def _manual_step(
+    c: Any, w: dict[str, str], job_id: str, lease_id: str, idx: int, load: float, batch_no: int
+) -> str:
+    """Create step ``idx`` at ``load`` and upload one 3-request batch to its run."""
+    step = {"lease_id": lease_id, "step_idx": idx, "load": load, "load_kind": "rate"}
+    r = c.post(f"/jobs/{job_id}/steps", json=step, headers=w)
+    assert r.status_code == 200, r.text
+    run_id: str = r.json()["run_id"]
+    batch = {"lease_id": lease_id, "batch_no": batch_no, "run_id": run_id,
+             "requests": [_wire(i, 1_000_000 * (i + 1)) for i in range(3)]}  # fmt: skip
+    r = c.post(f"/jobs/{job_id}/results", json=batch, headers=w)
+    assert r.status_code == 200 and r.json()["accepted"] == 3, r.text
+    return run_id
+
+
+def _run_notes(c: Any, run_id: str) -> tuple[str, list[str]]:
+    """A run's status and its validity notes."""
+    body = c.get(f"/runs/{run_id}").json()
+    return body["run"]["status"], list(body["report"]["validity"]["notes"])
+
+
+def _expire(c: Any, w: dict[str, str], wid: str, job_id: str) -> dict[str, Any]:
+    def requeued() -> bool:  # a lease call sweeps expired leases
+        c.post(f"/workers/{wid}/lease", json={"kinds": ["bench"]}, headers=w)
+        return bool(c.get(f"/jobs/{job_id}").json()["state"] == "queued")
+
+    wait_for(requeued, 15, "the lease to expire and the job to be requeued", poll_s=0.3)
+    out: dict[str, Any] = c.get(f"/jobs/{job_id}").json()
+    return out
+
+
+def test_lost_sweep_is_requeued_and_resumed_over_the_protocol(
+    live_server: LiveServerFactory,  # noqa: F811
+    db_url: str,
+    sim: SimulatorThread,
+) -> None:
+    """Attempt 1 completes step 0 and is lost during step 1: the job is requeued, the
+    sweep queued; attempt 2's lease hands over step 0 (with the summary its worker got) and
+    the first batch number to use; step 1 gets a new run; the old one is kept apart."""
+    srv = live_server(db_url, env={"TOKENTRACE_LEASE_TTL_S": "1"})
+    w = {"Authorization": f"Bearer {srv.worker_token}"}
+    with api(srv) as c:
+        sweep_id, job_id = create(c, sweep_body(sim, num_prompts=3, rates=[5, 6]))
+        wid = _register(c, None, srv.worker_token)
+        lease1 = c.post(f"/workers/{wid}/lease", json={"kinds": ["sweep"]}, headers=w).json()
+        l1 = lease1["job"]["lease_id"]
+        assert lease1["job"]["attempt"] == 1 and lease1["job"]["resume"] is None
+        run0 = _manual_step(c, w, job_id, l1, 0, 5, 0)
+        done = {"lease_id": l1, "status": "succeeded", "total_batches": 1}
+        s0 = c.post(f"/jobs/{job_id}/steps/0/complete", json=done, headers=w).json()
+        old1 = _manual_step(c, w, job_id, l1, 1, 6, 1)  # the worker is lost during step 1
+        j = _expire(c, w, wid, job_id)
+        assert j["attempt"] == 1 and "requeued to resume" in j["error"]
+        queued = c.get(f"/sweeps/{sweep_id}").json()
+        assert queued["status"] == "queued" and queued["stop_reason"] is None
+        assert [s["status"] for s in queued["steps"]] == ["succeeded", "partial"]
+        _, notes = _run_notes(c, old1)
+        assert any("re-runs this step" in n for n in notes), notes
+
+        lease2 = c.post(f"/workers/{wid}/lease", json={"kinds": ["sweep"]}, headers=w).json()
+        job2 = lease2["job"]
+        l2 = job2["lease_id"]
+        assert job2["attempt"] == 2
+        assert job2["resume"]["first_batch_no"] == 2
+        [kept] = job2["resume"]["completed"]
+        assert (kept["step_idx"], kept["run_id"], kept["load"]) == (0, run0, 5.0)
+        assert (kept["load_kind"], kept["role"]) == ("rate", "step")
+        assert kept["summary"] == s0["summary"]  # exactly what attempt 1's worker was told
+        again = c.post(f"/jobs/{job_id}/steps/0/complete", json=done | {"lease_id": l2},
+                       headers=w)  # fmt: skip
+        assert again.json()["summary"] == s0["summary"]
+        redo = {"lease_id": l2, "step_idx": 0, "load": 5, "load_kind": "rate"}
+        r = c.post(f"/jobs/{job_id}/steps", json=redo, headers=w)
+        assert r.status_code == 422 and "replay it" in r.text  # completed: never re-run
+        stale = {"lease_id": l2, "batch_no": 1, "run_id": run0, "requests": [_wire(0, 1)]}
+        r = c.post(f"/jobs/{job_id}/results", json=stale, headers=w)
+        assert r.status_code == 422 and "earlier attempts" in r.text
+        new1 = _manual_step(c, w, job_id, l2, 1, 6, 2)
+        assert new1 != old1
+        step1 = {"lease_id": l2, "step_idx": 1, "load": 6, "load_kind": "rate"}
+        assert c.post(f"/jobs/{job_id}/steps", json=step1, headers=w).json()["run_id"] == new1
+        done2 = {"lease_id": l2, "status": "succeeded", "total_batches": 3}
+        r = c.post(f"/jobs/{job_id}/steps/1/complete", json=done2, headers=w)
+        assert r.status_code == 200 and r.json()["run_id"] == new1, r.text
+        r = c.post(f"/jobs/{job_id}/complete", json=done2, headers=w)
+        assert r.status_code == 200 and r.json()["state"] == "succeeded", r.text
+        summary = c.get(f"/sweeps/{sweep_id}").json()
+        old_status, notes = _run_notes(c, old1)
+        assert request_indices(c, old1) == [0, 1, 2]  # kept, apart from the sweep
+        assert sorted(request_indices(c, new1)) == [0, 1, 2]
+        assert sorted(request_indices(c, run0)) == [0, 1, 2]
+        page = httpx_get(srv, f"/sweeps/{sweep_id}")
+    assert summary["status"] == "succeeded"
+    assert [(s["run_id"], s["attempt"]) for s in summary["steps"]] == [(run0, 1), (new1, 2)]
+    assert summary["notes"] == ["resumed after the worker was lost at step 1 (attempt 2)"]
+    assert summary["notes"][0] in page
+    assert old_status == "partial"
+    assert any("superseded" in n and new1 in n for n in notes), notes
+
+
+def _wait_step(c: Any, job_id: str, sweep_id: str, at_least: int) -> int:
+    """Wait until step >= ``at_least`` runs and has stored a request; its index."""
+    box: dict[str, int] = {}
+
+    def running() -> bool:
+        prog = c.get(f"/jobs/{job_id}").json().get("progress") or {}
+        step, run_id = prog.get("step"), prog.get("run_id")
+        if step is None or step < at_least or not run_id:
+            return False
+        box["step"] = int(step)
+        return bool(request_indices(c, run_id))
+
+    wait_for(running, 40, f"step {at_least} to store requests", poll_s=0.2)
+    return box["step"]
+
+
+def _kill(p: Any) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait(10)
+
+
+def _lose_worker_during_step(
+    srv: LiveServer, c: Any, tmp_path: Path, job_id: str, sweep_id: str, at_least: int
+) -> dict[str, Any]:
+    """A worker process runs the sweep and is SIGKILLed during step >= ``at_least``; the
+    job is requeued. Returns the sweep as the lost attempt left it."""
+    proc = start_worker_process(srv.url, srv.worker_token, tmp_path / "w1", "--kind", "sweep")
+    try:
+        _wait_step(c, job_id, sweep_id, at_least)
+    finally:
+        _kill(proc)
+    wait_job(c, job_id, ("queued",), 20)
+    out: dict[str, Any] = c.get(f"/sweeps/{sweep_id}").json()
+    return out
+
+
+def test_sweep_resumes_after_its_worker_is_killed(
+    live_server: LiveServerFactory,  # noqa: F811
+    db_url: str,
+    sim: SimulatorThread,
+    tmp_path: Path,
+) -> None:
+    """A worker SIGKILLed after >= 2 of 4 steps: attempt 2 (another worker) re-runs nothing
+    that completed, re-runs the interrupted step in a new run in its slot, and the sweep
+    ends with exactly the planned steps, each request stored once."""
+    srv = live_server(db_url, env={"TOKENTRACE_LEASE_TTL_S": "2"})
+    rates = [5.0, 6.0, 7.0, 8.0]
+    with api(srv) as c:
+        sweep_id, job_id = create(c, sweep_body(sim, num_prompts=20, rates=rates))
+        lost = _lose_worker_during_step(srv, c, tmp_path, job_id, sweep_id, 2)
+        kept = [s for s in lost["steps"] if s["status"] == "succeeded"]
+        interrupted = [s for s in lost["steps"] if s["status"] != "succeeded"]
+        assert len(kept) >= 2 and len(interrupted) == 1, lost["steps"]
+        k, old_run = len(kept), interrupted[0]["run_id"]
+        old_requests = request_indices(c, old_run)
+        outcome = asyncio.run(make_worker(srv, tmp_path, "w2").run_once())
+        assert outcome is not None and outcome.status == "succeeded", outcome
+        j = wait_job(c, job_id, ("succeeded",), 10)
+        summary = c.get(f"/sweeps/{sweep_id}").json()
+        counts = {s["run_id"]: request_indices(c, s["run_id"]) for s in summary["steps"]}
+        old_status, notes = _run_notes(c, old_run)
+        after_old = request_indices(c, old_run)
+    assert j["attempt"] == 2 and summary["status"] == "succeeded"
+    assert summary["stop_reason"] is None
+    assert [s["load"] for s in summary["steps"]] == rates  # exactly the planned steps
+    assert all(s["status"] == "succeeded" for s in summary["steps"])
+    runs = [s["run_id"] for s in summary["steps"]]
+    assert runs[:k] == [s["run_id"] for s in kept]  # completed steps: never re-run
+    assert old_run not in runs and len(set(runs)) == 4
+    for rid, idx in counts.items():
+        assert sorted(idx) == list(range(20)), rid  # each request once
+    assert [s["attempt"] for s in summary["steps"]] == [1] * k + [2] * (4 - k)
+    assert summary["notes"] == [f"resumed after the worker was lost at step {k} (attempt 2)"]
+    # the interrupted run stays on its own, with what it had stored and why
+    assert old_status in ("partial", "failed") and after_old == old_requests
+    assert len(after_old) == len(set(after_old)) >= 1
+    assert any("superseded" in n and runs[k] in n for n in notes), notes
+
+
+def test_auto_sweep_resumed_chooses_the_same_loads(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    sim: SimulatorThread,
+    tmp_path: Path,
+) -> None:
+    """An auto sweep lost after its two probes: attempt 2 replays the probes' stored
+    summaries and so chooses the rates attempt 1 chose (not re-measured ones)."""
+    srv = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "2"})
+    with api(srv) as c:
+        body = sweep_body(sim, num_prompts=100, auto=True, auto_steps=3)
+        sweep_id, job_id = create(c, body)
+        lost = _lose_worker_during_step(srv, c, tmp_path, job_id, sweep_id, 2)
+        chosen = lost["loads"]  # the rates attempt 1 chose from its probes
+        kept = [s for s in lost["steps"] if s["status"] == "succeeded"]
+        assert len(chosen) == 3 and len(kept) >= 2, lost
+        outcome = asyncio.run(make_worker(srv, tmp_path, "w2").run_once())
+        assert outcome is not None and outcome.status == "succeeded", outcome
+        summary = c.get(f"/sweeps/{sweep_id}").json()
+    steps = summary["steps"]
+    assert summary["status"] == "succeeded" and summary["loads"] == chosen
+    assert [s["run_id"] for s in steps[: len(kept)]] == [s["run_id"] for s in kept]
+    assert [s["role"] for s in steps[:2]] == ["probe", "probe"]
+    rated = [s["load"] for s in steps[2:]]
+    assert rated == chosen[: len(rated)] and rated  # the same rates, in order
+    if len(rated) < 3:
+        assert summary["stop_reason"].startswith("stopped early")
+
+
+def test_resume_with_a_different_plan_fails_naming_the_step(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    sim: SimulatorThread,
+    tmp_path: Path,
+) -> None:
+    """The completed step stored (7 req/s) is not what the plan asks for at step 0 (5):
+    the resuming worker fails the job instead of re-running anything."""
+    srv = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "1"})
+    w = {"Authorization": f"Bearer {srv.worker_token}"}
+    with api(srv) as c:
+        sweep_id, job_id = create(c, sweep_body(sim, num_prompts=3, rates=[5, 6]))
+        wid = _register(c, None, srv.worker_token)
+        lease = c.post(f"/workers/{wid}/lease", json={"kinds": ["sweep"]}, headers=w).json()
+        lease_id = lease["job"]["lease_id"]
+        run0 = _manual_step(c, w, job_id, lease_id, 0, 7, 0)
+        done = {"lease_id": lease_id, "status": "succeeded", "total_batches": 1}
+        assert c.post(f"/jobs/{job_id}/steps/0/complete", json=done, headers=w).status_code == 200
+        _expire(c, w, wid, job_id)
+        outcome = asyncio.run(make_worker(srv, tmp_path).run_once())
+        assert outcome is not None and outcome.status == "failed", outcome
+        j = wait_job(c, job_id, ("failed",), 10)
+        summary = c.get(f"/sweeps/{sweep_id}").json()
+    assert "step 0" in j["error"] and "7 req/s" in j["error"] and "5 req/s" in j["error"]
+    assert summary["status"] == "partial" and "step 0" in summary["stop_reason"]
+    assert [s["run_id"] for s in summary["steps"]] == [run0]  # nothing re-run
+
+
+def _fake_step(i: int, load: float, kind: LoadKind) -> StepSummary:
+    """A deterministic server: 40 req/s at most, latency growing with the load."""
+    thr = min(load, 40.0) if math.isfinite(load) else 40.0
+    if kind == "concurrency":
+        thr = 12.5
+    return StepSummary(
+        index=i, load=load, load_kind=kind, achieved_rps=thr * 0.999999,
+        request_throughput_rps=thr / 3, output_throughput_tok_s=thr * 17.3,
+        goodput_rps=None, error_rate=0.0,
+        latency_ms={"ttft_ms": {"p50": 1 / 3, "p90": None, "p99": load / 7 if
+                                math.isfinite(load) else None}},
+        run_id=f"r{i}",
+    )  # fmt: skip
+
+
+class _Live:
+    """A sweep run uninterrupted against the fake server; keeps what the server stored."""
+
+    def __init__(self) -> None:
+        self.stored: list[ResumedStep] = []
+        self.loads: list[float] = []
+
+    def run(self, load: float, kind: LoadKind, role: str) -> StepSummary:
+        s = _fake_step(len(self.stored), load, kind)
+        wire = json.loads(json.dumps(json_safe(sweep_svc.step_dict(s, role))))
+        self.stored.append(ResumedStep(step_idx=s.index, run_id=s.run_id or "",
+                           load=wire["load"], load_kind=kind,
+                           role="probe" if role == "probe" else "step", summary=wire))  # fmt: skip
+        return sweep_svc.step_from_dict(wire)  # what the worker gets over HTTP
+
+    def set_loads(self, loads: list[float]) -> None:
+        self.loads = list(loads)
+
+
+class _Resumed(_Live):
+    """Attempt 2: the first steps come from ``Replay``, the rest run live."""
+
+    def __init__(self, replay: Replay) -> None:
+        super().__init__()
+        self.replay = replay
+        self.ran: list[int] = []
+
+    def run(self, load: float, kind: LoadKind, role: str) -> StepSummary:
+        idx = len(self.stored)
+        done = self.replay.summary(idx, load, kind, role)
+        if done is None:
+            self.ran.append(idx)
+            return super().run(load, kind, role)
+        self.stored.append(self.replay.steps[idx])
+        return done
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        sweep_svc.SweepPlan("auto", (), 4),
+        sweep_svc.SweepPlan("rates", (10.0, 20.0, 35.0, 50.0, 80.0)),
+    ],
+    ids=["auto", "rates"],
+)
+def test_replay_through_drive_decides_as_the_uninterrupted_sweep(
+    plan: sweep_svc.SweepPlan,
+) -> None:
+    whole = _Live()
+    stop = sweep_svc.drive(whole, plan)
+    steps = [(s.step_idx, s.load, s.load_kind, s.role) for s in whole.stored]
+    assert len(steps) >= 4
+    for k in range(len(steps) + 1):  # lost after k completed steps
+        resumed = _Resumed(Replay(whole.stored[:k]))
+        assert sweep_svc.drive(resumed, plan) == stop
+        assert [(s.step_idx, s.load, s.load_kind, s.role) for s in resumed.stored] == steps
+        assert resumed.ran == list(range(k, len(steps)))  # nothing completed is re-run
+        assert resumed.loads == whole.loads  # auto: the same rates chosen
+
+
+def test_replay_refuses_a_different_plan() -> None:
+    whole = _Live()
+    sweep_svc.drive(whole, sweep_svc.SweepPlan("rates", (10.0, 20.0)))
+    with pytest.raises(ReplayMismatch, match=r"step 1 ran at 20 req/s \(step\).*25 req/s"):
+        sweep_svc.drive(_Resumed(Replay(whole.stored)), sweep_svc.SweepPlan("rates", (10.0, 25.0)))
+    with pytest.raises(ReplayMismatch, match="step 0"):
+        sweep_svc.drive(
+            _Resumed(Replay(whole.stored)), sweep_svc.SweepPlan("concurrencies", (10.0, 20.0))
+        )
+
+
+def test_step_summary_round_trips_exactly_through_storage() -> None:
+    s = StepSummary(
+        index=3, load=math.inf, load_kind="rate", achieved_rps=None,
+        request_throughput_rps=0.1 + 0.2, output_throughput_tok_s=1e-300,
+        goodput_rps=123456.789012345678, error_rate=0.0,
+        latency_ms={"ttft_ms": {"p50": 1 / 3, "p90": None, "p99": 2.0**-40}}, run_id="r",
+    )  # fmt: skip
+    stored = json.loads(json.dumps(json_safe(sweep_svc.step_dict(s, "probe"))))
+    assert sweep_svc.step_from_dict(stored) == s
+    assert sweep_svc.step_from_dict(json.loads(json.dumps(stored))) == s
 
 
 # ---------------------------------------------------------------- roofline and hardware

@@ -132,6 +132,11 @@ def lease(
         session.commit()
     if chosen is None:
         return None
+    resume = None
+    if chosen.kind == "sweep":  # attempt >= 2: the steps to replay (app.services.sweep_jobs)
+        from app.services import sweep_jobs
+
+        resume = sweep_jobs.resume_of(session, chosen)
     return LeasedJob(
         job_id=chosen.id,
         kind=chosen.kind,  # type: ignore[arg-type]
@@ -140,6 +145,7 @@ def lease(
         attempt=chosen.attempt,
         lease_id=lease_id,
         lease_expires_at=expires,
+        resume=resume,
     )
 
 
@@ -217,13 +223,13 @@ def ingest_batch(
     """Store one numbered batch; a batch_no already stored is a duplicate and changes nothing.
     The batch row and its requests are written in the caller's one transaction."""
     job = _leased_job(session, job_id, batch.lease_id, principal)
-    if job_repo.batch_exists(session, job_id, batch.batch_no):
-        return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
     run_id = job.run_id
-    if job.kind == "sweep":
+    if job.kind == "sweep":  # checked first: a batch_no of an earlier attempt is refused
         from app.services import sweep_jobs
 
         run_id = sweep_jobs.batch_run(session, job, batch)
+    if job_repo.batch_exists(session, job_id, batch.batch_no):
+        return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
     if run_id is None:
         raise Conflict(f"job {job_id!r} has no run to store results in")
     records = _records(job, batch)
@@ -319,15 +325,18 @@ def complete(
             _finalize(sessions, run.id, outcome, req)
         return CompleteResponse(job_id=job.id, state=job.state, run_id=job.run_id)  # type: ignore[arg-type]
     job = _leased_job(session, job_id, req.lease_id, principal)
-    missing = sorted(set(range(req.total_batches)) - job_repo.batch_numbers(session, job_id))
+    if job.kind == "sweep":  # a resumed attempt numbers its batches after earlier ones
+        from app.services import sweep_jobs
+
+        missing = sweep_jobs.missing_batches(session, job, req.total_batches)
+    else:
+        missing = sorted(set(range(req.total_batches)) - job_repo.batch_numbers(session, job_id))
     if missing:
         raise Conflict(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "
             "upload them, then complete again"
         )
     if job.kind == "sweep":
-        from app.services import sweep_jobs
-
         return sweep_jobs.complete_sweep(session, sessions, job, req)
     outcome = _decide(session, job, req)
     now = utcnow()
@@ -433,7 +442,8 @@ class Expiry:
 
 def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome | None]:
     """What a lost lease means for ``job``: the expiry, the job's new values, and the run's
-    outcome when the job ends here."""
+    outcome when the job ends here. A sweep job is requeued while attempts remain, whatever
+    it uploaded: the next attempt resumes it (``app.services.sweep_jobs.resume_of``)."""
     n_batches = job_repo.count_batches(session, job.id)
     if job.kind == "sweep" and not n_batches:
         from app.services import sweep_jobs
@@ -445,6 +455,18 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
         "lease_expires_at": None,
         "spec": public_spec(job.spec),
     }
+    requeue = {
+        "state": "queued",
+        "lease_id": None,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "progress": None,
+    }
+    if job.kind == "sweep" and not job.cancel_requested and job.attempt < job.max_attempts:
+        error = f"attempt {job.attempt} lost (lease expired); requeued"
+        if n_batches:
+            error += " to resume: completed steps are kept"
+        return Expiry(job.id, job.run_id, "requeued"), requeue | {"error": error}, None
     if n_batches:
         stored = job_repo.stored_requests(session, job.run_id) if job.run_id else 0
         note = (
@@ -462,14 +484,7 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
         outcome = Outcome("cancelled", RunStatus.CANCELLED, None, ["cancelled; worker lost"])
         return Expiry(job.id, job.run_id, "cancelled"), ended | {"state": "cancelled"}, outcome
     if job.attempt < job.max_attempts:
-        values = {
-            "state": "queued",
-            "lease_id": None,
-            "worker_id": None,
-            "lease_expires_at": None,
-            "progress": None,
-            "error": f"attempt {job.attempt} lost (lease expired); requeued",
-        }
+        values = requeue | {"error": f"attempt {job.attempt} lost (lease expired); requeued"}
         return Expiry(job.id, job.run_id, "requeued"), values, None
     error = f"lease expired on all {job.max_attempts} attempts"
     outcome = Outcome("failed", RunStatus.FAILED, error, [f"failed: {error}"])

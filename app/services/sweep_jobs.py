@@ -3,8 +3,16 @@ step's run as it goes, finalize each step, and end the sweep with why it stopped
 
 The worker drives the plan with ``app.services.sweeps.drive`` (the same planning and
 saturation rules as a local sweep); the server stores what it reports. Protocol in
-``app.wire``. Functions take the request's ``Session`` and never commit it, except step and
-sweep completion, which commit before ``finalize_run`` (it uses sessions of its own).
+``app.wire``.
+
+A lost lease with attempts left requeues the job (``expired``): each completed step keeps
+its run and the summary the worker was answered; the next attempt's lease carries them
+(``resume_of``) for its worker to replay, so the sweep goes on from where it stopped and
+decides as it would have. The interrupted step is re-run as a new run in the same step slot
+(``create_step``); its old run is kept as a standalone run with notes saying why.
+
+Functions take the request's ``Session`` and never commit it, except step and sweep
+completion, which commit before ``finalize_run`` (it uses sessions of its own).
 """
 
 from __future__ import annotations
@@ -38,10 +46,12 @@ from app.wire import (
     JobRequirements,
     JobState,
     ResultBatch,
+    ResumedStep,
     StepComplete,
     StepCompleted,
     StepCreate,
     StepCreated,
+    SweepResume,
 )
 
 ACTIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING)
@@ -130,6 +140,44 @@ def step_count(session: Session, job: Job) -> int:
     return len(compare_repo.sweep_steps(session, _sweep_id(job)))
 
 
+def _completed(steps: list[SweepStep]) -> list[SweepStep]:
+    """The steps completed so far: the leading ones with a stored summary."""
+    out: list[SweepStep] = []
+    for st in steps:
+        if st.summary is None or st.step_idx != len(out):
+            break
+        out.append(st)
+    return out
+
+
+def resume_of(session: Session, job: Job) -> SweepResume | None:
+    """What the worker of a sweep job's attempt >= 2 needs to go on where the sweep stopped:
+    the completed steps to replay and the first batch number to use (None: attempt 1)."""
+    if job.kind != "sweep" or job.attempt < 2:
+        return None
+    done = [
+        ResumedStep(
+            step_idx=st.step_idx,
+            run_id=st.run_id,
+            load=None if st.load < 0 else st.load,
+            load_kind="concurrency" if st.load_kind == "concurrency" else "rate",
+            role="probe" if st.role == "probe" else "step",
+            summary=dict(st.summary or {}),
+        )
+        for st in _completed(compare_repo.sweep_steps(session, _sweep_id(job)))
+    ]
+    return SweepResume(
+        completed=done, first_batch_no=compare_repo.first_batch_no(session, job.id, job.attempt)
+    )
+
+
+def missing_batches(session: Session, job: Job, total_batches: int) -> list[int]:
+    """Batch numbers this attempt sent (``first_batch_no..total_batches-1``) that have not
+    arrived; earlier attempts' numbers are theirs."""
+    first = compare_repo.first_batch_no(session, job.id, job.attempt)
+    return sorted(set(range(first, total_batches)) - job_repo.batch_numbers(session, job.id))
+
+
 # ------------------------------------------------------------------------------ steps
 
 
@@ -137,12 +185,20 @@ def create_step(
     session: Session, job_id: str, req: StepCreate, principal: Principal
 ) -> StepCreated:
     """Create step ``step_idx``'s run (status running) under the job's lease; a retry of the
-    same step answers the run already made."""
+    same step within the attempt answers the run already made. A step an earlier attempt
+    left unfinished (its worker was lost) gets a new run in the same slot; its old run is
+    kept on its own, with a note naming the new one."""
     job = _sweep_job(session, job_id, req.lease_id, principal)
     sweep_id = _sweep_id(job)
     found = _step(session, sweep_id, req.step_idx)
-    if found is not None:
+    if found is not None and found.attempt >= job.attempt:
         return StepCreated(run_id=found.run_id, step_idx=req.step_idx)
+    if found is not None and found.summary is not None:
+        raise Invalid(
+            f"step_idx: step {req.step_idx} was completed on attempt {found.attempt} "
+            "(sent with the lease in resume): replay it, do not run it again",
+            loc=("body", "step_idx"),
+        )
     load = math.inf if req.load is None else float(req.load)
     if math.isinf(load) and req.load_kind != "rate":
         raise Invalid("load: only a rate may be unlimited (null)", loc=("body", "load"))
@@ -161,15 +217,29 @@ def create_step(
     name = f"{job.spec.get('name')} · {sweep_svc.step_label(load, req.load_kind)}"
     run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.RUNNING)
     repo.start_run(session, run_id, started_at=now)
-    compare_repo.add_step(
-        session,
-        sweep_id,
-        step_idx=req.step_idx,
-        run_id=run_id,
-        load=-1.0 if math.isinf(load) else load,
-        load_kind=req.load_kind,
-        role=req.role,
-    )
+    stored_load = -1.0 if math.isinf(load) else load
+    if found is None:
+        compare_repo.add_step(
+            session,
+            sweep_id,
+            step_idx=req.step_idx,
+            run_id=run_id,
+            load=stored_load,
+            load_kind=req.load_kind,
+            role=req.role,
+            attempt=job.attempt,
+        )
+    else:
+        _supersede(session, sweep_id, found.run_id, req.step_idx, run_id, job.attempt)
+        compare_repo.repoint_step(
+            session,
+            found.id,
+            run_id=run_id,
+            load=stored_load,
+            load_kind=req.load_kind,
+            role=req.role,
+            attempt=job.attempt,
+        )
     changes: dict[str, Any] = {"status": "running"}
     if req.planned_loads is not None:
         changes["loads"] = [float(x) for x in req.planned_loads]
@@ -177,10 +247,39 @@ def create_step(
     return StepCreated(run_id=run_id, step_idx=req.step_idx)
 
 
+def _supersede(
+    session: Session, sweep_id: str, old_run: str, step_idx: int, new_run: str, attempt: int
+) -> None:
+    """Note on the interrupted step's old run (kept, no longer part of the sweep) that a new
+    run replaced it; one still active (its finalization after the lost lease failed) ends."""
+    run = repo.find_run(session, old_run)
+    if run is None:
+        return
+    note = (
+        f"superseded: the worker was lost during step {step_idx} of sweep {sweep_id}; "
+        f"attempt {attempt} re-ran the step as run {new_run} (this run is no longer a step)"
+    )
+    changes: dict[str, Any] = {"validity": [*(run.validity or []), note]}
+    if run.status in ACTIVE_RUN:
+        stored = job_repo.stored_requests(session, old_run)
+        changes |= {
+            "status": RunStatus.PARTIAL if stored else RunStatus.FAILED,
+            "finished_at": utcnow(),
+        }
+    repo.update_run(session, old_run, **changes)
+
+
 def batch_run(session: Session, job: Job, batch: ResultBatch) -> str:
     """The run a sweep job's batch belongs to: one of its sweep's steps (422 otherwise)."""
     if not batch.run_id:
         raise Invalid("run_id: a sweep job's batch names its step's run", loc=("body", "run_id"))
+    first = compare_repo.first_batch_no(session, job.id, job.attempt)
+    if batch.batch_no < first:
+        raise Invalid(
+            f"batch_no: numbers below {first} belong to earlier attempts of this job; "
+            f"attempt {job.attempt} numbers its batches from {first} (resume.first_batch_no)",
+            loc=("body", "batch_no"),
+        )
     step = compare_repo.step_of_run(session, batch.run_id)
     if step is None or step.sweep_id != _sweep_id(job):
         raise Invalid(
@@ -215,13 +314,22 @@ def complete_step(
     principal: Principal,
 ) -> StepCompleted:
     """Finalize one step's run (every batch sent so far must have arrived) and answer its
-    summary, from which the worker decides whether the sweep goes on."""
+    summary, from which the worker decides whether the sweep goes on. A step that ran to its
+    end (not cancelled) is recorded as completed with that summary: a resumed attempt
+    replays it."""
     from app.services.runs import run_report
 
     job = _sweep_job(session, job_id, req.lease_id, principal)
     found = _step(session, _sweep_id(job), step_idx)
     if found is None:
         raise NotFound(f"job {job_id!r} has no step {step_idx}")
+    if found.summary is not None:  # a retry of a completed step: answer the same
+        run = repo.find_run(session, found.run_id)
+        status = run.status.value if run is not None else "succeeded"
+        return StepCompleted(
+            run_id=found.run_id, step_idx=step_idx, status=status, summary=dict(found.summary)
+        )
+    step_id = found.id
     step = _StepRow(
         found.step_idx,
         found.run_id,
@@ -232,13 +340,14 @@ def complete_step(
     run = repo.find_run(session, step.run_id)
     if run is None:
         raise NotFound(f"the run of step {step_idx} was deleted")
-    if run.status not in ACTIVE_RUN:  # a retry: answer the same
+    if run.status not in ACTIVE_RUN:  # a retry (the first try failed mid-way): the same
         status = run.status.value
         session.commit()
         report = run_report(sessions, step.run_id)
         summary = _summary(sessions, step, report)
+        _record_completed(sessions, step_id, req, summary)
         return StepCompleted(run_id=step.run_id, step_idx=step_idx, status=status, summary=summary)
-    missing = sorted(set(range(req.total_batches)) - job_repo.batch_numbers(session, job_id))
+    missing = missing_batches(session, job, req.total_batches)
     if missing:
         raise Conflict(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "
@@ -262,12 +371,22 @@ def complete_step(
         meta=req.run_meta,
         extra_notes=outcome.notes or None,
     )
+    summary = _summary(sessions, step, report)
+    _record_completed(sessions, step_id, req, summary)
     return StepCompleted(
-        run_id=step.run_id,
-        step_idx=step_idx,
-        status=outcome.run_status.value,
-        summary=_summary(sessions, step, report),
+        run_id=step.run_id, step_idx=step_idx, status=outcome.run_status.value, summary=summary
     )
+
+
+def _record_completed(
+    sessions: sessionmaker[Session], step_id: int, req: StepComplete, summary: dict[str, Any]
+) -> None:
+    """Store the summary answered for a step that ran to its end; a cancelled (stopped)
+    step is not completed: a resumed attempt runs it again."""
+    if req.status == "cancelled":
+        return
+    with session_scope(sessions) as s:
+        compare_repo.set_step_summary(s, step_id, summary)
 
 
 # ----------------------------------------------------------------------------- the end
@@ -336,12 +455,18 @@ def complete_sweep(
 
 def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, job_svc.Outcome]]:
     """After a sweep job's lease was lost (``app.services.jobs.sweep_expired``): mark the
-    sweep, and return its unfinished step runs with the outcome to finalize them with."""
+    sweep, and return its unfinished step runs with the outcome to finalize them with.
+    Requeued (attempts left): the sweep is queued again, its steps kept; the interrupted
+    step's run is finalized now and replaced when the next attempt re-runs the step."""
     sweep_id = _sweep_id(job)
+    runs = _unfinished_runs(session, sweep_id)
     if outcome == "requeued":
         compare_repo.update_sweep(session, sweep_id, status="queued")
-        return []
-    runs = _unfinished_runs(session, sweep_id)
+        note = (
+            f"worker lost during this step (lease expired on attempt {job.attempt}); the "
+            f"sweep was requeued to resume: attempt {job.attempt + 1} re-runs this step"
+        )
+        return [(rid, job_svc.Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
     n_steps = step_count(session, job)
     now = utcnow()
     if outcome == "partial":
@@ -377,12 +502,14 @@ def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
         finished_at=now,
         spec=job_svc.public_spec(job.spec),
     ):
+        n_steps = step_count(session, job)
+        reason = (
+            f"cancelled while queued to resume after {n_steps} step(s)"
+            if n_steps
+            else "cancelled before it started"
+        )
         compare_repo.update_sweep(
-            session,
-            sweep_id,
-            status="cancelled",
-            stop_reason="cancelled before it started",
-            finished_at=now,
+            session, sweep_id, status="cancelled", stop_reason=reason, finished_at=now
         )
         return {"sweep_id": sweep_id, "job_id": job.id, "state": "cancelled",
                 "cancel_requested": False}  # fmt: skip

@@ -282,13 +282,16 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             "job_id": sweep.job_id,
         }
         rows = [
-            (st.step_idx, st.run_id, st.load, st.load_kind, st.role)
+            (st.step_idx, st.run_id, st.load, st.load_kind, st.role, st.attempt)
             for st in compare_repo.sweep_steps(s, sweep_id)
         ]
     steps: list[StepSummary] = []
     out_steps: list[dict[str, Any]] = []
     floors: dict[str, tuple[float | None, str]] = {}
-    for idx, run_id, load, kind, role in rows:
+    resumed: dict[int, int] = {}  # job attempt >= 2 -> the first step it ran
+    for idx, run_id, load, kind, role, attempt in rows:
+        if attempt > 1:
+            resumed.setdefault(attempt, idx)
         with session_scope(sessions) as s:
             row = repo.get_run(s, run_id)
             run = run_svc.run_dict(row)
@@ -297,13 +300,19 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
         report = run_svc.assemble_report(run=run, trace=trace)
         real_load = math.inf if load < 0 else load
         summ = step_summary(idx, real_load, kind, report, trace, run_id)  # type: ignore[arg-type]
-        out_steps.append(step_dict(summ, role) | {"status": str(run.get("status"))})
+        out_steps.append(
+            step_dict(summ, role) | {"status": str(run.get("status")), "attempt": attempt}
+        )
         if role == "step":
             steps.append(summ)
     slos = dict((info["spec"] or {}).get("goodput") or {})
     best = max_goodput(steps, slos)
     info.update(
         steps=out_steps,
+        notes=[
+            f"resumed after the worker was lost at step {idx} (attempt {attempt})"
+            for attempt, idx in sorted(resumed.items())
+        ],
         slos_ms=slos,
         max_goodput=best.to_dict(),
         diagnosis=[n.to_dict() for n in _roofline_notes(steps, floors)]

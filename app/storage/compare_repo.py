@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.storage.jsonsafe import json_safe
-from app.storage.models import utcnow
+from app.storage.models import JobBatch, utcnow
 from app.storage.models_compare import Baseline, Sweep, SweepStep
 
 
@@ -76,6 +76,7 @@ def add_step(
     load: float,
     load_kind: str,
     role: str = "step",
+    attempt: int = 1,
 ) -> None:
     session.add(
         SweepStep(
@@ -85,9 +86,50 @@ def add_step(
             load=float(load),
             load_kind=load_kind,
             role=role,
+            attempt=attempt,
         )
     )
     session.flush()
+
+
+def repoint_step(
+    session: Session,
+    step_id: int,
+    *,
+    run_id: str,
+    load: float,
+    load_kind: str,
+    role: str,
+    attempt: int,
+) -> None:
+    """Point a step at a new run (a resumed sweep job re-runs its interrupted step there)."""
+    values = {
+        "run_id": run_id,
+        "load": float(load),
+        "load_kind": load_kind,
+        "role": role,
+        "attempt": attempt,
+        "summary": None,
+    }
+    session.execute(update(SweepStep).where(SweepStep.id == step_id).values(**values))
+    session.flush()
+
+
+def set_step_summary(session: Session, step_id: int, summary: dict[str, Any]) -> None:
+    """Record that a step completed, with the summary its worker was answered."""
+    stmt = update(SweepStep).where(SweepStep.id == step_id).values(summary=json_safe(summary))
+    session.execute(stmt)
+
+
+def first_batch_no(session: Session, job_id: str, attempt: int) -> int:
+    """The first batch number attempt ``attempt`` of a job uses: one past the highest any
+    earlier attempt uploaded (0 when none did). Batch numbers stay unique per job, so a
+    resumed sweep job numbers its batches after the ones it keeps."""
+    stmt = select(func.max(JobBatch.batch_no)).where(
+        JobBatch.job_id == job_id, JobBatch.attempt < attempt
+    )
+    top = session.scalar(stmt)
+    return 0 if top is None else int(top) + 1
 
 
 def sweep_steps(session: Session, sweep_id: str) -> list[SweepStep]:

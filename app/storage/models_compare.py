@@ -1,9 +1,11 @@
-"""Tables for sweeps and baselines (migration 0004).
+"""Tables for sweeps and baselines (migrations 0004, 0007).
 
 ``sweeps``: one sweep (the same workload at several loads); ``sweep_steps`` links each step
-to its run (a normal run with all its events). ``baselines``: named references to a run or
-a sweep; saving under an existing name adds a version and marks the previous one replaced,
-so the history is kept. A pinned baseline is not replaced unless it is unpinned first.
+to its run (a normal run with all its events), with the job attempt that made that run and,
+once the step completed, the summary the worker got (a resumed sweep job replays it).
+``baselines``: named references to a run or a sweep; saving under an existing name adds a
+version and marks the previous one replaced, so the history is kept. A pinned baseline is
+not replaced unless it is unpinned first.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class SweepStep(Base):
     load: Mapped[float] = mapped_column(Float)
     load_kind: Mapped[str] = mapped_column(String(16))  # rate | concurrency
     role: Mapped[str] = mapped_column(String(16), default="step")  # step | probe (auto plan)
+    # the job attempt that created the step's current run (1 for local sweeps)
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # ``app.services.sweeps.step_dict`` as answered to the worker when the step completed;
+    # None: not completed (running, interrupted, or a local sweep's step)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         UniqueConstraint("sweep_id", "step_idx", name="uq_sweep_steps_sweep_id_step_idx"),

@@ -9,6 +9,12 @@ through the job's spooled ``Uploader`` (batches name the step's run), then final
 Heartbeats carry "step n of N"; a cancel stops the current step's load, finalizes what it
 measured and completes the job as cancelled (finished steps are kept); a lost lease drops
 the job; a stopped worker completes it as cancelled within the grace.
+
+A resumed attempt (the lease's ``resume``: an earlier worker was lost) replays the steps
+already completed: ``drive`` asks for them in order as usual and gets their stored
+summaries back without running anything, after a check that the plan asks for the same
+load, kind and role at each (``Replay``); so an auto sweep makes the same choices. A
+mismatch fails the job naming the step. Batches are numbered from ``first_batch_no``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
@@ -26,8 +32,8 @@ from app.analysis.sweep import LoadKind, StepSummary
 from app.services import server_metrics
 from app.services.runs import run_meta
 from app.services.sweep_jobs import plan_of
-from app.services.sweeps import drive, planned_steps, step_from_dict, step_spec
-from app.wire import StepComplete, StepCreate
+from app.services.sweeps import drive, planned_steps, step_from_dict, step_label, step_spec
+from app.wire import ResumedStep, StepComplete, StepCreate
 from app.worker.backoff import Backoff
 from app.worker.client import (
     AuthError,
@@ -59,15 +65,62 @@ class SweepStopped(Exception):
         self.error = error
 
 
+class ReplayMismatch(Exception):
+    """A completed step of an earlier attempt is not what the plan asks for now."""
+
+
+def _describe(load: float | None, kind: str, role: str) -> str:
+    text = step_label(
+        math.inf if load is None else load, "rate" if kind == "rate" else "concurrency"
+    )
+    return f"{text} ({role})"
+
+
+class Replay:
+    """The steps earlier attempts of a sweep job completed (steps 0..n-1), handed back in
+    order instead of being run again."""
+
+    def __init__(self, steps: Sequence[ResumedStep]) -> None:
+        self.steps = list(steps)
+        for i, st in enumerate(self.steps):
+            if st.step_idx != i:
+                raise ReplayMismatch(f"resume: completed steps are not 0..{len(steps) - 1}")
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def summary(self, idx: int, load: float, kind: LoadKind, role: str) -> StepSummary | None:
+        """Step ``idx``'s stored summary (None: not completed, run it), checked against what
+        the plan asks for; raises ``ReplayMismatch`` when they differ."""
+        if idx >= len(self.steps):
+            return None
+        st = self.steps[idx]
+        want = None if math.isinf(load) else float(load)
+        role = "probe" if role == "probe" else "step"
+        same_load = (st.load is None) == (want is None) and (
+            st.load is None or want is None or math.isclose(st.load, want, rel_tol=1e-9)
+        )
+        if not (same_load and st.load_kind == kind and st.role == role):
+            raise ReplayMismatch(
+                f"resume: step {idx} ran at {_describe(st.load, st.load_kind, st.role)} on an "
+                f"earlier attempt, but the plan now asks for {_describe(want, kind, role)}; "
+                "not re-running it"
+            )
+        return step_from_dict(st.summary)
+
+
 class _Bridge:
-    """``app.services.sweeps.StepRunner`` for ``drive`` (on a thread): each step runs as a
-    coroutine on the worker's loop."""
+    """``app.services.sweeps.StepRunner`` for ``drive`` (on a thread): a step completed by an
+    earlier attempt is replayed; any other runs as a coroutine on the worker's loop."""
 
     def __init__(self, sweep: SweepRun, loop: asyncio.AbstractEventLoop) -> None:
         self.sweep = sweep
         self.loop = loop
 
     def run(self, load: float, kind: LoadKind, role: str) -> StepSummary:
+        done = self.sweep.replayed(load, kind, role)
+        if done is not None:
+            return done
         fut = asyncio.run_coroutine_threadsafe(self.sweep.step(load, kind, role), self.loop)
         return fut.result()
 
@@ -83,6 +136,7 @@ class SweepRun:
         self.total = 0
         self.planned: list[float] | None = None  # auto: rates chosen, sent with the next step
         self.backoff = Backoff(jr.opts.backoff_initial_s, jr.opts.backoff_max_s)
+        self.replay = Replay([])
 
     async def run(self) -> JobOutcome:
         jr, job = self.jr, self.job
@@ -95,6 +149,19 @@ class SweepRun:
         except (KeyError, TypeError, ValueError, ValidationError) as e:
             return await jr._complete("failed", f"invalid sweep spec: {e}")
         self.total = planned_steps(plan)
+        if job.resume is not None:
+            up = jr.uploader  # batch numbers stay unique per job: go on after earlier ones
+            up.next_batch_no = max(up.next_batch_no, job.resume.first_batch_no)
+            try:
+                self.replay = Replay(job.resume.completed)
+            except ReplayMismatch as e:
+                return await jr._complete("failed", str(e), stop_reason=str(e))
+            log.info(
+                "job %s: attempt %d resumes after %d completed step(s)",
+                job.job_id,
+                job.attempt,
+                len(self.replay),
+            )
         side = [
             asyncio.create_task(jr._heartbeats(), name=f"heartbeat-{job.job_id}"),
             asyncio.create_task(jr._cutter(), name=f"cut-{job.job_id}"),
@@ -106,10 +173,18 @@ class SweepRun:
             error: str | None = None
             try:
                 stop = await asyncio.to_thread(drive, bridge, plan)
+                if self.next_idx < len(self.replay):
+                    raise ReplayMismatch(
+                        f"resume: the plan now ends after step {self.next_idx - 1}, but an "
+                        f"earlier attempt completed steps up to {len(self.replay) - 1}"
+                    )
             except SweepStopped as e:
                 if e.status is None:
                     return jr._drop(jr.uploader.lost or e.reason)
                 status, error, stop = e.status, e.error, e.reason
+            except ReplayMismatch as e:
+                log.error("job %s: %s", job.job_id, e)
+                status, error, stop = "failed", str(e), str(e)
             except Exception as e:
                 log.exception("job %s: sweep failed", job.job_id)
                 status, error, stop = "failed", f"the sweep failed: {describe(e)}", None
@@ -137,6 +212,18 @@ class SweepRun:
                 f"the worker was stopped after {self.next_idx} step(s)",
                 "the worker was stopped during the sweep",
             )
+
+    def replayed(self, load: float, kind: LoadKind, role: str) -> StepSummary | None:
+        """The next step's summary when an earlier attempt completed it (on drive's thread;
+        the loop does not touch ``next_idx`` meanwhile), else None."""
+        idx = self.next_idx
+        done = self.replay.summary(idx, load, kind, role)
+        if done is not None:
+            self.next_idx += 1
+            log.info(
+                "job %s: step %d replayed (completed on an earlier attempt)", self.job.job_id, idx
+            )
+        return done
 
     async def step(self, load: float, kind: LoadKind, role: str) -> StepSummary:
         """Run one step end to end; its summary as the server computed it."""
