@@ -1,10 +1,10 @@
 """The socket client over TLS (https), over real loopback sockets.
 
 A throwaway CA and server certificate for 127.0.0.1 are made with the ``openssl`` command
-line once per session; the simulator serves https with them and its ground truth checks the
-client's per-event stamps. Small asyncio TLS servers and a silent TCP listener play the
-cases the simulator does not (close_notify, a truncated session, a handshake that never
-completes).
+line once per session (.ci/run installs it if missing); the simulator serves https with them
+and its ground truth checks the client's per-event stamps. Small asyncio TLS servers and a
+silent TCP listener play the cases the simulator does not (close_notify, a truncated session,
+a handshake that never completes).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ _SERVER_EXT = (
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     if OPENSSL is None:
-        pytest.skip("the openssl command line is not installed: cannot make test certificates")
+        pytest.fail("the openssl command line is needed to make test certificates: install it")
     d = tmp_path_factory.mktemp("tls")
     _openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
              "-subj", "/CN=tokentrace test CA",

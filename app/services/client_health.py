@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
-def _f(v: Any) -> float | None:
+def as_float(v: Any) -> float | None:
+    """A finite float from a report value, else None (missing, bool, text, inf, NaN)."""
     if v is None or isinstance(v, bool):
         return None
     try:
-        return float(v)
+        f = float(v)
     except (TypeError, ValueError):
         return None
+    return f if math.isfinite(f) else None
 
 
 def client_health(report: dict[str, Any]) -> list[str]:
@@ -21,7 +24,7 @@ def client_health(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
 
     def ms(d: Any, key: str) -> str | None:
-        v = _f((d or {}).get(key)) if isinstance(d, dict) else None
+        v = as_float((d or {}).get(key)) if isinstance(d, dict) else None
         return None if v is None else f"{v:.2f} ms"
 
     sched = load.get("scheduling")
@@ -31,7 +34,7 @@ def client_health(report: dict[str, Any]) -> list[str]:
         p99, mx = ms(load.get(key), "p99_ms"), ms(load.get(key), "max_ms")
         if p99 is not None:
             out.append(f"{label} p99 {p99} (max {mx})")
-    total = _f(load.get("cpu_wait_total_ms"))
+    total = as_float(load.get("cpu_wait_total_ms"))
     if total is not None:
         mx = ms(load.get("cpu_wait_ms"), "max_ms")
         out.append(f"waited for a CPU {total:.2f} ms in all (longest {mx or '—'})")

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.services.client_health import as_float as _f
 from app.storage.models import Job, Run
 
 PCTS: tuple[tuple[str, str], ...] = (
@@ -32,16 +33,6 @@ PROFILE_LABELS = {
 }
 SLO_FIELDS: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
 ACTIVE_RUN_STATES = ("queued", "running")
-
-
-def _f(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 # ------------------------------------------------------------------------------ runs list
