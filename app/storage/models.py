@@ -176,6 +176,16 @@ class Request(Base):
     tpot_ns: Mapped[float | None] = mapped_column(Float)
     n_events: Mapped[int] = mapped_column(Integer, default=0)
     events: Mapped[bytes] = mapped_column(LargeBinary)
+    # phases (SPEC 1b), durations in ns; None where the phase did not happen (migration 0008)
+    queued_ns: Mapped[int | None] = mapped_column(BigInteger)
+    connect_ns: Mapped[int | None] = mapped_column(BigInteger)
+    tls_ns: Mapped[int | None] = mapped_column(BigInteger)
+    sending_ns: Mapped[int | None] = mapped_column(BigInteger)
+    waiting_ns: Mapped[int | None] = mapped_column(BigInteger)
+    first_token_ns: Mapped[int | None] = mapped_column(BigInteger)
+    conn_id: Mapped[int | None] = mapped_column(Integer)  # the run's connection number
+    conn_reused: Mapped[bool | None] = mapped_column(Boolean)
+    retries: Mapped[int] = mapped_column(Integer, default=0)
 
     run: Mapped[Run] = relationship(back_populates="requests")
 
