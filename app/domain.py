@@ -36,6 +36,9 @@ class EventKind(enum.IntEnum):
 
 TOKEN_KINDS = (EventKind.CONTENT, EventKind.REASONING)
 
+# A request's phases (SPEC 1b), in order; ``RequestRecord.<name>_ns`` holds each duration.
+PHASES: tuple[str, ...] = ("queued", "connect", "tls", "sending", "waiting", "first_token")
+
 
 class RequestStatus(enum.StrEnum):
     OK = "ok"
@@ -59,10 +62,11 @@ class ClockSource(enum.StrEnum):
     IMPORTED = "imported"  # times came from a file
 
 
-SLOMetric = Literal["ttft", "tpot", "e2el"]
+SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
 Endpoint = Literal["chat", "completions"]
 Arrival = Literal["poisson", "gamma", "constant"]
 TokenCounting = Literal["auto", "usage", "tokenizer"]
+ConnectionMode = Literal["keep-alive", "new"]
 
 
 class RunSpec(BaseModel):
@@ -90,6 +94,9 @@ class RunSpec(BaseModel):
     max_concurrency: int | None = Field(None, ge=1)
     warmup_requests: int = Field(0, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
+    # connections (SPEC 1b): kept open across requests (one per concurrency slot), or a new
+    # one per request (connection setup then shows in the user-perceived TTFT, not in TTFT)
+    connection_mode: ConnectionMode = "keep-alive"
     max_duration_s: float | None = Field(None, gt=0)
     # SLOs for goodput, in ms, e.g. {"ttft": 150, "e2el": 2000}
     goodput: dict[SLOMetric, float] = Field(default_factory=dict)
@@ -162,6 +169,16 @@ class RequestRecord:
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: int | None = None  # server's "complete" signal ([DONE] or end of stream)
     warmup: bool = False
+    # phases (SPEC 1b), durations in ns; None where the phase did not happen or is unknown
+    queued_ns: int | None = None  # due -> a slot and a connection were free
+    connect_ns: int | None = None  # TCP connect (None: a reused connection)
+    tls_ns: int | None = None  # TLS handshake
+    sending_ns: int | None = None  # first byte -> last byte of the request left
+    waiting_ns: int | None = None  # last byte sent -> response head read
+    first_token_ns: int | None = None  # response head -> first token-bearing chunk
+    conn_id: int | None = None  # the run's connection number the request used
+    conn_reused: bool | None = None  # sent on a connection an earlier request had used
+    retries: int = 0  # sent again on a new connection after a reused one failed
     event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
     event_bytes: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
     event_kind: I8 = field(default_factory=lambda: np.zeros(0, np.int8))
@@ -191,6 +208,9 @@ class RunTrace:
     ev_tokens: I32
     summary_only: bool = False
     clock_source: ClockSource = ClockSource.USERSPACE
+    # per-request phase durations (ns, -1 where the phase did not happen), keyed by PHASES;
+    # None when the run recorded none (imports, runs from before phases were recorded)
+    phases: dict[str, I64] | None = None
 
     @property
     def n_requests(self) -> int:
@@ -223,6 +243,10 @@ def trace_from_records(
     def col(values: list[int | None]) -> I64:
         return np.array([-1 if v is None else v for v in values], np.int64)
 
+    phases: dict[str, I64] | None = None
+    if any(r.conn_id is not None or r.queued_ns is not None for r in recs):
+        phases = {p: col([getattr(r, f"{p}_ns") for r in recs]) for p in PHASES}
+
     return RunTrace(
         sent_ns=col([r.sent_ns for r in recs]),
         end_ns=col([r.end_ns for r in recs]),
@@ -237,6 +261,7 @@ def trace_from_records(
         ev_tokens=cat("event_tokens", np.int32),  # type: ignore[arg-type]
         summary_only=summary_only,
         clock_source=clock_source,
+        phases=phases,
     )
 
 

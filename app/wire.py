@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.domain import RequestRecord, RequestStatus
+from app.domain import PHASES, RequestRecord, RequestStatus
 from app.storage.packing import pack_events, unpack_events
 
 JobKind = Literal["bench", "probe", "sweep"]
@@ -163,6 +163,15 @@ class WireRequest(_Model):
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: int | None = None
     warmup: bool = False
+    queued_ns: int | None = None
+    connect_ns: int | None = None
+    tls_ns: int | None = None
+    sending_ns: int | None = None
+    waiting_ns: int | None = None
+    first_token_ns: int | None = None
+    conn_id: int | None = None
+    conn_reused: bool | None = None
+    retries: int = Field(0, ge=0)
     events_b64: str = ""
 
     @classmethod
@@ -184,6 +193,10 @@ class WireRequest(_Model):
             token_source=r.token_source,
             done_ns=r.done_ns,
             warmup=r.warmup,
+            **{f"{p}_ns": getattr(r, f"{p}_ns") for p in PHASES},
+            conn_id=r.conn_id,
+            conn_reused=r.conn_reused,
+            retries=r.retries,
             events_b64=base64.b64encode(blob).decode("ascii"),
         )
 
@@ -216,6 +229,15 @@ class WireRequest(_Model):
             token_source=self.token_source,
             done_ns=self.done_ns,
             warmup=self.warmup,
+            queued_ns=self.queued_ns,
+            connect_ns=self.connect_ns,
+            tls_ns=self.tls_ns,
+            sending_ns=self.sending_ns,
+            waiting_ns=self.waiting_ns,
+            first_token_ns=self.first_token_ns,
+            conn_id=self.conn_id,
+            conn_reused=self.conn_reused,
+            retries=self.retries,
             event_t_ns=t,
             event_bytes=nb,
             event_kind=kind,

@@ -129,6 +129,7 @@ def test_to_dict_is_json_with_units() -> None:
     assert d["error_rate"] == 0.25
     assert d["aggregation"] == {
         "ttft_ms": "per_request",
+        "user_ttft_ms": "per_request",
         "ttfot_ms": "per_request",
         "e2el_ms": "per_request",
         "tpot_ms": "per_request",

@@ -69,7 +69,7 @@ def stream(sim: SimulatorThread, path: str, body: dict[str, Any], **headers: str
         assert r.status_code == 200
         assert r.headers["content-type"] == "text/event-stream"
         assert r.headers["transfer-encoding"] == "chunked"
-        assert r.headers["connection"] == "close"
+        assert "connection" not in r.headers  # keep-alive (HTTP/1.1 default)
         return sse_payloads(r.read().decode())
 
 

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from app.domain import TOKEN_KINDS, EventKind, PerRequestMetrics, RunTrace
 
 from .percentiles import Distribution, summarize
+from .phases import NO_PHASES, phase_summary, user_ttft_ns
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -34,7 +35,7 @@ BoolArr = npt.NDArray[np.bool_]
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
-SLO_KEYS: tuple[str, ...] = ("ttft", "tpot", "e2el")
+SLO_KEYS: tuple[str, ...] = ("ttft", "tpot", "e2el", "user_ttft")
 SUMMARY_ONLY_REASON = "summary-only run (imported log): no per-token arrival times"
 
 
@@ -367,18 +368,26 @@ def _check_slos(slos_ms: dict[str, float] | None) -> dict[str, float]:
 
 
 def good_requests(
-    per_request: PerRequestMetrics, ok: BoolArr, slos_ms: dict[str, float]
+    per_request: PerRequestMetrics,
+    ok: BoolArr,
+    slos_ms: dict[str, float],
+    user_ttft: F64 | None = None,
 ) -> BoolArr:
     """Successful requests meeting every SLO in force (values in ms).
 
-    TTFT and E2E must be defined and <= the SLO. An undefined TPOT (n < 2) meets a TPOT SLO,
-    as in vLLM (which records TPOT 0 for such requests when checking goodput).
+    TTFT, user-perceived TTFT (``user_ttft``, ns) and E2E must be defined and <= the SLO.
+    An undefined TPOT (n < 2) meets a TPOT SLO, as in vLLM (which records TPOT 0 for such
+    requests when checking goodput).
     """
     good = ok.copy()
     ttft = per_request.ttft_ns
     good &= np.isfinite(ttft)
     if "ttft" in slos_ms:
         good &= ttft <= slos_ms["ttft"] * NS_PER_MS
+    if "user_ttft" in slos_ms:
+        if user_ttft is None:
+            raise ValueError("a user_ttft SLO needs the requests' connection phases")
+        good &= user_ttft <= slos_ms["user_ttft"] * NS_PER_MS
     if "e2el" in slos_ms:
         good &= per_request.e2e_ns <= slos_ms["e2el"] * NS_PER_MS
     if "tpot" in slos_ms:
@@ -389,6 +398,7 @@ def good_requests(
 
 AGGREGATION: dict[str, str] = {
     "ttft_ms": "per_request",
+    "user_ttft_ms": "per_request",
     "ttfot_ms": "per_request",
     "e2el_ms": "per_request",
     "tpot_ms": "per_request",
@@ -416,6 +426,7 @@ class RunMetrics:
     itl_no_data_reason: str | None = None
     e2e_end: str = "last_token"
     notes: list[str] = field(default_factory=list)
+    phases: dict[str, object] = field(default_factory=dict)
 
     def dist(self, key: str) -> Distribution:
         """A distribution by key: "ttft_ms", "ttfot_ms", "e2el_ms", "tpot_ms", "itl_ms", ..."""
@@ -439,6 +450,7 @@ class RunMetrics:
             "e2e_end": self.e2e_end,
             "aggregation": dict(AGGREGATION),
             "notes": list(self.notes),
+            "phases": dict(self.phases),
         }
         for key, dist in self.distributions.items():
             out[key] = dist.to_dict()
@@ -472,11 +484,16 @@ def _distributions(
     out: dict[str, Distribution] = {}
     for i, (key, arr) in enumerate(per_request.items()):
         out[key] = summarize(arr, ci=ci, seed=seed + i).divided(NS_PER_MS)
+    if trace.phases is None:
+        out["user_ttft_ms"] = Distribution.no_data(NO_PHASES)
+    else:
+        user = user_ttft_ns(prm.ttft_ns, trace.phases)
+        out["user_ttft_ms"] = summarize(user, ci=ci, seed=seed + 6).divided(NS_PER_MS)
     if trace.summary_only:
         empty = Distribution.no_data(SUMMARY_ONLY_REASON)
         out["itl_ms"] = empty
         out["itl_chunk_ms"] = empty
-        return out, SUMMARY_ONLY_REASON
+        return {k: out[k] for k in AGGREGATION}, SUMMARY_ONLY_REASON
     samples = itl_samples(trace, tokens)
     if samples.per_token is not None:
         itl = summarize(samples.per_token, ci=ci, seed=seed + 4, owned=True)
@@ -513,9 +530,14 @@ def compute_metrics(
     ok = valid_requests(trace)
     out_tokens = int(np.clip(prm.n_tokens[ok], 0, None).sum())
     in_tokens = int(np.clip(trace.input_tokens[ok], 0, None).sum())
-    n_good = int(good_requests(prm, ok, slos).sum()) if slos else None
+    user = user_ttft_ns(prm.ttft_ns, trace.phases) if trace.phases is not None else None
     dists, itl_reason = _distributions(trace, prm, tokens, ci, seed)
     notes = []
+    n_good: int | None = None
+    if "user_ttft" in slos and user is None:
+        notes.append(f"no goodput: the user_ttft SLO needs connection phases ({NO_PHASES})")
+    elif slos:
+        n_good = int(good_requests(prm, ok, slos, user).sum())
     if counts.ok and bool(np.any(trace.input_tokens[ok] < 0)):
         notes.append(
             "some successful requests have no input token count: total throughput omits them"
@@ -535,4 +557,5 @@ def compute_metrics(
         summary_only=trace.summary_only,
         itl_no_data_reason=itl_reason,
         notes=notes,
+        phases=phase_summary(trace, ok),
     )

@@ -74,6 +74,15 @@ def request_row(r: dict[str, Any]) -> RequestRow:
         e2e_ms=_ms(r["e2e_ns"]),
         tpot_ms=_ms(r["tpot_ns"]),
         n_events=int(r["n_events"] or 0),
+        queued_ms=_ms(r.get("queued_ns")),
+        connect_ms=_ms(r.get("connect_ns")),
+        tls_ms=_ms(r.get("tls_ns")),
+        sending_ms=_ms(r.get("sending_ns")),
+        waiting_ms=_ms(r.get("waiting_ns")),
+        first_token_ms=_ms(r.get("first_token_ns")),
+        conn_id=r.get("conn_id"),
+        conn_reused=r.get("conn_reused"),
+        retries=int(r.get("retries") or 0),
     )
 
 

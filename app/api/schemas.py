@@ -103,6 +103,16 @@ class RequestRow(BaseModel):
     e2e_ms: float | None
     tpot_ms: float | None
     n_events: int
+    # phases (SPEC 1b), ms; None where the phase did not happen or was not recorded
+    queued_ms: float | None = None
+    connect_ms: float | None = None
+    tls_ms: float | None = None
+    sending_ms: float | None = None
+    waiting_ms: float | None = None
+    first_token_ms: float | None = None
+    conn_id: int | None = None
+    conn_reused: bool | None = None
+    retries: int = 0
 
 
 class RequestPage(BaseModel):

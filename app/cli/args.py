@@ -43,6 +43,7 @@ FLAG_FOR_FIELD = {
     "max_concurrency": "--max-concurrency",
     "warmup_requests": "--num-warmups",
     "request_timeout_s": "--request-timeout",
+    "connection_mode": "--connection-mode",
     "max_duration_s": "--max-duration",
     "goodput": "--goodput",
     "client_lag_bound_ms": "--client-lag-bound-ms",
@@ -75,6 +76,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--num-warmups", "--warmup-requests", type=int, default=0, dest="num_warmups")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument(
+        "--connection-mode",
+        default="keep-alive",
+        help="keep-alive: connections persist across requests (one per concurrency slot); "
+        "new: a new connection per request",
+    )
     p.add_argument("--max-duration", type=float, default=None, help="whole-run limit, seconds")
     p.add_argument(
         "--goodput", nargs="+", default=[], metavar="KEY:MS", help="SLOs, e.g. ttft:150 e2el:2000"
@@ -125,8 +132,8 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
         key, sep, value = item.partition(":")
         if not sep:
             raise UsageError(f"--goodput: expected KEY:MS, got {item!r}")
-        if key not in ("ttft", "tpot", "e2el"):
-            raise UsageError(f"--goodput: unknown SLO {key!r} (use ttft, tpot, e2el)")
+        if key not in ("ttft", "tpot", "e2el", "user_ttft"):
+            raise UsageError(f"--goodput: unknown SLO {key!r} (use ttft, tpot, e2el, user_ttft)")
         try:
             slos[key] = float(value)
         except ValueError:
@@ -180,6 +187,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "max_concurrency": ns.max_concurrency,
         "warmup_requests": ns.num_warmups,
         "request_timeout_s": ns.request_timeout,
+        "connection_mode": ns.connection_mode,
         "max_duration_s": ns.max_duration,
         "goodput": parse_goodput(ns.goodput),
         "client_lag_bound_ms": ns.client_lag_bound_ms,

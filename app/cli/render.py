@@ -14,6 +14,7 @@ PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
 # Report metric key -> (label, aggregation) in the order shown.
 LATENCY_ROWS = (
     ("ttft_ms", "TTFT", "request"),
+    ("user_ttft_ms", "TTFT+setup", "request"),
     ("ttfot_ms", "TTFOT", "request"),
     ("tpot_ms", "TPOT", "request"),
     ("itl_ms", "ITL", "token"),
@@ -47,9 +48,17 @@ def render_report(report: dict[str, Any], console: Console) -> None:
             f"target {spec.get('base_url')}  model {spec.get('model')}  endpoint "
             f"{spec.get('endpoint')}  in/out {spec.get('input_len')}/{spec.get('output_len')} "
             f"tokens  rate {spec.get('request_rate')} req/s  concurrency "
-            f"{spec.get('max_concurrency') or '∞'}  seed {spec.get('seed')}"
+            f"{spec.get('max_concurrency') or '∞'}  seed {spec.get('seed')}  connections "
+            f"{spec.get('connection_mode') or 'new (recorded before keep-alive)'}"
         )
-    console.print(f"clock source: {report.get('clock_source')}")
+    send_clock = (report.get("load") or {}).get("send_clock")
+    console.print(
+        f"clock source: {report.get('clock_source')}"
+        + (f" (receive), {send_clock} (send)" if send_clock else "")
+    )
+    phases = phase_line(m.get("phases") or {})
+    if phases:
+        console.print("phases p50/p99 (ms): " + phases)
     health = client_health(report)
     if health:
         console.print("client: " + " · ".join(health))
@@ -115,6 +124,30 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     prof = report.get("profile")
     if prof:
         render_profile(prof, console)
+
+
+PHASE_LABELS = (
+    ("queued", "queued"),
+    ("connect", "connect"),
+    ("tls", "tls"),
+    ("sending", "sending"),
+    ("waiting", "waiting"),
+    ("first_token", "first token"),
+)
+
+
+def phase_line(phases: dict[str, Any]) -> str:
+    """The run's phases as one line: "queued 0.00/0.01 · connect — · ..." ("" without)."""
+    if not phases or "no_data" in phases:
+        return ""
+    parts = []
+    for key, label in PHASE_LABELS:
+        p = phases.get(key) or {}
+        if not p.get("n"):
+            parts.append(f"{label} —")
+        else:
+            parts.append(f"{label} {p['p50_ms']:.3f}/{p['p99_ms']:.3f}")
+    return " · ".join(parts)
 
 
 def render_profile(prof: dict[str, Any], console: Console) -> None:

@@ -59,6 +59,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.domain import ClockSource, RequestStatus
+from app.loadgen.connpool import (
+    Conn,
+    ConnPool,
+    enable_tx_stamps,
+    first_stamp_at_or_after,
+    is_stale_error,
+    read_tx_stamps,
+    tcp_mss,
+    tx_stamps_supported,
+)
 from app.loadgen.eventloop import StampingSelector, stamping_selector
 from app.loadgen.events import snippet
 from app.loadgen.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
@@ -234,13 +244,15 @@ def request_body(
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def request_headers(target: Target, request_id: str, api_key: str | None) -> list[tuple[str, str]]:
+def request_headers(
+    target: Target, request_id: str, api_key: str | None, *, keep_alive: bool = True
+) -> list[tuple[str, str]]:
     headers = [
         ("Host", target.host_header),
         ("User-Agent", USER_AGENT),
         ("Content-Type", "application/json"),
         ("Accept", "text/event-stream"),
-        ("Connection", "close"),
+        ("Connection", "keep-alive" if keep_alive else "close"),
         ("X-Request-Id", request_id),
     ]
     if api_key:
@@ -526,6 +538,21 @@ class RawStream:
     count_events: bool = False  # append "(N events received)" to the error on finalize
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     finalized: bool = False
+    # ---- phases (SPEC 1b), absolute monotonic ns; 0 where the phase did not happen
+    io_start_ns: int = 0  # the request's I/O began (a connection taken or being opened)
+    connect_start_ns: int = 0
+    connect_end_ns: int = 0
+    tls_end_ns: int = 0
+    sent_end_ns: int = 0  # the request's last byte left (transmit stamp or after the send)
+    head_ns: int = 0  # stamp of the read that completed the response head
+    send_clock: ClockSource = ClockSource.USERSPACE  # where t0 came from
+    sent_any: bool = False  # some of the request's bytes reached the kernel
+    conn_id: int = 0
+    conn_reused: bool = False
+    retries: int = 0
+    keep_alive: bool = False  # the connection stayed open for the next request
+    read_to_close: bool = False  # the response was framed by the server closing
+    server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
 
     def finalize(self) -> RawStream:
         """Decode the captured body into events (idempotent); never raises."""
@@ -670,6 +697,9 @@ def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> byt
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+DONE_GRACE_S = 0.5  # keep-alive: how long after "[DONE]" the body's own end may take
+
+
 class StreamRequest:
     """One streaming request. ``await run()`` returns its ``RawStream``; ``abort()`` ends it.
 
@@ -677,13 +707,47 @@ class StreamRequest:
     ``request_bytes``, when given, is the prebuilt request (``build_request``).
     ``ssl_context`` is used for ``https`` targets; by default the system's trust store with
     certificate and host name verification on (``default_ssl_context``).
+
+    ``pool``: where the request takes an open connection from and gives it back once the
+    response ended cleanly (keep-alive); without one, or in a pool that does not keep
+    connections, every request opens its own and closes it. A request that fails on a
+    reused connection before any response byte (the server had closed it) is retried once
+    on a new connection (``raw.retries``).
     """
 
     __slots__ = (
-        "_addr", "_anc", "_clock", "_done", "_family", "_finished", "_hs_done", "_in_bio",
-        "_kernel", "_loop", "_max_bytes", "_out_bio", "_rbuf", "_reader_fd", "_req_bytes",
-        "_sel", "_sent", "_sock", "_ssl", "_ssl_ctx", "_target", "_timeout_s", "_timer",
-        "_tls_out", "_writer_fd", "raw",
+        "_addr",
+        "_anc",
+        "_app_end",
+        "_app_start",
+        "_clock",
+        "_conn",
+        "_done",
+        "_done_grace_s",
+        "_done_seen",
+        "_done_stamp",
+        "_done_timer",
+        "_family",
+        "_finished",
+        "_hs_done",
+        "_keep_alive",
+        "_kernel",
+        "_loop",
+        "_max_bytes",
+        "_pool",
+        "_rbuf",
+        "_reader_fd",
+        "_req_bytes",
+        "_sel",
+        "_sent",
+        "_ssl_ctx",
+        "_target",
+        "_timeout_s",
+        "_timer",
+        "_tls_out",
+        "_tx",
+        "_writer_fd",
+        "raw",
     )  # fmt: skip
 
     def __init__(
@@ -704,6 +768,8 @@ class StreamRequest:
         bufsize: int = 65536,
         request_bytes: bytes | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        pool: ConnPool | None = None,
+        done_grace_s: float = DONE_GRACE_S,
     ) -> None:
         self._target = target
         self._addr = addr
@@ -711,27 +777,32 @@ class StreamRequest:
         self._timeout_s = timeout_s
         self._clock = clock
         self._kernel = kernel_stamps and kernel_stamps_supported()
+        self._tx = self._kernel and tx_stamps_supported()
         self._anc = _ANCBUF if self._kernel else 0
         self._rbuf = _read_buffer(bufsize)
         self._max_bytes = max_response_bytes
         self._req_bytes = (
             request_bytes if request_bytes is not None else build_request(path, headers, body)
         )
-        self._sent = 0  # bytes written to the socket (TLS: ciphertext, handshake included)
+        self._pool = pool
+        self._keep_alive = pool is not None and pool.keep_alive
+        self._done_grace_s = done_grace_s
+        self._sent = 0  # bytes of this request handed to the socket (plain HTTP)
+        self._app_start = 0  # connection byte offset of the request's first byte
+        self._app_end = 0  # ... just past its last byte (TLS: ciphertext offsets)
         self.raw = RawStream(request_id=request_id, max_event_bytes=max_event_bytes)
         self._finished = False
-        self._sock: socket.socket | None = None
+        self._conn: Conn | None = None
         self._reader_fd = -1
         self._writer_fd = -1
         self._timer: asyncio.TimerHandle | None = None
+        self._done_timer: asyncio.TimerHandle | None = None
+        self._done_seen = False
+        self._done_stamp = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sel: StampingSelector | None = None
         self._done: asyncio.Future[None] | None = None
-        # TLS (https targets): an SSLObject over two memory BIOs, fed from the raw socket
         self._ssl_ctx = (ssl_context or default_ssl_context()) if target.tls else None
-        self._ssl: ssl.SSLObject | None = None
-        self._in_bio: ssl.MemoryBIO | None = None
-        self._out_bio: ssl.MemoryBIO | None = None
         self._tls_out = bytearray()  # ciphertext not yet accepted by the socket
         self._hs_done = False
 
@@ -744,8 +815,9 @@ class StreamRequest:
 
     def _on_timeout(self) -> None:
         r = self.raw
+        conn = self._conn
         msg = f"request timeout after {self._timeout_s:g} s, "
-        if self._ssl is not None and not self._hs_done:
+        if conn is not None and conn.ssl is not None and not self._hs_done:
             msg += "during the TLS handshake"
         elif r.mode == _MODE_HEAD:
             msg += "waiting for the response headers"
@@ -753,6 +825,17 @@ class StreamRequest:
             msg += "streaming"
             r.count_events = True
         self._finish(RequestStatus.TIMEOUT, msg, time.monotonic_ns())
+
+    def _unregister(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if self._reader_fd >= 0:
+            loop.remove_reader(self._reader_fd)
+            self._reader_fd = -1
+        if self._writer_fd >= 0:
+            loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
 
     def _finish(self, status: RequestStatus, error: str | None, t_ns: int) -> None:
         if self._finished:
@@ -762,21 +845,25 @@ class StreamRequest:
         r.status = status
         r.error = error
         r.end_ns = t_ns
-        loop = self._loop
-        if loop is not None:
-            if self._reader_fd >= 0:
-                loop.remove_reader(self._reader_fd)
-                self._reader_fd = -1
-            if self._writer_fd >= 0:
-                loop.remove_writer(self._writer_fd)
-                self._writer_fd = -1
+        self._unregister()
+        if self._done_timer is not None:
+            self._done_timer.cancel()
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
     def _end(self, kind: int, stamp: int) -> None:
+        """The response ended (``kind``): keep the connection when its framing ended
+        cleanly and nobody asked to close it."""
         r = self.raw
         r.end_kind = kind
         r.end_stamp = stamp
+        r.keep_alive = (
+            self._keep_alive
+            and kind == _END_BODY
+            and r.mode in (_MODE_CHUNKED, _MODE_LENGTH)
+            and not r.server_close
+            and (r.mode != _MODE_LENGTH or len(r.buf) == r.body_end)
+        )
         self._finish(RequestStatus.OK, None, stamp)
 
     # ---- run
@@ -796,23 +883,85 @@ class StreamRequest:
             self._timer.cancel()
             if not self._finished:  # cancelled from outside
                 self._finish(RequestStatus.CANCELLED, "request cancelled", time.monotonic_ns())
-            if self._sock is not None:
-                self._sock.close()
+            self._release()
         r = self.raw
         if r.kernel_reads and not r.user_reads:
             r.clock = ClockSource.KERNEL
         return r.finalize() if finalize else r
 
+    def _release(self) -> None:
+        """Resolve ``t0`` from the transmit stamps, then keep or close the connection."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        r = self.raw
+        if conn.tx:
+            read_tx_stamps(conn.sock, conn.tx_stamps)
+            self._resolve_send_stamps(conn)
+        pool = self._pool
+        if r.keep_alive and pool is not None:
+            conn.requests += 1
+            pool.give(conn)
+        elif pool is not None:
+            pool.discard(conn)
+        else:
+            conn.close()
+        if r.server_close and pool is not None:
+            pool.stats.closed_by_server += 1
+        if r.read_to_close and pool is not None:
+            pool.stats.read_to_close += 1
+
+    def _resolve_send_stamps(self, conn: Conn) -> None:
+        """``t0`` = the transmit stamp of the send that carried the request's first byte;
+        the end of sending = that of its last byte. A stamp that is missing, or later than
+        the first byte of the response, leaves the user-space times in place."""
+        r = self.raw
+        stamps = conn.tx_stamps
+        if r.sent_any and stamps:
+            first = first_stamp_at_or_after(stamps, self._app_start)
+            last = first_stamp_at_or_after(stamps, self._app_end - 1)
+            limit = r.read_t[0] if r.read_t else (r.end_ns or time.monotonic_ns())
+            if first is not None:
+                t0 = self._clock.to_monotonic(first)
+                if r.io_start_ns <= t0 <= limit:
+                    r.t0_ns = t0
+                    r.send_clock = ClockSource.KERNEL
+                    if last is not None:
+                        t1 = self._clock.to_monotonic(last)
+                        if t0 <= t1 <= limit:
+                            r.sent_end_ns = t1
+        stamps.clear()
+
     def _start(self) -> None:
-        """Connect and send from callbacks (no futures or task switches on the way)."""
+        """Take an open connection or open one; send from callbacks (no futures or task
+        switches on the way)."""
+        r = self.raw
+        r.io_start_ns = r.t0_ns = time.monotonic_ns()
+        conn = self._pool.take() if self._keep_alive and self._pool is not None else None
+        if conn is None:
+            self._open()
+            return
+        assert self._pool is not None
+        self._pool.stats.reused += 1
+        self._conn = conn
+        r.conn_id = conn.id
+        r.conn_reused = True
+        self._hs_done = True
+        self._request_start()
+
+    def _open(self) -> None:
+        """A new connection: socket, options, non-blocking connect."""
+        r = self.raw
         loop = self._loop
         assert loop is not None
+        ssl_obj = in_bio = out_bio = None
         if self._ssl_ctx is not None:
             try:
-                self._in_bio = ssl.MemoryBIO()
-                self._out_bio = ssl.MemoryBIO()
-                self._ssl = self._ssl_ctx.wrap_bio(
-                    self._in_bio, self._out_bio, server_hostname=self._target.host
+                in_bio = ssl.MemoryBIO()
+                out_bio = ssl.MemoryBIO()
+                ssl_obj = self._ssl_ctx.wrap_bio(
+                    in_bio, out_bio, server_hostname=self._target.host
                 )
             except (ssl.SSLError, ValueError) as e:
                 self._finish(RequestStatus.ERROR, _os_error("tls setup", e), time.monotonic_ns())
@@ -822,17 +971,24 @@ class StreamRequest:
         except OSError as e:
             self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
             return
-        self._sock = sock
+        pool = self._pool
+        conn = Conn(id=pool.new_id() if pool is not None else 1, sock=sock, family=self._family)
+        conn.ssl, conn.in_bio, conn.out_bio = ssl_obj, in_bio, out_bio
+        self._conn = conn
+        self._hs_done = ssl_obj is None
+        r.conn_id = conn.id
+        r.conn_reused = False
         sock.setblocking(False)
         if self._kernel:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             except OSError:
                 self._kernel = False
+                self._tx = False
                 self._anc = 0
         if self._family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.raw.t0_ns = time.monotonic_ns()
+        r.connect_start_ns = time.monotonic_ns()
         err = sock.connect_ex(self._addr)
         if err == 0 or err == errno.EISCONN:
             self._connected()
@@ -847,42 +1003,113 @@ class StreamRequest:
         self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
 
     def _connected(self) -> None:
-        if self._ssl is not None:
+        conn = self._conn
+        assert conn is not None
+        self.raw.connect_end_ns = time.monotonic_ns()
+        if self._tx:
+            conn.tx = enable_tx_stamps(conn.sock)
+            if conn.tx:
+                conn.mss = tcp_mss(conn.sock)
+        if conn.ssl is not None:
             self._tls_advance()
         else:
-            self._send()
+            self._request_start()
+
+    def _request_start(self) -> None:
+        """The connection is ready: send the request (t0's fallback is read right here)."""
+        conn = self._conn
+        assert conn is not None
+        if conn.ssl is not None:
+            self._tls_write_request()
+            return
+        self._app_start = conn.sent
+        self._app_end = conn.sent + len(self._req_bytes)
+        self._sent = 0
+        self.raw.t0_ns = time.monotonic_ns()
+        self._send()
+
+    def _retry(self) -> bool:
+        """A reused connection failed before any response byte (the server had closed it):
+        send the request once more on a new connection. False when that is not allowed."""
+        r = self.raw
+        conn = self._conn
+        if conn is None or not r.conn_reused or r.retries or r.read_end or self._finished:
+            return False
+        self._unregister()
+        self._conn = None
+        if self._pool is not None:
+            self._pool.discard(conn)
+            self._pool.stats.retried += 1
+        else:
+            conn.close()
+        r.retries += 1
+        r.buf = bytearray()
+        r.read_t, r.read_user_t, r.read_end = [], [], []
+        r.mode, r.body_start, r.body_end = _MODE_HEAD, -1, -1
+        r.kernel_reads = r.user_reads = 0
+        r.head_ns = r.sent_end_ns = 0
+        r.sent_any = r.server_close = r.read_to_close = False
+        r.send_clock = ClockSource.USERSPACE
+        self._sent = 0
+        self._tls_out = bytearray()
+        self._done_seen = False
+        self._open()
+        return True
 
     def _on_writable(self) -> None:
-        sock = self._sock
-        assert sock is not None and self._loop is not None
-        if self._sent == 0 and not self.raw.read_end:
-            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        conn = self._conn
+        assert conn is not None and self._loop is not None
+        if conn.tx:
+            read_tx_stamps(conn.sock, conn.tx_stamps)
+        if not self.raw.connect_end_ns and not self.raw.conn_reused:
+            err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 self._connect_failed(err)
                 return
-        if self._ssl is not None:
+            self._loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+            self._connected()
+            return
+        if conn.ssl is not None:
             self._tls_advance()
         else:
             self._send()
 
     def _send(self) -> None:
-        sock = self._sock
+        conn = self._conn
         loop = self._loop
-        assert sock is not None and loop is not None
-        try:
-            n = sock.send(self._req_bytes[self._sent :] if self._sent else self._req_bytes)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError as e:
-            self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
-            return
-        self._sent += n
+        assert conn is not None and loop is not None
+        sock = conn.sock
+        req = self._req_bytes
+        total = len(req)
+        while self._sent < total:
+            # the first segment goes alone: its transmit stamp is the first byte's
+            end = min(total, conn.mss) if self._sent == 0 and conn.tx else total
+            try:
+                n = sock.send(req[self._sent : end] if self._sent or end < total else req)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as e:
+                if not (is_stale_error(e.errno or 0) and self._retry()):
+                    self._finish(
+                        RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns()
+                    )
+                return
+            if n:
+                self.raw.sent_any = True
+            self._sent += n
+            conn.sent += n
+            if n < end - (self._sent - n):
+                break  # the socket took less: wait until it is writable
         fd = sock.fileno()
-        if self._sent < len(self._req_bytes):
+        if self._sent < total:
             if self._writer_fd < 0:
                 self._writer_fd = fd
                 loop.add_writer(fd, self._on_writable)
             return
+        self.raw.sent_end_ns = time.monotonic_ns()
+        if conn.tx:
+            read_tx_stamps(sock, conn.tx_stamps)
         if self._writer_fd >= 0:
             loop.remove_writer(self._writer_fd)
             self._writer_fd = -1
@@ -895,11 +1122,11 @@ class StreamRequest:
     def _tls_advance(self) -> None:
         """Drive the handshake as far as the received bytes allow; once it is done, hand
         the request to TLS. Then send what TLS produced and make sure we read."""
-        sslobj = self._ssl
-        assert sslobj is not None
+        conn = self._conn
+        assert conn is not None and conn.ssl is not None
         if not self._hs_done:
             try:
-                sslobj.do_handshake()
+                conn.ssl.do_handshake()
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 pass  # more bytes from the server needed (memory BIOs never block writes)
             except (ssl.SSLError, ValueError) as e:  # ValueError: host name checks
@@ -910,36 +1137,63 @@ class StreamRequest:
                 return
             else:
                 self._hs_done = True
-                req = memoryview(self._req_bytes)
-                off = 0
-                while off < len(req):  # a memory BIO takes it all; the loop is for form
-                    off += sslobj.write(req[off:])
+                self.raw.tls_end_ns = time.monotonic_ns()
+                self._tls_write_request()
+                return
+        self._tls_flush()
+
+    def _tls_write_request(self) -> None:
+        """Encrypt the request after whatever handshake bytes wait to be sent; remember
+        where its ciphertext starts and ends in the connection's byte stream."""
+        conn = self._conn
+        assert conn is not None and conn.ssl is not None and conn.out_bio is not None
+        self._app_start = conn.sent + len(self._tls_out) + conn.out_bio.pending
+        self.raw.t0_ns = time.monotonic_ns()
+        req = memoryview(self._req_bytes)
+        off = 0
+        while off < len(req):  # a memory BIO takes it all; the loop is for form
+            off += conn.ssl.write(req[off:])
+        self._app_end = conn.sent + len(self._tls_out) + conn.out_bio.pending
         self._tls_flush()
 
     def _tls_flush(self, *, best_effort: bool = False) -> None:
         """Send the ciphertext TLS produced; what the socket does not take waits for
         writability. Also makes sure the socket is being read."""
-        sock = self._sock
+        conn = self._conn
         loop = self._loop
-        out_bio = self._out_bio
-        assert sock is not None and loop is not None and out_bio is not None
+        assert conn is not None and loop is not None and conn.out_bio is not None
+        sock = conn.sock
         out = self._tls_out
-        if out_bio.pending:
-            out += out_bio.read()
-        if out:
+        if conn.out_bio.pending:
+            out += conn.out_bio.read()
+        while out:
+            limit = len(out)
+            if conn.tx and conn.sent <= self._app_start < conn.sent + limit:
+                limit = min(limit, self._app_start - conn.sent + conn.mss)
             try:
-                n = sock.send(out)
+                n = sock.send(out if limit == len(out) else out[:limit])
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as e:
-                if not best_effort:
-                    phase = "tls send" if self._hs_done else "tls handshake"
-                    self._finish(RequestStatus.ERROR, _os_error(phase, e), time.monotonic_ns())
+                if best_effort:
+                    return
+                if self._hs_done and is_stale_error(e.errno or 0) and self._retry():
+                    return
+                phase = "tls send" if self._hs_done else "tls handshake"
+                self._finish(RequestStatus.ERROR, _os_error(phase, e), time.monotonic_ns())
                 return
             del out[:n]
-            self._sent += n
+            if self._hs_done and n and conn.sent + n > self._app_start:
+                self.raw.sent_any = True
+            conn.sent += n
+            if n < limit:
+                break
         if best_effort:
             return
+        if self._hs_done and not self.raw.sent_end_ns and conn.sent >= self._app_end > 0:
+            self.raw.sent_end_ns = time.monotonic_ns()
+        if conn.tx:
+            read_tx_stamps(sock, conn.tx_stamps)
         fd = sock.fileno()
         if out:
             if self._writer_fd < 0:
@@ -970,12 +1224,17 @@ class StreamRequest:
     def _on_readable(self) -> None:
         t_user = time.monotonic_ns()
         rbuf = self._rbuf
+        conn = self._conn
+        assert conn is not None
         try:
-            n, anc, _flags, _addr = self._sock.recvmsg_into(rbuf, self._anc)  # type: ignore[union-attr]
+            n, anc, _flags, _addr = conn.sock.recvmsg_into(rbuf, self._anc)
         except (BlockingIOError, InterruptedError):
+            if conn.tx:  # woken by the error queue (a transmit stamp), not by data
+                read_tx_stamps(conn.sock, conn.tx_stamps)
             return
         except OSError as e:
-            self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
+            if not (is_stale_error(e.errno or 0) and self._retry()):
+                self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
             return
         r = self.raw
         stamp = self._stamp(anc, t_user)
@@ -984,7 +1243,8 @@ class StreamRequest:
         elif n:
             r.user_reads += 1
         else:  # an EOF read carries no segment, hence no kernel stamp: not counted
-            self._on_eof(t_user)
+            if not self._retry():
+                self._on_eof(t_user)
             return
         buf = r.buf
         old = len(buf)
@@ -996,11 +1256,17 @@ class StreamRequest:
         available (none while handshaking, or when it only completed part of a record)."""
         t_user = time.monotonic_ns()
         rbuf = self._rbuf
+        conn = self._conn
+        assert conn is not None
         try:
-            n, anc, _flags, _addr = self._sock.recvmsg_into(rbuf, self._anc)  # type: ignore[union-attr]
+            n, anc, _flags, _addr = conn.sock.recvmsg_into(rbuf, self._anc)
         except (BlockingIOError, InterruptedError):
+            if conn.tx:
+                read_tx_stamps(conn.sock, conn.tx_stamps)
             return
         except OSError as e:
+            if self._hs_done and is_stale_error(e.errno or 0) and self._retry():
+                return
             phase = "read" if self._hs_done else "tls handshake"
             self._finish(RequestStatus.ERROR, _os_error(phase, e), t_user)
             return
@@ -1011,11 +1277,12 @@ class StreamRequest:
         elif n:
             r.user_reads += 1
         else:  # TCP EOF without the server's close_notify (that one ends the read below)
-            self._tls_eof(t_user)
+            if not self._retry():
+                self._tls_eof(t_user)
             return
-        sslobj = self._ssl
-        assert sslobj is not None and self._in_bio is not None
-        self._in_bio.write(rbuf[0][:n])
+        sslobj = conn.ssl
+        assert sslobj is not None and conn.in_bio is not None
+        conn.in_bio.write(rbuf[0][:n])
         if not self._hs_done:
             self._tls_advance()
             if not self._hs_done or self._finished:
@@ -1046,8 +1313,10 @@ class StreamRequest:
         if self._finished:
             return
         if closed:
+            if not r.read_end and self._retry():
+                return
             self._on_eof(stamp)
-        elif self._out_bio is not None and self._out_bio.pending:  # e.g. a key update
+        elif conn.out_bio is not None and conn.out_bio.pending:  # e.g. a key update
             self._tls_flush()
 
     def _tls_eof(self, t_user: int) -> None:
@@ -1090,13 +1359,26 @@ class StreamRequest:
         elif mode == _MODE_LENGTH and total >= r.body_end:
             self._end(_END_BODY, stamp)
             return
-        bs = r.body_start
-        j = buf.find(b"[DONE]", max(bs, old - 12))
-        if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
-            self._end(_END_DONE, stamp)
-            return
+        if not self._done_seen:
+            bs = r.body_start
+            j = buf.find(b"[DONE]", max(bs, old - 12))
+            if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
+                self._done_seen = True
+                if self._keep_alive and mode == _MODE_CHUNKED and not r.server_close:
+                    # the connection is reused only once the body's own end is read
+                    self._done_stamp = stamp
+                    assert self._loop is not None
+                    self._done_timer = self._loop.call_later(self._done_grace_s, self._done_late)
+                else:
+                    self._end(_END_DONE, stamp)
+                    return
         if total > self._max_bytes:
             self._end(_END_CAP, stamp)
+
+    def _done_late(self) -> None:
+        """``[DONE]`` came but the body never ended: the stream is complete, the connection
+        is not reused."""
+        self._end(_END_DONE, self._done_stamp)
 
     def _on_head(self, stamp: int) -> None:
         """Parse the final response head once it is complete (1xx heads are skipped)."""
@@ -1114,12 +1396,18 @@ class StreamRequest:
             except ValueError as e:
                 self._finish(RequestStatus.ERROR, f"HTTP protocol error: {e}", stamp)
                 return
+            head_pos = pos
             pos = m.end()
             if 100 <= status < 200:
                 r.body_start = pos
                 continue
             r.http_status = status
             r.body_start = pos
+            r.head_ns = stamp
+            conn_hdr = headers.get(b"connection", b"").lower()
+            http10 = bytes(buf[head_pos : head_pos + 8]) == b"HTTP/1.0"
+            if b"close" in conn_hdr or (http10 and b"keep-alive" not in conn_hdr):
+                r.server_close = True
             te = headers.get(b"transfer-encoding", b"").lower()
             cl = headers.get(b"content-length")
             if status in (204, 304):
@@ -1141,6 +1429,7 @@ class StreamRequest:
                 r.mode, r.body_end = _MODE_LENGTH, pos + length
             else:
                 r.mode = _MODE_CLOSE
+                r.read_to_close = True
             return
 
     def _on_eof(self, stamp: int) -> None:

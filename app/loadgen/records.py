@@ -35,6 +35,14 @@ def _int_or_none(usage: dict[str, Any] | None, key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _span(start_ns: int, end_ns: int) -> int | None:
+    """``end - start`` of a phase (0 where the two clocks' stamps cross); None when either
+    end did not happen."""
+    if not start_ns or not end_ns:
+        return None
+    return max(0, end_ns - start_ns)
+
+
 def build_record(
     raw: RawStream,
     *,
@@ -130,6 +138,7 @@ def record_steps(
         return None if t is None else t - run_start_ns
 
     t0 = raw.t0_ns if raw.t0_ns else None
+    t1 = raw.ev_t[token_idx[0]] if token_idx else 0
     return RequestRecord(
         index=index,
         scheduled_ns=scheduled_ns,
@@ -146,6 +155,14 @@ def record_steps(
         token_source=source,  # type: ignore[arg-type]
         done_ns=rel(raw.done_ns),
         warmup=warmup,
+        connect_ns=_span(raw.connect_start_ns, raw.connect_end_ns),
+        tls_ns=_span(raw.connect_end_ns, raw.tls_end_ns),
+        sending_ns=_span(raw.t0_ns, raw.sent_end_ns) if raw.sent_any else None,
+        waiting_ns=_span(raw.sent_end_ns, raw.head_ns) if raw.sent_any else None,
+        first_token_ns=_span(raw.head_ns, t1),
+        conn_id=raw.conn_id or None,
+        conn_reused=raw.conn_reused if raw.conn_id else None,
+        retries=raw.retries,
         event_t_ns=np.asarray(raw.ev_t, np.int64) - np.int64(run_start_ns),
         event_bytes=np.asarray(raw.ev_bytes, np.int32),
         event_kind=kinds,

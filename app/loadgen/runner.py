@@ -37,6 +37,7 @@ import numpy as np
 
 from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
 from app.loadgen import eventloop
+from app.loadgen.connpool import ConnPool
 from app.loadgen.datasets import Prompt, Workload, build_workload
 from app.loadgen.http_stream import (
     ClockMap,
@@ -119,6 +120,34 @@ class LoadResult:
     notes: list[str] = field(default_factory=list)
     scheduling: Scheduling = NORMAL  # the load thread's CPU scheduling policy
     cpu_wait_total_ms: float | None = None  # None where the OS does not report it
+    # where t0 came from: kernel transmit stamps, or the clock read right before the send
+    send_clock_source: ClockSource = ClockSource.USERSPACE
+    connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
+
+
+def connection_budget(wanted: int) -> int:
+    """How many connections a run without a concurrency limit may hold open: ``wanted``,
+    within the descriptors the process may still open (the soft limit is raised to the
+    hard one first), keeping 64 for everything else."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (ImportError, OSError, ValueError):
+        return max(1, min(wanted, 960))
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return max(1, wanted)
+    return max(1, min(wanted, soft - 64))
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    due_ns: int  # when the request could start: scheduled, or when its slot was free
+    scheduled_ns: int  # when the load shape scheduled it (absolute)
+    fresh_slot: bool  # it took a slot no earlier request of its phase had used
 
 
 @dataclass(slots=True)
@@ -157,7 +186,15 @@ class _Run:
         self.deadline_ns = (
             self.start_ns + int(spec.max_duration_s * 1e9) if spec.max_duration_s else None
         )
-        self.sem = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
+        # one slot per connection the run may hold open: the concurrency, or (rate-driven
+        # runs) what the descriptor budget allows
+        self.capped = spec.max_concurrency is not None
+        self.slots = spec.max_concurrency or connection_budget(spec.num_prompts)
+        self.sem = asyncio.Semaphore(self.slots)
+        self.slots_taken = 0  # slots handed out that no earlier request of the phase used
+        self.release_times: deque[int] = deque()  # when each slot was given back (FIFO)
+        self.pool_waits = 0  # measured requests of a rate-driven run that waited for a slot
+        self.pool = ConnPool(keep_alive=spec.connection_mode == "keep-alive", bound=self.slots)
         self.addr: tuple[int, tuple[object, ...]] | None = None
         self.resolve_error: str | None = None
         self.records: list[RequestRecord] = []
@@ -180,7 +217,7 @@ class _Run:
         self.scheduling: Scheduling = NORMAL
         self.read_delay: list[np.ndarray] = []
         self.in_flight = 0
-        self.backlog: deque[tuple[_Item, RawStream, int]] = deque()
+        self.backlog: deque[tuple[_Item, RawStream, _Timing]] = deque()
         self.backlog_ready = asyncio.Event()
         self.current: Iterator[None] | None = None  # the stream being post-processed
         self.finished = 0
@@ -190,6 +227,8 @@ class _Run:
         self.tokens = 0
         self.kernel_streams = 0
         self.user_streams = 0
+        self.kernel_sends = 0
+        self.user_sends = 0
 
     # ---- control
 
@@ -221,6 +260,10 @@ class _Run:
     async def dispatch(self, items: list[_Item]) -> None:
         spec = self.spec
         burst = 0
+        # every slot is free when a phase starts (the previous one waited for its requests)
+        self.slots_taken = 0
+        self.release_times.clear()
+        keep_alive = spec.connection_mode == "keep-alive"
         for it in items:
             if self.halted:
                 break
@@ -236,23 +279,31 @@ class _Run:
             # the request bytes are built before the request is due: starting it is then
             # only socket setup, connect and one send
             rid = f"{self.run_tag}-{it.index}"
-            req = build_request(self.path, request_headers(self.target, rid, spec.api_key), body)
-            due = self.start_ns + it.scheduled_ns
-            if due > time.monotonic_ns():
-                await self.sleep_until(due)
+            headers = request_headers(self.target, rid, spec.api_key, keep_alive=keep_alive)
+            req = build_request(self.path, headers, body)
+            scheduled = self.start_ns + it.scheduled_ns
+            if scheduled > time.monotonic_ns():
+                await self.sleep_until(scheduled)
                 burst = 0
             if self.halted:
                 break
-            if self.sem is not None:
-                if self.sem.locked():
-                    await self.sem.acquire()
-                    due = max(due, time.monotonic_ns())
-                else:
-                    await self.sem.acquire()
-                if self.halted:
-                    self.sem.release()
-                    break
-            task = asyncio.create_task(self.one(it, rid, req, due))
+            waited = self.sem.locked()
+            await self.sem.acquire()
+            if self.halted:
+                self.sem.release()
+                break
+            # When the request could start: when it was due, or when the slot it took was
+            # given back, if later (the k-th slot taken past the first ``slots`` is the k-th
+            # one given back). Only requests on a never-used slot can be the initial burst.
+            fresh_slot = self.slots_taken < self.slots
+            if fresh_slot:
+                self.slots_taken += 1
+                due = scheduled
+            else:
+                due = max(scheduled, self.release_times.popleft())
+            if waited and not self.capped and not it.warmup:
+                self.pool_waits += 1
+            task = asyncio.create_task(self.one(it, rid, req, due, scheduled, fresh_slot))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             self.sent_total += 1
@@ -267,7 +318,9 @@ class _Run:
         while self.tasks:
             await asyncio.wait(set(self.tasks))
 
-    async def one(self, it: _Item, rid: str, req: bytes, due_ns: int) -> None:
+    async def one(
+        self, it: _Item, rid: str, req: bytes, due_ns: int, scheduled_ns: int, fresh_slot: bool
+    ) -> None:
         spec = self.spec
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -291,6 +344,7 @@ class _Run:
                     clock=self.clock,
                     kernel_stamps=self.kernel_stamps,
                     request_bytes=req,
+                    pool=self.pool,
                 )
                 self.active.add(sr)
                 try:
@@ -300,11 +354,11 @@ class _Run:
                     self.active.discard(sr)
         finally:
             self.in_flight -= 1
-            if self.sem is not None:
-                self.sem.release()
+            self.release_times.append(time.monotonic_ns())
+            self.sem.release()
         if not it.warmup:
             self.finished += 1
-        self.backlog.append((it, raw, due_ns))
+        self.backlog.append((it, raw, _Timing(due_ns, scheduled_ns, fresh_slot)))
         self.backlog_ready.set()
 
     async def postprocess(self) -> None:
@@ -338,12 +392,12 @@ class _Run:
         while self.step():
             pass
 
-    def finish(self, it: _Item, raw: RawStream, due_ns: int) -> None:
+    def finish(self, it: _Item, raw: RawStream, timing: _Timing) -> None:
         """Post-process one finished stream at once."""
-        for _ in self.finish_steps(it, raw, due_ns):
+        for _ in self.finish_steps(it, raw, timing):
             pass
 
-    def finish_steps(self, it: _Item, raw: RawStream, due_ns: int) -> Iterator[None]:
+    def finish_steps(self, it: _Item, raw: RawStream, timing: _Timing) -> Iterator[None]:
         try:
             rec = yield from record_steps(
                 raw,
@@ -365,9 +419,15 @@ class _Run:
                 error=f"client failed to process the stream: {e!r}",
                 warmup=it.warmup,
             )
+        rec.queued_ns = max(0, timing.due_ns - timing.scheduled_ns)
         self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
+        if raw.sent_any:
+            if raw.send_clock is ClockSource.KERNEL:
+                self.kernel_sends += 1
+            else:
+                self.user_sends += 1
         if raw.t0_ns:
             if raw.clock is ClockSource.KERNEL:
                 self.kernel_streams += 1
@@ -380,12 +440,12 @@ class _Run:
         if it.warmup:
             return
         if raw.t0_ns:
-            lag = max(0, raw.t0_ns - due_ns)
+            started = raw.io_start_ns or raw.t0_ns
+            lag = max(0, started - timing.due_ns)
             # With an unlimited rate every request is due at once: how long the client takes
-            # to start that burst is reported apart (it offers no schedule to fall behind).
-            burst = math.isinf(self.spec.request_rate) and due_ns == self.start_ns + (
-                it.scheduled_ns
-            )
+            # to start that burst (the requests on a never-used slot) is reported apart: it
+            # offers no schedule to fall behind. Every other request's lag counts.
+            burst = math.isinf(self.spec.request_rate) and timing.fresh_slot
             (self.burst_lag if burst else self.send_lag).append(lag)
             self.send_times.append(raw.t0_ns)
         self.done += 1
@@ -523,7 +583,7 @@ async def _run(
     except OSError as e:
         r.resolve_error = f"cannot resolve {target.host}: {e}"
     # sockets for every stream that can be open at once, allocated before the clock matters
-    reserve_fds((spec.max_concurrency or len(items)) + 8)
+    reserve_fds(r.slots + 8)
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
     try:
@@ -547,6 +607,7 @@ async def _run(
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         r.drain()
+        r.pool.close_all()
         r.sample_cpu_wait()
         r.cpu_wait.close()
     end_ns = time.monotonic_ns() - r.start_ns
@@ -601,11 +662,26 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         reasons.append(f"send lag p99 {send_lag.p99_ms:.2f} ms > {bound:g} ms")
     if loop_lag.p99_ms is not None and loop_lag.p99_ms > bound:
         reasons.append(f"event-loop lag p99 {loop_lag.p99_ms:.2f} ms > {bound:g} ms")
-    if r.burst_lag:
+    if len(r.burst_lag) > 1:
         notes.append(
             f"starting the initial burst of {len(r.burst_lag)} requests took "
             f"{max(r.burst_lag) / 1e6:.1f} ms (TTFT counts from each request's own start)"
         )
+    if r.pool_waits:
+        reasons.append(
+            f"{r.pool_waits} requests waited for a free connection (the client allows "
+            f"{r.slots} open at once)"
+        )
+    notes.extend(_connection_notes(r.pool.stats.to_dict()))
+    if r.kernel_sends and not r.user_sends:
+        send_clock = ClockSource.KERNEL
+    else:
+        send_clock = ClockSource.USERSPACE
+        if r.kernel_sends:
+            notes.append(
+                f"mixed send stamps: {r.kernel_sends} requests kernel transmit stamps, "
+                f"{r.user_sends} the clock before the send; reported as user-space"
+            )
     cpu_wait = LagStats.of_ns(r.cpu_wait_ticks)
     cpu_wait_total: float | None = None
     if r.cpu_wait_first is not None and r.cpu_wait_last is not None:
@@ -648,7 +724,35 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         notes=notes,
         scheduling=r.scheduling,
         cpu_wait_total_ms=cpu_wait_total,
+        send_clock_source=send_clock,
+        connections=r.pool.stats.to_dict(),
     )
+
+
+def _connection_notes(c: dict[str, int | str]) -> list[str]:
+    """What the connections did that a reader should know."""
+    notes: list[str] = []
+    if c["retried"]:
+        notes.append(
+            f"{c['retried']} requests failed on a kept-alive connection the server had "
+            "closed, before any response byte, and were sent again on a new one"
+        )
+    if c["read_to_close"]:
+        notes.append(
+            f"{c['read_to_close']} responses had neither Content-Length nor chunked framing: "
+            "read until the server closed, the connection dropped"
+        )
+    if c["mode"] == "keep-alive" and c["closed_by_server"]:
+        notes.append(
+            f"the server closed the connection after {c['closed_by_server']} responses "
+            "(Connection: close): the next request on each opened a new one"
+        )
+    if c["mode"] == "keep-alive" and c["closed_idle"]:
+        notes.append(
+            f"{c['closed_idle']} idle connections had been closed by the server before "
+            "reuse: new ones were opened"
+        )
+    return notes
 
 
 def run_load_sync(

@@ -77,6 +77,13 @@ class SimConfig:
     coalesce_late: bool = True  # when behind schedule, send a stream's overdue events together
     spin_us: int = 1000  # busy-poll window before a deadline (epoll sleeps in whole ms)
     record_ground_truth: bool = True
+    # connections: HTTP/1.1 keep-alive as real servers do; close a connection left idle this
+    # long (0: never); answer at most this many requests on one (0: no cap; the last one
+    # says "connection: close")
+    keep_alive: bool = True
+    idle_timeout_s: float = 5.0
+    max_requests_per_conn: int = 0
+    kernel_rx_stamps: bool = True  # stamp each request's first byte with the kernel's time
     # TLS: serve https with this certificate (chain, PEM) and private key (PEM); both or none
     tls_certfile: str | None = None
     tls_keyfile: str | None = None
@@ -95,6 +102,11 @@ class SimConfig:
             v = getattr(self, name)
             _check(math.isfinite(v) and v >= 0, f"{name} must be a finite number >= 0")
         _check(self.tokens_per_event >= 1, "tokens_per_event must be >= 1")
+        _check(
+            math.isfinite(self.idle_timeout_s) and self.idle_timeout_s >= 0,
+            "idle_timeout_s must be a finite number >= 0",
+        )
+        _check(self.max_requests_per_conn >= 0, "max_requests_per_conn must be >= 0")
         _check(self.output_len >= 1, "output_len must be >= 1")
         _check(self.eos_len is None or self.eos_len >= 1, "eos_len must be >= 1")
         _check(self.reasoning_tokens >= 0, "reasoning_tokens must be >= 0")

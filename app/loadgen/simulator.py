@@ -99,10 +99,14 @@ _MALFORMED_PAYLOAD = b'data: {"choices": [{"delta": {"content": "unterminated\n\
 _MALFORMED_FRAME = b"%x\r\n%b\r\n" % (len(_MALFORMED_PAYLOAD), _MALFORMED_PAYLOAD)
 _STOP_FAULTS = (Fault.DISCONNECT, Fault.STALL)
 _STREAM_HEAD = (
-    b"HTTP/1.1 200 OK\r\nserver: tokentrace-sim\r\nconnection: close\r\n"
+    b"HTTP/1.1 200 OK\r\nserver: tokentrace-sim\r\n"
     b"content-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\n"
 )
+_CLOSE_HEADER = b"connection: close\r\n"
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@qq")
+_RX_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 _DONE_PAYLOAD = b"data: [DONE]\n\n"
 _WAITING, _RUNNING, _FINISHED = 0, 1, 2
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -266,16 +270,20 @@ class _Record:
 
     __slots__ = (
         "closed_ns",
+        "conn",
+        "conn_request",
         "due_ns",
         "endpoint",
         "fault",
         "fault_after_tokens",
         "fault_ns",
+        "first_byte_rx_ns",
         "headers_ns",
         "input_tokens",
         "kind",
         "output_tokens",
         "received_ns",
+        "rx_clock",
         "seq",
         "status",
         "stream",
@@ -291,6 +299,10 @@ class _Record:
         self.output_tokens = plan.output_tokens
         self.fault = fault
         self.received_ns = received_ns
+        self.first_byte_rx_ns = received_ns  # the request's first byte (see _HttpProtocol)
+        self.rx_clock = "userspace"
+        self.conn = 0
+        self.conn_request = 0
         self.headers_ns: int | None = None
         self.closed_ns: int | None = None
         self.fault_ns: int | None = None
@@ -321,6 +333,10 @@ class _Record:
             "endpoint": self.endpoint,
             "stream": self.stream,
             "received_ns": self.received_ns,
+            "first_byte_rx_ns": self.first_byte_rx_ns,
+            "rx_clock": self.rx_clock,
+            "conn": self.conn,
+            "conn_request": self.conn_request,
             "headers_ns": self.headers_ns,
             "closed_ns": self.closed_ns,
             "input_tokens": self.input_tokens,
@@ -341,8 +357,49 @@ class _Record:
 # --------------------------------------------------------------------------- HTTP
 
 
+class StampSocket(socket.socket):
+    """A socket whose reads note the kernel's receive stamp (``SO_TIMESTAMPNS``) of the data
+    they returned: asyncio's transports read through ``recv`` / ``recv_into``, and the
+    listening socket's ``accept`` hands out sockets of this class."""
+
+    __slots__ = ("rx_real_ns",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rx_real_ns = 0  # CLOCK_REALTIME stamp of the last read's data (0: none)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        fd, addr = self._accept()  # type: ignore[attr-defined]
+        sock = StampSocket(self.family, self.type, self.proto, fileno=fd)
+        if socket.getdefaulttimeout() is None and self.gettimeout():
+            sock.setblocking(True)
+        return sock, addr
+
+    def _note(self, anc: list[tuple[int, int, bytes]]) -> None:
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS:
+                sec, nsec = _TIMESPEC.unpack_from(cdata)
+                self.rx_real_ns = sec * 1_000_000_000 + nsec
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, anc, _f, _a = self.recvmsg(bufsize, _RX_ANCBUF, flags)
+        self._note(anc)
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        mv = memoryview(buffer).cast("B")
+        n, anc, _f, _a = self.recvmsg_into([mv[:nbytes] if nbytes else mv], _RX_ANCBUF, flags)
+        self._note(anc)
+        return n
+
+
 class _HttpProtocol(asyncio.Protocol):
-    """One connection: h11 parses the request; the response is written by the server."""
+    """One connection: h11 parses each request; the response is written by the server.
+
+    Keep-alive: once a response has been written whole, the connection waits for the next
+    request (closed after ``idle_timeout_s``), unless the client asked to close, keep-alive
+    is off, or ``max_requests_per_conn`` is reached (that response says so).
+    """
 
     def __init__(self, srv: SimServer) -> None:
         self._srv = srv
@@ -351,23 +408,100 @@ class _HttpProtocol(asyncio.Protocol):
         self._request: h11.Request | None = None
         self._body = bytearray()
         self._handled = False
+        self._pending = bytearray()  # bytes that arrived while a response was being written
+        self._started = False  # some byte of the current request arrived
+        self._first_rx_ns = 0  # its first byte: kernel stamp (monotonic) or user-space time
+        self._first_rx_clock = "userspace"
+        self._idle: asyncio.TimerHandle | None = None
+        self._sock: StampSocket | None = None
         self.closed = False
         self.gen: _Gen | None = None
         self.record: _Record | None = None
         self.request_id = ""
+        self.conn_seq = 0
+        self.served = 0  # responses written whole on this connection
+        self.last = False  # the response being written is the connection's last
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self._srv.track(self)
+        self.conn_seq = self._srv.connections_accepted
+        ts = transport.get_extra_info("socket")
+        raw = getattr(ts, "_sock", ts)
+        if isinstance(raw, StampSocket) and self._srv.config.kernel_rx_stamps:
+            try:
+                raw.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                self._sock = raw
+            except OSError:
+                self._sock = None
 
     def data_received(self, data: bytes) -> None:
         received_ns = monotonic_ns()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._handled:
+            self._pending += data
             return
+        if not self._started and data:
+            self._started = True
+            self._note_first_byte(received_ns)
         self._h11.receive_data(data)
         self._pump(received_ns)
+
+    def _note_first_byte(self, received_ns: int) -> None:
+        sock = self._sock
+        if sock is not None and sock.rx_real_ns:
+            t = sock.rx_real_ns - self._srv.clock_offset_ns
+            if t <= received_ns:
+                self._first_rx_ns, self._first_rx_clock = t, "kernel"
+                return
+        self._first_rx_ns, self._first_rx_clock = received_ns, "userspace"
+
+    def note_request(self, rec: _Record) -> None:
+        rec.first_byte_rx_ns = self._first_rx_ns or rec.received_ns
+        rec.rx_clock = self._first_rx_clock
+        rec.conn = self.conn_seq
+        rec.conn_request = self.served + 1
+
+    def decide_last(self, req: h11.Request | None) -> None:
+        """Is the response about to be written this connection's last?"""
+        cfg = self._srv.config
+        asked_close = False
+        if req is not None:
+            for name, value in req.headers:
+                if name.lower() == b"connection" and b"close" in value.lower():
+                    asked_close = True
+            asked_close = asked_close or req.http_version == b"1.0"
+        cap = cfg.max_requests_per_conn
+        self.last = (
+            not cfg.keep_alive or asked_close or req is None or bool(cap and self.served + 1 >= cap)
+        )
+
+    def response_done(self) -> None:
+        """The response has been written whole: close, or wait for the next request."""
+        if self.closed:
+            return
+        self.served += 1
+        if self.last:
+            self.close()
+            return
+        self._h11 = h11.Connection(h11.SERVER)
+        self._request = None
+        self._body = bytearray()
+        self._handled = False
+        self._started = False
+        self.gen = None
+        self.record = None
+        self.request_id = ""
+        pending, self._pending = bytes(self._pending), bytearray()
+        timeout = self._srv.config.idle_timeout_s
+        if pending:
+            self.data_received(pending)
+        elif timeout > 0 and self.transport is not None:
+            self._idle = asyncio.get_running_loop().call_later(timeout, self.close)
 
     def eof_received(self) -> bool:
         if not self._handled:
@@ -377,6 +511,8 @@ class _HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._idle is not None:
+            self._idle.cancel()
         self._srv.untrack(self)
         if self.gen is not None:
             self.gen.release()
@@ -390,6 +526,7 @@ class _HttpProtocol(asyncio.Protocol):
                 event = self._h11.next_event()
             except h11.RemoteProtocolError as e:
                 self._handled = True
+                self.last = True
                 self.send_simple(400, _error_body(f"bad HTTP request: {e}", "invalid_request"))
                 return
             if event is h11.NEED_DATA or event is h11.PAUSED:
@@ -403,11 +540,13 @@ class _HttpProtocol(asyncio.Protocol):
                 self._body += event.data
                 if len(self._body) > self._srv.config.max_body_bytes:
                     self._handled = True
+                    self.last = True
                     self.send_simple(413, _error_body("request body too large", "invalid_request"))
                     return
             elif isinstance(event, h11.EndOfMessage):
                 self._handled = True
                 assert self._request is not None
+                self.decide_last(self._request)
                 self._srv.handle(self, self._request, bytes(self._body), received_ns)
                 return
             else:  # ConnectionClosed before a whole request
@@ -423,13 +562,16 @@ class _HttpProtocol(asyncio.Protocol):
         return t
 
     def _headers(self, extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        h = [("server", "tokentrace-sim"), ("connection", "close"), *extra]
+        h = [("server", "tokentrace-sim"), *extra]
+        if self.last:
+            h.insert(1, ("connection", "close"))
         if self.request_id:
             h.append(("x-request-id", self.request_id))
         return h
 
     def send_simple(self, status: int, body: bytes, content_type: str = "application/json") -> int:
-        """A whole response with a Content-Length; closes the connection. Returns the stamp."""
+        """A whole response with a Content-Length, then keep-alive or close
+        (``response_done``). Returns the stamp."""
         headers = self._headers(
             [("content-type", content_type), ("content-length", str(len(body)))]
         )
@@ -441,7 +583,7 @@ class _HttpProtocol(asyncio.Protocol):
             self.close()
             return monotonic_ns()
         t = self._write(data)
-        self.close()
+        self.response_done()
         return t
 
     def start_stream(self, first_chunks: bytes) -> int:
@@ -449,7 +591,7 @@ class _HttpProtocol(asyncio.Protocol):
         # Written by hand (h11's header validation costs ~50 us a request) and so is the
         # chunked body: h11 is not used again on this connection. The request id is safe in
         # a header: h11 validated it when it arrived.
-        head = _STREAM_HEAD
+        head = _STREAM_HEAD + _CLOSE_HEADER if self.last else _STREAM_HEAD
         if self.request_id:
             head += b"x-request-id: " + self.request_id.encode("latin-1") + b"\r\n"
         return self._write(head + b"\r\n" + first_chunks)
@@ -693,9 +835,9 @@ class _Gen:
         if self.rec is not None:
             self.rec.add_marks(t, marks)
         if nxt is None:
-            proto.close()
             self.release()
             self.srv.success_total += 1
+            proto.response_done()
         return nxt
 
     def _build(self, due: int, now: int) -> tuple[bytes, list[int], int | None]:
@@ -897,27 +1039,31 @@ class SimServer:
         self.success_total = 0
         self.requests_by_fault: dict[str, int] = {f.value: 0 for f in Fault}
         self._seq = 0
+        self.connections_accepted = 0
+        self.clock_offset_ns = _clock_offset()
         self._records: dict[str, _Record] = {}
         self._conns: set[_HttpProtocol] = set()
         self._sched = _Scheduler(config.spin_us * 1000)
         self._server: asyncio.base_events.Server | None = None
+        self._clock_timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _HttpProtocol(self),
-            self.config.host,
-            self.config.port,
+            self._accepted,
+            sock=_listen_socket(self.config.host, self.config.port),
             backlog=4096,
-            reuse_address=True,
             ssl=server_ssl_context(self.config),
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
+        self._resample_clock()
         self._task = asyncio.create_task(self._sched.run(), name="tokentrace-sim-scheduler")
         return self.port
 
     async def close(self) -> None:
+        if self._clock_timer is not None:
+            self._clock_timer.cancel()
         if self._server is not None:
             self._server.close()
         for proto in list(self._conns):
@@ -930,6 +1076,15 @@ class SimServer:
         self._sched.clear()
         if self._server is not None:
             await self._server.wait_closed()
+
+    def _accepted(self) -> _HttpProtocol:
+        self.connections_accepted += 1
+        return _HttpProtocol(self)
+
+    def _resample_clock(self) -> None:
+        """``realtime - monotonic`` for the kernel stamps, about once a second."""
+        self.clock_offset_ns = _clock_offset()
+        self._clock_timer = asyncio.get_running_loop().call_later(1.0, self._resample_clock)
 
     def track(self, proto: _HttpProtocol) -> None:
         self._conns.add(proto)
@@ -944,6 +1099,7 @@ class SimServer:
             "pid": os.getpid(),
             "config": self.config.to_dict(),
             "event_kinds": list(EVENT_KINDS),
+            "connections_accepted": self.connections_accepted,
             "requests": {rid: r.to_json() for rid, r in self._records.items()},
         }
 
@@ -951,6 +1107,7 @@ class SimServer:
         """Forget the ground truth and restart the request counter (faults repeat)."""
         self._records.clear()
         self._seq = 0
+        self.connections_accepted = 0
 
     # routing --------------------------------------------------------------------
     def handle(self, proto: _HttpProtocol, req: h11.Request, body: bytes, received_ns: int) -> None:
@@ -1024,6 +1181,7 @@ class SimServer:
         self.requests_by_fault[fault.value] += 1
         self.prompt_tokens_total += plan.input_tokens
         rec = _Record(seq, plan, fault, received_ns)
+        proto.note_request(rec)
         if self.config.record_ground_truth:
             self._records[proto.request_id] = rec
             proto.record = rec
@@ -1137,6 +1295,39 @@ class SimServer:
             f"tokentrace_sim_open_connections {len(self._conns)}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def _clock_offset() -> int:
+    """``CLOCK_REALTIME - CLOCK_MONOTONIC`` in ns, from the tightest of a few reads."""
+    best_gap, offset = -1, 0
+    for _ in range(7):
+        a = time.monotonic_ns()
+        r = time.time_ns()
+        b = time.monotonic_ns()
+        if best_gap < 0 or b - a < best_gap:
+            best_gap, offset = b - a, r - (a + b) // 2
+    return offset
+
+
+def _listen_socket(host: str, port: int) -> StampSocket:
+    """The listening socket (its accepted sockets stamp what they read)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    if not infos:
+        raise OSError(f"cannot resolve {host}")
+    family, stype, proto, _canon, addr = infos[0]
+    sock = StampSocket(family, stype, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+        sock.listen(4096)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _num(v: float) -> str:

@@ -41,4 +41,15 @@ def client_health(report: dict[str, Any]) -> list[str]:
     rd = ms(load.get("read_delay_ms"), "p99_ms")
     if rd is not None:
         out.append(f"kernel stamp to read p99 {rd}")
+    send_clock = load.get("send_clock")
+    if send_clock in ("kernel", "userspace"):
+        what = "kernel transmit stamps" if send_clock == "kernel" else "the clock before the send"
+        out.append(f"t0 from {what}")
+    conns = load.get("connections")
+    if isinstance(conns, dict) and isinstance(conns.get("opened"), int):
+        mode, opened, reused = conns.get("mode"), conns["opened"], conns.get("reused", 0)
+        line = f"connections {mode}: {opened} opened, {reused} requests on a reused one"
+        if conns.get("retried"):
+            line += f", {conns['retried']} retried"
+        out.append(line)
     return out

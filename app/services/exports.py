@@ -12,7 +12,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.domain import EventKind
+from app.analysis.phases import user_ttft_ms_of_row
+from app.domain import PHASES, EventKind
 from app.services import runs as run_svc
 from app.storage import browse
 from app.storage import interop as interop_repo
@@ -40,6 +41,16 @@ REQUEST_COLUMNS = (
     "e2el_ms",
     "tpot_ms",
     "n_events",
+    "queued_ms",
+    "connect_ms",
+    "tls_ms",
+    "sending_ms",
+    "waiting_ms",
+    "first_token_ms",
+    "user_ttft_ms",
+    "conn_id",
+    "conn_reused",
+    "retries",
 )
 EVENT_COLUMNS = ("idx", "event", "t_ms", "since_sent_ms", "kind", "tokens", "bytes")
 FORMATS = {
@@ -78,7 +89,13 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "e2el_ms": _ms(r.get("e2e_ns")),
         "tpot_ms": _ms(r.get("tpot_ns")),
         "n_events": int(r.get("n_events") or 0),
+        **{f"{p}_ms": _ms(r.get(f"{p}_ns")) for p in PHASES},
+        "user_ttft_ms": user_ttft_ms_of_row(r),
+        "conn_id": r.get("conn_id"),
+        "conn_reused": r.get("conn_reused"),
+        "retries": int(r.get("retries") or 0),
     }
+
 
 
 def iter_request_pages(
@@ -173,8 +190,10 @@ def _request_types() -> dict[str, Any]:
 
     f, i, s = pa.float64(), pa.int64(), pa.string()
     types = {c: f for c in REQUEST_COLUMNS if c.endswith("_ms")}
-    types |= {c: i for c in ("idx", "http_status", "input_tokens", "output_tokens", "n_events")}
+    ints = ("idx", "http_status", "input_tokens", "output_tokens", "n_events", "conn_id", "retries")
+    types |= {c: i for c in ints}
     types |= {"warmup": pa.bool_(), "status": s, "error": s, "token_source": s}
+    types |= {"conn_reused": pa.bool_()}
     return types
 
 

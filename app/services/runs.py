@@ -108,6 +108,8 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
         "measure_start_ns": result.measure_start_ns,
         "end_ns": result.end_ns,
         "notes": result.notes,
+        "send_clock": result.send_clock_source.value,
+        "connections": dict(result.connections),
     }
 
 

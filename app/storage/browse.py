@@ -26,6 +26,15 @@ SUMMARY_COLUMNS = (
     "e2e_ns",
     "tpot_ns",
     "n_events",
+    "queued_ns",
+    "connect_ns",
+    "tls_ns",
+    "sending_ns",
+    "waiting_ns",
+    "first_token_ns",
+    "conn_id",
+    "conn_reused",
+    "retries",
 )
 
 

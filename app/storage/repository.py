@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from app.domain import (
+    PHASES,
     ClockSource,
     PerRequestMetrics,
     RequestRecord,
@@ -428,6 +429,10 @@ def _request_rows(
                 "tpot_ns": tpot[i],
                 "n_events": int(r.event_t_ns.shape[0]),
                 "events": blob,
+                **{f"{p}_ns": _opt_int(getattr(r, f"{p}_ns")) for p in PHASES},
+                "conn_id": _opt_int(r.conn_id),
+                "conn_reused": None if r.conn_reused is None else bool(r.conn_reused),
+                "retries": int(r.retries),
             }
         )
     return rows
@@ -507,16 +512,21 @@ def load_trace(session: Session, run_id: str, *, include_warmup: bool = False) -
     clock, summary_only = _run_flags(session, run_id)
     t = Request.__table__
     cols = [t.c[n] for n in ("sent_ns", "end_ns", "status", "error")]
-    cols += [t.c[n] for n in ("input_tokens", "output_tokens", "events")]
+    cols += [t.c[n] for n in ("input_tokens", "output_tokens", "events", "conn_id")]
+    cols += [t.c[f"{p}_ns"] for p in PHASES]
     where = t.c.run_id == run_id
     if not include_warmup:
         where = where & t.c.warmup.is_(False)
     rows = fetch_rows(session.connection(), cols, where, t.c.idx)
-    if rows:
-        sent, end, status, errors, inp, out, blobs = (list(c) for c in zip(*rows, strict=True))
-    else:
-        sent = end = status = errors = inp = out = blobs = []
-    del rows
+    columns: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else []
+    if not columns:
+        columns = [[] for _ in cols]
+    sent, end, status, errors, inp, out, blobs, conn_ids = columns[:8]
+    phase_cols = columns[8:]
+    del rows, columns
+    phases: dict[str, np.ndarray] | None = None
+    if any(c is not None for c in conn_ids) or any(v is not None for v in phase_cols[0]):
+        phases = {p: _col(v) for p, v in zip(PHASES, phase_cols, strict=True)}
     offsets, ev = unpack_many(blobs, with_nbytes=False)
     del blobs
     statuses = [RequestStatus(s) for s in status]
@@ -534,6 +544,7 @@ def load_trace(session: Session, run_id: str, *, include_warmup: bool = False) -
         ev_tokens=ev.tokens,
         summary_only=summary_only,
         clock_source=clock if clock is not None else ClockSource.USERSPACE,
+        phases=phases,
     )
 
 
@@ -554,6 +565,10 @@ _RECORD_COLUMNS = (
     "token_source",
     "warmup",
     "events",
+    *(f"{p}_ns" for p in PHASES),
+    "conn_id",
+    "conn_reused",
+    "retries",
 )
 
 
@@ -576,6 +591,10 @@ def _record_from_row(row: tuple[Any, ...]) -> RequestRecord:
         token_source=v["token_source"],
         done_ns=v["done_ns"],
         warmup=bool(v["warmup"]),
+        **{f"{p}_ns": v[f"{p}_ns"] for p in PHASES},
+        conn_id=v["conn_id"],
+        conn_reused=None if v["conn_reused"] is None else bool(v["conn_reused"]),
+        retries=int(v["retries"] or 0),
         event_t_ns=t_ns,
         event_bytes=nbytes,
         event_kind=kind,

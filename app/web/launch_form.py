@@ -59,10 +59,25 @@ FIELDS: tuple[FormField, ...] = (
     FormField("max_concurrency", "Max concurrency", "number", help="blank: no cap", group="Load"),
     FormField("warmup_requests", "Warm-up requests", "number", group="Load"),
     FormField("request_timeout_s", "Request timeout (s)", "number", group="Load"),
+    FormField(
+        "connection_mode",
+        "Connections",
+        "select",
+        choices=("keep-alive", "new"),
+        help="keep-alive: one per slot, reused (as production clients); new: one per request",
+        group="Load",
+    ),
     FormField("max_duration_s", "Max duration (s)", "number", help="blank: none", group="Load"),
     FormField("goodput_ttft", "TTFT SLO (ms)", "number", help="blank: none", group="Goodput"),
     FormField("goodput_tpot", "TPOT SLO (ms)", "number", help="blank: none", group="Goodput"),
     FormField("goodput_e2el", "E2E SLO (ms)", "number", help="blank: none", group="Goodput"),
+    FormField(
+        "goodput_user_ttft",
+        "User-perceived TTFT SLO (ms)",
+        "number",
+        help="connect + TLS + TTFT; blank: none",
+        group="Goodput",
+    ),
     FormField(
         "client_lag_bound_ms",
         "Client lag bound (ms)",
@@ -88,7 +103,7 @@ FIELDS: tuple[FormField, ...] = (
 )
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 GROUPS: tuple[str, ...] = ("Target", "Workload", "Load", "Goodput", "Reproduction", "Placement")
-SLO_KEYS = ("ttft", "tpot", "e2el")
+SLO_KEYS = ("ttft", "tpot", "e2el", "user_ttft")
 
 
 def _text(v: Any) -> str:

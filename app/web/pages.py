@@ -10,7 +10,8 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from app.domain import RunStatus
+from app.analysis.phases import user_ttft_ms_of_row
+from app.domain import PHASES, RunStatus
 from app.services import runs as run_svc
 from app.storage import browse, compare_repo
 from app.storage import jobs as job_repo
@@ -178,6 +179,29 @@ def requests_page(
     )
 
 
+PHASE_TEXT = {
+    "queued": ("queued", "due → a slot and a connection were free"),
+    "connect": ("connect", "TCP connect (none on a reused connection)"),
+    "tls": ("TLS", "TLS handshake"),
+    "sending": ("sending", "first byte → last byte of the request left"),
+    "waiting": ("waiting", "last byte sent → response headers"),
+    "first_token": ("first token", "response headers → first token"),
+}
+
+
+def _phase_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's phases for its page; empty when the run recorded none."""
+    if r.get("conn_id") is None and r.get("queued_ns") is None:
+        return []
+    rows = []
+    for name in PHASES:
+        v = r.get(f"{name}_ns")
+        label, what = PHASE_TEXT[name]
+        rows.append({"label": label, "what": what, "ms": None if v is None else v / 1e6})
+    return rows
+
+
+
 @router.get("/runs/{run_id}/requests/{idx}")
 def request_page(request: Request, run_id: str, idx: int) -> Response:
     principal, redirect = _gate(request)
@@ -216,6 +240,8 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "nav": "runs",
             "run_id": run_id,
             "r": summary,
+            "phases": _phase_rows(summary),
+            "user_ttft_ms": user_ttft_ms_of_row(summary),
             "events": events,
             "n_events": n,
             "summary_only": summary_only,
