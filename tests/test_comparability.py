@@ -36,6 +36,7 @@ CHANGES: dict[str, dict[str, Any]] = {
     "seed": {"spec": {"seed": 9}},
     "load_shape": {"spec": {"request_rate": 4.0}},
     "endpoint": {"spec": {"endpoint": "completions"}},
+    "connections": {"spec": {"connection_mode": "new"}},
     "hardware": {"kw": {"hardware": "A100"}},
 }
 
@@ -93,3 +94,23 @@ def test_load_shape_text() -> None:
         "4 req/s gamma burstiness 0.5"
     )
     assert load_shape(_spec(max_concurrency=8)) == "all at once, concurrency <= 8"
+
+
+def test_keep_alive_and_new_connection_runs_are_not_silently_compared() -> None:
+    """A keep-alive run against a new-connection one: the key names the difference, and a
+    comparison of another variable says it is not a one-variable comparison."""
+    ka, new = _key(_spec()), _key(_spec(connection_mode="new"))
+    assert ka["connections"] == "keep-alive" and new["connections"] == "new"
+    result = check([ka, new], variable="model")
+    assert not result.comparable
+    assert "connections (kept alive, or new per request)" in result.message()
+
+
+def test_runs_saved_before_keep_alive_count_as_new_connection_runs() -> None:
+    old = _spec()
+    del old["connection_mode"]  # stored before the setting existed: one connection a request
+    assert _key(old)["connections"] == "new"
+    assert [d.field for d in check([_key(old), _key(_spec())]).differing] == ["connections"]
+    imported = {"model": "m", "input_len": 512, "output_len": 128}  # an import: unknown
+    assert _key(imported)["connections"] is None
+    assert "connections" not in {d.field for d in check([_key(imported), _key()]).differing}

@@ -9,6 +9,7 @@ import pytest
 
 from app.domain import EventKind, RequestRecord, RequestStatus, trace_from_records
 from app.web import figures as fg
+from app.web.phase_figures import phase_breakdown_figure
 from app.web.plotdata import itl_by_position, run_figures
 
 
@@ -150,11 +151,42 @@ def test_run_figures_are_json_safe_and_complete() -> None:
         for i in range(20)
     ]
     recs.append(_record(20, 30_000, [], [], ok=False))
+    for r in recs:  # phases as a run with a new connection per request records them
+        r.conn_id, r.conn_reused, r.connect_ns, r.queued_ns = r.index + 1, False, 200_000, 0
     plots = run_figures(trace_from_records(recs))
     keys = set(plots.figures)
     assert {"cdf_ttft", "hist_itl", "timeline", "throughput", "itl_position", "ttft_input"} <= keys
+    assert "phases" in keys
     for key, fig in plots.figures.items():
         json.dumps(fig, allow_nan=False)  # no NaN reaches the browser
         if key != "send_lag":
             assert fig["data"], key
     assert len(plots.figures["cdf_ttft"]["data"][0]["x"]) == 20
+
+
+def test_phase_breakdown_stacks_each_requests_phases() -> None:
+    """Two requests with hand-set phases (ns): the bars are those values in ms, a reused
+    connection's connect is 0, the failed request has no bar."""
+    recs = [_record(i, i * 1000, [i * 1000 + 500], [1]) for i in range(2)]
+    recs.append(_record(2, 5000, [], [], ok=False))
+    recs[0].conn_id, recs[0].conn_reused = 1, False
+    recs[0].connect_ns, recs[0].tls_ns, recs[0].sending_ns = 300_000, 1_200_000, 10_000
+    recs[0].waiting_ns, recs[0].first_token_ns, recs[0].queued_ns = 40_000, 450_000, 0
+    recs[1].conn_id, recs[1].conn_reused = 1, True
+    recs[1].sending_ns, recs[1].waiting_ns, recs[1].first_token_ns = 20_000, 30_000, 450_000
+    recs[1].queued_ns = 2_500_000
+    recs[2].conn_id = 2
+    fig = phase_breakdown_figure(trace_from_records(recs))
+    by_name = {t["name"]: t for t in fig["data"]}
+    assert list(by_name) == ["connect", "TLS", "sending", "waiting", "first token"]
+    assert all(t["type"] == "bar" and t["x"] == [0, 1] for t in fig["data"])
+    assert by_name["connect"]["y"] == [0.3, 0.0]
+    assert by_name["TLS"]["y"] == [1.2, 0.0]
+    assert by_name["sending"]["y"] == [0.01, 0.02]
+    assert by_name["waiting"]["y"] == [0.04, 0.03]
+    assert by_name["first token"]["y"] == [0.45, 0.45]
+    assert by_name["connect"]["customdata"] == [0.0, 2.5]  # queued, in the hover
+    assert fig["layout"]["barmode"] == "stack"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "time (ms)"
+    no_phases = phase_breakdown_figure(trace_from_records([_record(0, 0, [10], [1])]))
+    assert no_phases["data"] == [] and "no connection phases" in str(no_phases["layout"])

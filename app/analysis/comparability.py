@@ -29,12 +29,15 @@ KEY_FIELDS: dict[str, str] = {
     "seed": "seed",
     "load_shape": "load shape",
     "endpoint": "endpoint",
+    "connections": "connections (kept alive, or new per request)",
     "hardware": "hardware",
 }
 # measured lengths within this relative tolerance count as equal
 LENGTH_TOLERANCE = 0.05
 # fields allowed to differ in a sweep-to-sweep comparison is none; within a sweep: load shape
 MEASURED = ("measured_input_p50", "measured_output_p50")
+# unknown on one side (None) contradicts nothing
+OPTIONAL = ("connections",)
 
 
 def load_shape(spec: Mapping[str, Any]) -> str:
@@ -54,6 +57,15 @@ def load_shape(spec: Mapping[str, Any]) -> str:
 def dataset_text(spec: Mapping[str, Any]) -> str:
     ds = str(spec.get("dataset") or "random")
     return f"{ds}:{spec['dataset_path']}" if spec.get("dataset_path") else ds
+
+
+def connection_mode(spec: Mapping[str, Any]) -> str | None:
+    """How the run's client used connections: "keep-alive" or "new". Runs saved before the
+    setting existed opened a new connection per request; imports don't say (None)."""
+    mode = spec.get("connection_mode")
+    if mode is not None:
+        return str(mode)
+    return "new" if "request_timeout_s" in spec else None  # a RunSpec from before the field
 
 
 def comparability_key(
@@ -83,11 +95,14 @@ def comparability_key(
         "seed": spec.get("seed"),
         "load_shape": load if load is not None else load_shape(spec),
         "endpoint": spec.get("endpoint"),
+        "connections": connection_mode(spec),
         "hardware": hardware,
     }
 
 
 def _same(field: str, a: Any, b: Any) -> bool:
+    if field in OPTIONAL and (a is None or b is None):
+        return True
     if field in MEASURED:
         if a is None or b is None:
             return True  # unknown on one side: nothing to contradict

@@ -24,6 +24,7 @@ from app.analysis.metrics import (
 )
 from app.domain import PerRequestMetrics, RunTrace
 from app.web import figures as fg
+from app.web.phase_figures import phase_breakdown_figure
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -136,6 +137,7 @@ def run_figures(
         pos, itl = itl_by_position(trace, tokens)
         figs["itl_position"] = fg.itl_position_figure(pos, itl)
     figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, prm.ttft_ns / NS_PER_MS)
+    figs["phases"] = phase_breakdown_figure(trace, idx)
     if scheduled_ns is not None and sent_sched_ns is not None and scheduled_ns.size:
         sent_ok = sent_sched_ns >= 0
         lag = np.where(sent_ok, (sent_sched_ns - scheduled_ns) / NS_PER_MS, np.nan)
