@@ -532,3 +532,35 @@ def test_large_request_body_over_tls(certs: Certs) -> None:
     assert raw.status is RequestStatus.OK, raw.error
     assert gt["requests"]["big"]["input_tokens"] >= 600_000
     assert len(truth_content(gt, "big")) == 3 and nbody > 3_000_000
+
+
+def test_keep_alive_over_tls_does_one_handshake_per_connection(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """12 requests on 3 slots: 3 connections, 3 handshakes (the tls phase of each
+    connection's first request only), every request matched to the ground truth."""
+    monkeypatch.setenv("SSL_CERT_FILE", certs.ca)
+    handle = start_simulator_thread(sim_config(certs))
+    try:
+        spec = RunSpec(
+            base_url=handle.base_url,
+            model="m",
+            input_len=8,
+            output_len=6,
+            num_prompts=12,
+            max_concurrency=3,
+            request_timeout_s=5.0,
+            scrape_metrics=False,
+        )
+        res = run_load_sync(spec, run_tag="tka", handle_sigint=False)
+        gt = handle.ground_truth()
+    finally:
+        handle.stop()
+    assert res.counts["ok"] == 12, [r.error for r in res.records]
+    assert (res.connections["opened"], res.connections["reused"]) == (3, 9)
+    assert gt["connections_accepted"] == 3
+    with_tls = [r for r in res.records if r.tls_ns is not None]
+    assert len(with_tls) == 3 and all(not r.conn_reused and r.tls_ns > 0 for r in with_tls)
+    for r in res.records:
+        ours = content_stamps(r, res.start_mono_ns)
+        check_against_truth(ours, truth_content(gt, f"tka-{r.index}"))
