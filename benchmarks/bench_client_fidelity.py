@@ -1,19 +1,27 @@
 """How exactly does the tokentrace client measure? Compare it with the simulator's ground truth.
 
-The simulator (its own process, optionally pinned to other CPUs) stamps every SSE event with
-``time.monotonic_ns()`` right before writing it; the client records when each event
-arrived (kernel receive stamps, or user-space stamps with ``--userspace``). Both clocks are
-the host's monotonic clock, so per event ``client - server`` is loopback delivery plus the
-client's measurement error.
+The simulator (its own process, optionally pinned to other CPUs) stamps each request's first
+byte with the kernel's receive stamp (``SO_TIMESTAMPNS`` on its accepted sockets) and every
+SSE event with ``time.monotonic_ns()`` right before writing it; the client records when its
+request's first byte left (kernel transmit stamp) and when each event arrived (kernel
+receive stamps, or user-space stamps with ``--userspace``). All are the host's monotonic
+clock.
 
-Reported (ms): TTFT error (client first content stamp - server first content write), chunk
-gap error (client gap - server gap for consecutive content events), per-event offset, the
-number of streams that were all active at once, and the client's own health numbers.
+Reported (ms):
+* TTFT error = client TTFT - the server's TTFT of the same request (its first content write
+  - its kernel receive stamp of the request's first byte): what a user reads, against a
+  truth that is not the client's code path. Signed bias and |error| percentiles.
+* first-token delivery lag = client arrival of the first content - the server's write of it
+  (loopback delivery plus the client's receive-side error; not TTFT error).
+* chunk gap error (client gap - server gap for consecutive content events), per-event
+  offset, streams all active at once, connections (the client's and the server's count),
+  the client's CPU per streamed token, and the client's own health numbers.
 
     python benchmarks/bench_client_fidelity.py --streams 256 --itl-ms 10 --output-len 100
     python benchmarks/bench_client_fidelity.py --streams 1000 --sim-cpus 1 --client-cpus 0
     python benchmarks/bench_client_fidelity.py --streams 256 --userspace --realtime
     python benchmarks/bench_client_fidelity.py --streams 256 --tls     # https, kernel stamps
+    python benchmarks/bench_client_fidelity.py --streams 256 --connection-mode new
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -82,6 +91,10 @@ def main() -> int:
         "--realtime", action="store_true", help="run the load thread at SCHED_FIFO priority"
     )
     ap.add_argument("--tls", action="store_true", help="https: a throwaway certificate (openssl)")
+    ap.add_argument(
+        "--requests-per-stream", type=int, default=4, help="requests each stream sends in turn"
+    )
+    ap.add_argument("--connection-mode", default="keep-alive", choices=("keep-alive", "new"))
     ap.add_argument("--sim-cpus", help="pin the simulator, e.g. 1")
     ap.add_argument("--client-cpus", help="pin this client process, e.g. 0")
     ap.add_argument("--json", action="store_true", help="print JSON only")
@@ -107,16 +120,24 @@ def main() -> int:
             model="sim",
             input_len=32,
             output_len=args.output_len,
-            num_prompts=args.streams,
+            num_prompts=args.streams * args.requests_per_stream,
             max_concurrency=args.streams,
             request_timeout_s=120,
+            connection_mode=args.connection_mode,
+            scrape_metrics=False,
         )
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         res = run_load_sync(
             spec, run_tag=tag, kernel_stamps=not args.userspace, realtime=args.realtime
         )
-        gt = sim.ground_truth()["requests"]
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        truth = sim.ground_truth()
+        gt = truth["requests"]
+    client_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    tokens = sum(r.output_tokens or 0 for r in res.records if r.status is RequestStatus.OK)
 
     ttft_err: list[int] = []
+    delivery: list[int] = []
     gap_err: list[int] = []
     offset: list[int] = []
     starts: list[int] = []
@@ -130,16 +151,23 @@ def main() -> int:
             [t for t, k in zip(ev["t_ns"], ev["kind"], strict=True) if k == "content"], np.int64
         )
         client = r.event_t_ns[r.event_kind == EventKind.CONTENT] + res.start_mono_ns
-        if server.size != client.size or server.size == 0:
+        if server.size != client.size or server.size == 0 or r.sent_ns is None:
             continue
-        ttft_err.append(int(client[0] - server[0]))
+        client_ttft = int(client[0]) - (r.sent_ns + res.start_mono_ns)
+        server_ttft = int(server[0]) - int(g["first_byte_rx_ns"])
+        ttft_err.append(client_ttft - server_ttft)
+        delivery.append(int(client[0] - server[0]))
         gap_err.extend((np.diff(client) - np.diff(server)).tolist())
         offset.extend((client - server).tolist())
         starts.append(int(client[0]))
         ends.append(int(client[-1]))
-    # streams active together: all of them were streaming between the last first token and
-    # the first last token
-    all_active = bool(starts) and max(starts) < min(ends)
+    # the most requests streaming at once (between their first and last content event)
+    marks = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends])
+    together = peak = 0
+    for _t, step in marks:
+        together += step
+        peak = max(peak, together)
+    all_active = peak >= args.streams
     out: dict[str, Any] = {
         "streams": args.streams,
         "itl_ms": args.itl_ms,
@@ -150,7 +178,18 @@ def main() -> int:
         "ok": res.counts["ok"],
         "compared": len(ttft_err),
         "all_streams_active_together": all_active,
+        "max_streaming_together": peak,
+        "connection_mode": args.connection_mode,
+        "requests": spec.num_prompts,
+        "connections_client": res.connections,
+        # the ground-truth fetch itself is one more connection
+        "connections_server": int(truth.get("connections_accepted", 0)) - 1,
+        "send_clock_source": res.send_clock_source.value,
+        "server_rx_clock": sorted({str(g.get("rx_clock")) for g in gt.values()}),
         "ttft_error": summary(ttft_err),
+        "ttft_bias_ms": float(np.mean(ttft_err)) / 1e6 if ttft_err else None,
+        "first_token_delivery_lag": summary(delivery),
+        "client_cpu_us_per_token": client_cpu_s * 1e6 / tokens if tokens else None,
         "chunk_gap_error": summary(gap_err),
         "event_offset": summary(offset),
         "send_lag_ms": {"p99": res.send_lag.p99_ms, "max": res.send_lag.max_ms},
