@@ -93,17 +93,21 @@ def test_new_connection_mode_opens_one_per_request() -> None:
 
 
 @pytest.mark.skipif(not LINUX_KERNEL, reason="kernel receive/transmit stamps need Linux")
-@pytest.mark.parametrize("mode", ["keep-alive", "new"])
-def test_ttft_matches_the_servers_view(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "cap"), [("keep-alive", 0), ("new", 0), ("keep-alive", 2)])
+def test_ttft_matches_the_servers_view(mode: str, cap: int) -> None:
     """Client TTFT against the server's (first content write - kernel receive stamp of the
-    request's first byte), per request: the connection's setup is not in TTFT either way."""
+    request's first byte), per request: the connection's setup is not in TTFT either way,
+    nor when the server closes every second connection (``cap``) and the client reconnects."""
     # the simulator in its own process: in a thread it would share the GIL with the client,
     # whose reads would then coalesce (a read is stamped at its last segment's arrival)
-    with start_simulator_process(SimConfig(ttft_ms=20, itl_ms=2, seed=3)) as sim:
+    cfg = SimConfig(ttft_ms=20, itl_ms=2, seed=3, max_requests_per_conn=cap)
+    with start_simulator_process(cfg) as sim:
         spec = _spec(sim.base_url, num_prompts=24, connection_mode=mode)
         res = run_load_sync(spec, run_tag="tt", handle_sigint=False)
         gt = sim.ground_truth()
     assert res.counts["ok"] == 24
+    if cap:
+        assert res.connections["closed_by_server"] == 12
     assert res.send_clock_source is ClockSource.KERNEL
     assert res.clock_source is ClockSource.KERNEL
     err = []
