@@ -69,6 +69,9 @@ TokenCounting = Literal["auto", "usage", "tokenizer"]
 ConnectionMode = Literal["keep-alive", "new"]
 
 
+MAX_PROMPT_TOKENS = 200_000_000  # a run's random prompts, warm-ups included (~1 GB of text)
+
+
 class RunSpec(BaseModel):
     """Everything needed to repeat a benchmark run (flag names follow `vllm bench serve`)."""
 
@@ -92,7 +95,7 @@ class RunSpec(BaseModel):
     arrival: Arrival = "poisson"
     burstiness: float = Field(1.0, gt=0, description="gamma shape; 1.0 = Poisson")
     max_concurrency: int | None = Field(None, ge=1)
-    warmup_requests: int = Field(0, ge=0)
+    warmup_requests: int = Field(0, ge=0, le=100_000)
     request_timeout_s: float = Field(600.0, gt=0)
     # connections (SPEC 1b): kept open across requests (one per concurrency slot), or a new
     # one per request (connection setup then shows in the user-perceived TTFT, not in TTFT)
@@ -147,6 +150,19 @@ class RunSpec(BaseModel):
     def _dataset(self) -> RunSpec:
         if self.dataset == "jsonl" and not self.dataset_path:
             raise ValueError("dataset_path is required when dataset is 'jsonl'")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_budget(self) -> RunSpec:
+        """Random prompts are built in memory before the run: bound their total size."""
+        if self.dataset != "random":
+            return self
+        total = (self.num_prompts + self.warmup_requests) * self.input_len
+        if total > MAX_PROMPT_TOKENS:
+            raise ValueError(
+                f"num_prompts: (num_prompts + warmup_requests) x input_len = {total:,} prompt "
+                f"tokens, over the client's budget of {MAX_PROMPT_TOKENS:,}"
+            )
         return self
 
 

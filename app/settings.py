@@ -65,6 +65,11 @@ class Settings(BaseSettings):
         description="hosts (glob patterns, host:port) and CIDRs that runs may target; "
         "empty: any. Env: comma-separated or a JSON list",
     )
+    dataset_dirs: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="directories a worker (the embedded one included) may read dataset_path "
+        "files from; empty: runs on workers cannot name a file. Env: comma-separated or JSON",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed cross-origin (empty: CORS off)"
     )
@@ -74,7 +79,7 @@ class Settings(BaseSettings):
     )
     db_pool_timeout_s: float = Field(30.0, gt=0, description="wait for a free connection")
 
-    @field_validator("target_allowlist", "cors_origins", mode="before")
+    @field_validator("target_allowlist", "cors_origins", "dataset_dirs", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         """``a,b`` or ``["a", "b"]`` (from the environment) -> a list of stripped entries."""

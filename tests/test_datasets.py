@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.domain import RunSpec
-from app.loadgen.datasets import build_workload, load_jsonl, random_prompt_text
+from app.loadgen.datasets import (
+    REFUSED,
+    WorkloadCancelled,
+    build_workload,
+    load_jsonl,
+    random_prompt_text,
+)
 from app.loadgen.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
 
 
@@ -108,7 +115,7 @@ def test_jsonl_bad_line_named(tmp_path: Path, line: str, msg: str) -> None:
     p.write_text('{"prompt": "fine"}\n' + line + "\n")
     with pytest.raises(ValueError) as e:
         load_jsonl(str(p), BuiltinTokenizer(), 10)
-    assert f"{p}:2" in str(e.value) and msg in str(e.value)
+    assert "dataset_path line 2" in str(e.value) and msg in str(e.value)
 
 
 def test_jsonl_empty_file(tmp_path: Path) -> None:
@@ -116,3 +123,91 @@ def test_jsonl_empty_file(tmp_path: Path) -> None:
     p.write_text("\n\n")
     with pytest.raises(ValueError, match="no prompts"):
         load_jsonl(str(p), BuiltinTokenizer(), 10)
+
+
+# --------------------------------------------------------------------------- hostile paths
+
+
+def _good(tmp_path: Path) -> Path:
+    d = tmp_path / "datasets"
+    d.mkdir()
+    f = d / "ok.jsonl"
+    f.write_text('{"prompt": "hello there"}\n')
+    return f
+
+
+def test_worker_reads_only_inside_its_dataset_dirs(tmp_path: Path) -> None:
+    f = _good(tmp_path)
+    tok = BuiltinTokenizer()
+    assert len(load_jsonl(str(f), tok, 4, dirs=[str(f.parent)])) == 1
+    outside = tmp_path / "secret.jsonl"
+    outside.write_text('{"prompt": "the secret"}\n')
+    link = f.parent / "link.jsonl"
+    link.symlink_to(outside)  # a symlink out of the directory does not count as inside
+    for path in (outside, link, f.parent / "../secret.jsonl", tmp_path / "missing.jsonl"):
+        with pytest.raises(ValueError) as e:
+            load_jsonl(str(path), tok, 4, dirs=[str(f.parent)])
+        assert str(e.value) == REFUSED  # the same words whether it exists or not
+        assert str(tmp_path) not in str(e.value)
+    with pytest.raises(ValueError, match="not a dataset file"):
+        load_jsonl(str(f), tok, 4, dirs=[])  # no directories configured: no files at all
+
+
+def test_devices_fifos_and_directories_are_refused_without_hanging(tmp_path: Path) -> None:
+    d = tmp_path / "datasets"
+    d.mkdir()
+    fifo = d / "pipe.jsonl"
+    os.mkfifo(fifo)  # opening it for reading would block forever without O_NONBLOCK
+    (d / "zero.jsonl").symlink_to("/dev/zero")
+    tok = BuiltinTokenizer()
+    for path in (fifo, d / "zero.jsonl", d):
+        with pytest.raises(ValueError) as e:
+            load_jsonl(str(path), tok, 4, dirs=[str(d)])
+        assert str(e.value) == REFUSED
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_jsonl("/dev/zero", tok, 4)  # the local CLI too: never read a device
+
+
+def test_oversized_dataset_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.loadgen.datasets as ds
+
+    f = _good(tmp_path)
+    f.write_text('{"prompt": "x"}\n' * 100)
+    monkeypatch.setattr(ds, "MAX_DATASET_BYTES", 1000)
+    with pytest.raises(ValueError, match="larger than"):
+        load_jsonl(str(f), BuiltinTokenizer(), 4, dirs=[str(f.parent)])
+
+
+def test_workload_building_is_cancellable() -> None:
+    spec = RunSpec(base_url="http://h:1", model="m", num_prompts=5000, input_len=64)
+    polls: list[int] = []
+
+    def cancelled() -> bool:
+        polls.append(1)
+        return len(polls) >= 3  # cancelled during the third poll
+
+    with pytest.raises(WorkloadCancelled):
+        build_workload(spec, BuiltinTokenizer(), cancelled=cancelled)
+    assert len(polls) == 3  # stopped there: it did not build the remaining prompts
+
+
+def test_prompt_budget_bounds_the_workload() -> None:
+    from pydantic import ValidationError
+
+    from app.domain import MAX_PROMPT_TOKENS
+
+    ok = RunSpec(base_url="http://h:1", model="m", num_prompts=200_000, input_len=1000)
+    assert ok.num_prompts * ok.input_len == MAX_PROMPT_TOKENS
+    with pytest.raises(ValidationError) as e:  # 1e7 x 1e6 tokens: refused before any work
+        RunSpec(base_url="http://h:1", model="m", num_prompts=10_000_000, input_len=1_000_000)
+    assert "num_prompts" in str(e.value) and "budget" in str(e.value)
+    with pytest.raises(ValidationError, match="warmup_requests"):
+        RunSpec(base_url="http://h:1", model="m", warmup_requests=10**9)
+    with pytest.raises(ValidationError, match="budget"):  # warm-ups count in the budget
+        RunSpec(
+            base_url="http://h:1",
+            model="m",
+            num_prompts=100_000,
+            warmup_requests=100_000,
+            input_len=1001,
+        )

@@ -5,6 +5,7 @@ worker command line."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -174,3 +175,34 @@ def test_worker_cli_refused_token_exits_1(
     args = ["worker", "--server", server.url, "--token", "nope", "--once"]
     assert cli_main([*args, "--state-dir", str(tmp_path / "s")]) == 1
     assert "refused the token" in capsys.readouterr().err
+
+
+def test_dataset_path_outside_the_workers_dirs_fails_the_run_not_the_worker(
+    server: LiveServer, sim: SimulatorThread, tmp_path: Path
+) -> None:
+    """A run token names a file elsewhere on the worker (an attack: read /etc/..., or send
+    a file's content to a target of the attacker's): the run fails naming dataset_path,
+    says nothing about the file system, and the worker takes the next job."""
+    allowed = tmp_path / "datasets"
+    allowed.mkdir()
+    (allowed / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"prompt": "the secret"}\n')
+    opts = dataclasses.replace(FAST, dataset_dirs=(str(allowed),))
+    worker = Worker(
+        server.url, server.worker_token, state_dir=tmp_path / "st", name="d", options=opts
+    )
+    with api(server) as c:
+        spec = sim_spec(sim.base_url, num_prompts=2, dataset="jsonl")
+        bad_run, bad_job = submit(c, spec | {"dataset_path": str(secret)})
+        outcome = asyncio.run(worker.run_once())
+        assert outcome is not None and outcome.status == "failed"
+        j = wait_job(c, bad_job, ("failed",), 10)
+        assert "dataset_path" in (j["error"] or "") and str(tmp_path) not in (j["error"] or "")
+        good_run, good_job = submit(c, spec | {"dataset_path": str(allowed / "p.jsonl")})
+        outcome = asyncio.run(worker.run_once())
+        assert outcome is not None and outcome.status == "succeeded", outcome
+    prompts = [
+        r for r in sim.ground_truth()["requests"] if r.startswith((bad_run, good_run))
+    ]
+    assert prompts and all(p.startswith(good_run) for p in prompts)  # nothing of the secret

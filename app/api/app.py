@@ -71,7 +71,11 @@ def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     from app.worker.embedded import start_local_worker
     from app.worker.loop import WorkerOptions
 
-    options = WorkerOptions(shutdown_grace_s=5.0, realtime=settings.local_worker_realtime)
+    options = WorkerOptions(
+        shutdown_grace_s=5.0,
+        realtime=settings.local_worker_realtime,
+        dataset_dirs=tuple(settings.dataset_dirs),
+    )
     kinds = local_worker_kinds(settings, torch_installed=torch_version() is not None)
     with session_scope(app.state.sessions) as s:
         row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")

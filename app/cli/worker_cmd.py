@@ -71,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
         default="auto",
         help="receive stamps: auto = kernel (SO_TIMESTAMPNS) where available, else user-space",
     )
+    w.add_argument(
+        "--dataset-dir",
+        action="append",
+        default=None,
+        dest="dataset_dirs",
+        help="a directory runs may read dataset_path files from (repeatable; default "
+        "TOKENTRACE_DATASET_DIRS; none: runs cannot name a file on this worker)",
+    )
     w.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
     return {"worker": cmd_worker}
 
@@ -115,7 +123,15 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
         except RealtimeRefused as e:
             raise UsageError(f"--realtime: {e}") from None
     kinds: list[JobKind] = ns.kind or ["bench", "sweep"]
-    opts = WorkerOptions(realtime=ns.realtime, kernel_stamps=ns.clock == "auto")
+    from app.settings import get_settings
+
+    dirs = ns.dataset_dirs if ns.dataset_dirs is not None else get_settings().dataset_dirs
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise UsageError(f"--dataset-dir: {d!r} is not a directory")
+    opts = WorkerOptions(
+        realtime=ns.realtime, kernel_stamps=ns.clock == "auto", dataset_dirs=tuple(dirs)
+    )
     worker = Worker(
         server,
         token,

@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -524,6 +524,8 @@ async def run_load(
     kernel_stamps: bool = True,
     on_record: Callable[[RequestRecord], None] | None = None,
     realtime: bool = False,
+    dataset_dirs: Sequence[str] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> LoadResult:
     """Run ``spec`` against its target and return every request's record plus client health.
 
@@ -533,9 +535,12 @@ async def run_load(
     included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
     ``realtime=True`` runs the load thread at real-time priority (``app.loadgen.sched``); it
     raises ``RealtimeRefused`` before anything is sent when the OS refuses it.
+    ``dataset_dirs``: where ``spec.dataset_path`` may point (a worker's configured
+    directories; None: anywhere, the local CLI's own files). ``cancelled`` is polled while
+    the workload is built: ``WorkloadCancelled`` then, before anything is sent.
     """
     tok = load_tokenizer(spec.tokenizer)
-    workload = build_workload(spec, tok)
+    workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
     target = parse_target(spec.base_url)
 
     # Everything allocated so far (modules, tokenizer, prompts) leaves the collector's view:

@@ -64,6 +64,7 @@ class JobOptions:
     shutdown_grace_s: float = 10.0
     kernel_stamps: bool = True
     realtime: bool = False
+    dataset_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,7 @@ class JobRun:
             on_progress=self._on_progress,
             kernel_stamps=self.opts.kernel_stamps,
             realtime=self.opts.realtime,
+            dataset_dirs=self.opts.dataset_dirs,
         )
         scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [

@@ -27,6 +27,7 @@ class LoadThread:
         on_progress: Callable[[Progress], None],
         kernel_stamps: bool = True,
         realtime: bool = False,
+        dataset_dirs: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
         self.run_tag = run_tag
@@ -34,6 +35,7 @@ class LoadThread:
         self._on_progress = on_progress
         self._kernel_stamps = kernel_stamps
         self._realtime = realtime
+        self._dataset_dirs = dataset_dirs
         self._result: concurrent.futures.Future[LoadResult] = concurrent.futures.Future()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -54,6 +56,10 @@ class LoadThread:
         if loop is not None and ev is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed: the load is over
                 loop.call_soon_threadsafe(ev.set)
+
+    def _cancel_requested(self) -> bool:
+        """Polled while the workload is built (before the event loop serves the stop)."""
+        return self._stop_requested
 
     async def result(self) -> LoadResult:
         return await asyncio.wrap_future(self._result)
@@ -85,6 +91,8 @@ class LoadThread:
                 kernel_stamps=self._kernel_stamps,
                 realtime=self._realtime,
                 on_record=self._on_record,
+                dataset_dirs=self._dataset_dirs,
+                cancelled=self._cancel_requested,
             )
         finally:
             with self._lock:

@@ -41,6 +41,8 @@ class WorkerOptions:
     shutdown_grace_s: float = 10.0
     kernel_stamps: bool = True
     realtime: bool = False  # run loads at real-time priority (app.loadgen.sched)
+    # where a run's dataset_path may point (app.loadgen.datasets.open_dataset); empty: nowhere
+    dataset_dirs: tuple[str, ...] = ()
     heartbeat_interval_s: float | None = None  # None: what the server asks for
     poll_interval_s: float | None = None  # None: what the server asks for
 
@@ -177,6 +179,7 @@ class Worker:
             shutdown_grace_s=self.opts.shutdown_grace_s,
             kernel_stamps=self.opts.kernel_stamps,
             realtime=self.opts.realtime,
+            dataset_dirs=self.opts.dataset_dirs,
         )
 
     async def _register(self, stop: asyncio.Event) -> bool:

@@ -252,6 +252,7 @@ class SweepRun:
             on_progress=jr._on_progress,
             kernel_stamps=jr.opts.kernel_stamps,
             realtime=jr.opts.realtime,
+            dataset_dirs=jr.opts.dataset_dirs,
         )
         scraper = server_metrics.start_scraper(spec)
         jr.load.start()
