@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -395,3 +396,44 @@ def test_initial_burst_is_only_the_first_slots() -> None:
 def test_one_request_run_has_no_burst_note() -> None:
     res, _ = _run(SimConfig(ttft_ms=2, itl_ms=1, seed=1), num_prompts=1, max_concurrency=1)
     assert not any("initial burst" in n for n in res.notes)
+
+
+# --------------------------------------------------------------------------- descriptors
+
+FD_SCRIPT = """
+import json, sys
+from app.domain import RunSpec
+from app.loadgen.runner import run_load_sync
+spec = RunSpec(base_url=sys.argv[1], model="m", input_len=8, output_len=4,
+               num_prompts=300, max_concurrency=250, scrape_metrics=False)
+res = run_load_sync(spec, run_tag="fd", handle_sigint=False)
+print(json.dumps({"ok": res.counts["ok"], "reasons": res.client_limited_reasons,
+                  "max_open": res.connections["max_open"]}))
+"""
+
+
+def test_concurrency_beyond_the_descriptor_limit_is_capped_and_said(tmp_path: Any) -> None:
+    """With 200 descriptors allowed, 250 concurrent streams would fail with EMFILE: the run
+    holds at most 200 - 64 connections, every request succeeds, and it is client-limited."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    with start_simulator_thread(SimConfig(ttft_ms=20, itl_ms=1, output_len=4)) as sim:
+        out = subprocess.run(
+            [sys.executable, "-c", FD_SCRIPT, sim.base_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=limit,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["ok"] == 300
+    assert res["max_open"] == 136
+    assert any("concurrency capped at 136" in r for r in res["reasons"]), res

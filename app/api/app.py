@@ -68,7 +68,7 @@ def local_worker_kinds(settings: Settings, *, torch_installed: bool) -> list[Job
 def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     """The embedded worker (app.worker.embedded), with a fresh worker-scope token."""
     from app.worker.capabilities import torch_version
-    from app.worker.embedded import start_local_worker
+    from app.worker.embedded import start_local_worker_process
     from app.worker.loop import WorkerOptions
 
     options = WorkerOptions(
@@ -80,7 +80,7 @@ def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     with session_scope(app.state.sessions) as s:
         row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")
     app.state.local_worker_token_id = row.id
-    return start_local_worker(settings.server_url(), secret, options=options, kinds=kinds)
+    return start_local_worker_process(settings.server_url(), secret, options=options, kinds=kinds)
 
 
 def _revoke_local_token(app: FastAPI) -> None:

@@ -101,6 +101,9 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
         except RealtimeRefused as e:
             raise UsageError(f"--realtime: {e}") from None
         overrides["local_worker_realtime"] = True
+    from app.loadgen.connpool import raise_nofile_limit
+
+    raise_nofile_limit()  # clients, workers and loads all hold sockets
     settings = Settings(**overrides)
     app = create_app(settings)
     if not ns.demo:

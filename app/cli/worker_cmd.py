@@ -123,7 +123,10 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
         except RealtimeRefused as e:
             raise UsageError(f"--realtime: {e}") from None
     kinds: list[JobKind] = ns.kind or ["bench", "sweep"]
+    from app.loadgen.connpool import raise_nofile_limit
     from app.settings import get_settings
+
+    raise_nofile_limit()
 
     dirs = ns.dataset_dirs if ns.dataset_dirs is not None else get_settings().dataset_dirs
     for d in dirs:

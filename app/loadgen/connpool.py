@@ -110,6 +110,23 @@ def read_tx_stamps(sock: socket.socket, out: list[tuple[int, int]]) -> bool:
             return True
 
 
+def raise_nofile_limit() -> int | None:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (a server or a load holds many
+    sockets); returns the soft limit now (None where the OS has no such limit)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 def tcp_mss(sock: socket.socket) -> int:
     try:
         mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)

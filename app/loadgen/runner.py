@@ -37,7 +37,7 @@ import numpy as np
 
 from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
 from app.loadgen import eventloop
-from app.loadgen.connpool import ConnPool
+from app.loadgen.connpool import ConnPool, raise_nofile_limit
 from app.loadgen.datasets import Prompt, Workload, build_workload
 from app.loadgen.http_stream import (
     ClockMap,
@@ -125,22 +125,17 @@ class LoadResult:
     connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
 
 
-def connection_budget(wanted: int) -> int:
-    """How many connections a run without a concurrency limit may hold open: ``wanted``,
-    within the descriptors the process may still open (the soft limit is raised to the
-    hard one first), keeping 64 for everything else."""
-    try:
-        import resource
+FD_RESERVE = 64  # descriptors kept for everything but the run's connections
 
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard != resource.RLIM_INFINITY and soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    except (ImportError, OSError, ValueError):
-        return max(1, min(wanted, 960))
-    if soft == resource.RLIM_INFINITY or soft <= 0:
+
+def connection_budget(wanted: int) -> int:
+    """How many connections a run may hold open: ``wanted``, within the descriptors the
+    process may open (the soft limit is raised to the hard one first), keeping
+    ``FD_RESERVE`` for everything else."""
+    soft = raise_nofile_limit()
+    if soft is None:
         return max(1, wanted)
-    return max(1, min(wanted, soft - 64))
+    return max(1, min(wanted, soft - FD_RESERVE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +184,9 @@ class _Run:
         # one slot per connection the run may hold open: the concurrency, or (rate-driven
         # runs) what the descriptor budget allows
         self.capped = spec.max_concurrency is not None
-        self.slots = spec.max_concurrency or connection_budget(spec.num_prompts)
+        wanted = spec.max_concurrency or max(spec.num_prompts, spec.warmup_requests)
+        self.slots = connection_budget(wanted)
+        self.fd_capped = self.capped and self.slots < wanted
         self.sem = asyncio.Semaphore(self.slots)
         self.slots_taken = 0  # slots handed out that no earlier request of the phase used
         self.release_times: deque[int] = deque()  # when each slot was given back (FIFO)
@@ -671,6 +668,11 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         notes.append(
             f"starting the initial burst of {len(r.burst_lag)} requests took "
             f"{max(r.burst_lag) / 1e6:.1f} ms (TTFT counts from each request's own start)"
+        )
+    if r.fd_capped:
+        reasons.append(
+            f"concurrency capped at {r.slots} (asked {spec.max_concurrency}): the process may "
+            "not open more sockets (RLIMIT_NOFILE)"
         )
     if r.pool_waits:
         reasons.append(
