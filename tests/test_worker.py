@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -199,10 +200,55 @@ def test_dataset_path_outside_the_workers_dirs_fails_the_run_not_the_worker(
         assert outcome is not None and outcome.status == "failed"
         j = wait_job(c, bad_job, ("failed",), 10)
         assert "dataset_path" in (j["error"] or "") and str(tmp_path) not in (j["error"] or "")
-        good_run, good_job = submit(c, spec | {"dataset_path": str(allowed / "p.jsonl")})
+        good_run, _ = submit(c, spec | {"dataset_path": str(allowed / "p.jsonl")})
         outcome = asyncio.run(worker.run_once())
         assert outcome is not None and outcome.status == "succeeded", outcome
     prompts = [
         r for r in sim.ground_truth()["requests"] if r.startswith((bad_run, good_run))
     ]
     assert prompts and all(p.startswith(good_run) for p in prompts)  # nothing of the secret
+
+
+def test_a_spool_failure_does_not_kill_the_worker_loop(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    sim: SimulatorThread,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The spool cannot be written once (EMFILE, a full disk): the loop logs it and goes
+    on; the job's lease expires, it is leased again and runs."""
+    import errno
+
+    from app.worker.spool import Spool
+
+    srv = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "1"})
+    real = Spool.open_job
+    calls: list[int] = []
+
+    def flaky(self: Spool, job: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(self, job)
+
+    monkeypatch.setattr(Spool, "open_job", flaky)
+    worker = make_worker(srv, tmp_path, "flaky")
+    with api(srv) as c:
+        _, job_id = submit(c, sim_spec(sim.base_url, num_prompts=3))
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run_forever(stop))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not any(
+                o.job_id == job_id and o.status == "succeeded" for o in worker.outcomes
+            ):
+                assert not task.done(), task  # the loop is still alive
+                await asyncio.sleep(0.1)
+            stop.set()
+            await task
+
+        asyncio.run(main())
+        j = wait_job(c, job_id, ("succeeded",), 10)
+    assert len(calls) >= 2 and j["attempt"] == 2

@@ -22,7 +22,13 @@ import httpx
 from app.wire import JobKind, LeasedJob, RegisterRequest, RegisterResponse, WorkerCapabilities
 from app.worker.backoff import Backoff, sleep_or_stop
 from app.worker.capabilities import collect
-from app.worker.client import NotFound, ProtocolError, ServerUnreachable, WorkerClient
+from app.worker.client import (
+    AuthError,
+    NotFound,
+    ProtocolError,
+    ServerUnreachable,
+    WorkerClient,
+)
 from app.worker.job import JobOptions, JobOutcome, JobRun
 from app.worker.spool import Spool, StateDirLock, default_state_root, worker_key
 from app.worker.uploader import Uploader
@@ -114,6 +120,13 @@ class Worker:
                     log.warning("the server does not know this worker; registering again")
                     if not await self._register(stop):
                         return
+                    continue
+                except AuthError:
+                    raise  # the token was revoked: nothing to retry
+                except Exception as e:  # e.g. the spool's disk is full or out of descriptors
+                    delay = backoff.next()
+                    log.exception("job handling failed (%s); going on in %.1fs", e, delay)
+                    await sleep_or_stop(stop, delay)
                     continue
                 backoff.reset()
                 if not ran:
