@@ -70,6 +70,14 @@ class Settings(BaseSettings):
         description="directories a worker (the embedded one included) may read dataset_path "
         "files from; empty: runs on workers cannot name a file. Env: comma-separated or JSON",
     )
+    target_allow_self: bool = Field(
+        False, description="runs may target this dashboard's own address (refused by default)"
+    )
+    target_allow_link_local: bool = Field(
+        False,
+        description="runs may target link-local addresses, 169.254.0.0/16 and fe80::/10 "
+        "(cloud metadata services; refused by default)",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed cross-origin (empty: CORS off)"
     )

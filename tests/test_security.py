@@ -183,7 +183,7 @@ def test_bad_allowlist_entry_fails_at_start() -> None:
 
 def test_launch_api_and_form_refuse_targets_outside_the_allowlist(sqlite_url: str) -> None:
     with api_client(sqlite_url, target_allowlist=["10.0.0.0/8", "*.gpu.example"]) as api:
-        body = SPEC | {"base_url": "http://169.254.169.254"}
+        body = SPEC | {"base_url": "http://192.168.1.1"}
         r = api.client.post("/api/v1/runs", json=body, headers=api.h(api.run))
         assert r.status_code == 422
         detail = r.json()["detail"][0]

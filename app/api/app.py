@@ -75,6 +75,7 @@ def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
         shutdown_grace_s=5.0,
         realtime=settings.local_worker_realtime,
         dataset_dirs=tuple(settings.dataset_dirs),
+        allow_link_local=settings.target_allow_link_local,
     )
     kinds = local_worker_kinds(settings, torch_installed=torch_version() is not None)
     with session_scope(app.state.sessions) as s:

@@ -56,7 +56,7 @@ def create_run(
 ) -> RunCreated:
     """Queue a benchmark: creates the run (status queued) and its bench job together.
     422 naming ``base_url`` when the operator's target allow-list refuses it."""
-    targets.check_target(body.base_url, settings.target_allowlist)
+    targets.check_run_targets(body.base_url, body.metrics_url, settings)
     run_id, job_id = job_svc.create_bench_run(
         session,
         body.to_spec(),

@@ -79,6 +79,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
         help="a directory runs may read dataset_path files from (repeatable; default "
         "TOKENTRACE_DATASET_DIRS; none: runs cannot name a file on this worker)",
     )
+    w.add_argument(
+        "--allow-link-local-targets",
+        action="store_true",
+        help="run loads against targets that resolve to link-local addresses (169.254.0.0/16, "
+        "fe80::/10: cloud metadata services); refused by default",
+    )
     w.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
     return {"worker": cmd_worker}
 
@@ -133,7 +139,10 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
         if not os.path.isdir(d):
             raise UsageError(f"--dataset-dir: {d!r} is not a directory")
     opts = WorkerOptions(
-        realtime=ns.realtime, kernel_stamps=ns.clock == "auto", dataset_dirs=tuple(dirs)
+        realtime=ns.realtime,
+        kernel_stamps=ns.clock == "auto",
+        dataset_dirs=tuple(dirs),
+        allow_link_local=ns.allow_link_local_targets or get_settings().target_allow_link_local,
     )
     worker = Worker(
         server,

@@ -37,6 +37,33 @@ def snippet(raw: bytes | str, limit: int = _SNIPPET) -> str:
     return s if len(s) <= limit else s[:limit] + "..."
 
 
+def http_error_text(status: int | None, content_type: str | None, body: bytes) -> str:
+    """A request error for an HTTP error answer. The message of an OpenAI-style JSON error
+    (``{"error": {"message": ...}}``, ``{"error": "..."}``, ``{"message"|"detail": "..."}``)
+    is kept; any other body (an HTML page, another service's answer) only by its type and
+    size: a run must not be a way to read what other services say."""
+    msg: str | None = None
+    try:
+        obj = json.loads(body) if body[:1] in (b"{", b" ", b"\n") else None
+    except (ValueError, RecursionError):
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            msg = err["message"]
+        elif isinstance(err, str):
+            msg = err
+        else:
+            for key in ("message", "detail"):
+                if isinstance(obj.get(key), str):
+                    msg = obj[key]
+                    break
+    if msg is not None:
+        return f"HTTP {status}: {snippet(msg)}"
+    kind = (content_type or "no content type").split(";")[0].strip()[:60]
+    return f"HTTP {status} ({kind}, {len(body):,} bytes; not shown: not a JSON error)"
+
+
 def _error_message(err: object) -> str:
     if isinstance(err, dict):
         msg = err.get("message")

@@ -70,7 +70,7 @@ from app.loadgen.connpool import (
     tx_stamps_supported,
 )
 from app.loadgen.eventloop import StampingSelector, stamping_selector
-from app.loadgen.events import snippet
+from app.loadgen.events import http_error_text
 from app.loadgen.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
 
 SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -553,6 +553,7 @@ class RawStream:
     keep_alive: bool = False  # the connection stayed open for the next request
     read_to_close: bool = False  # the response was framed by the server closing
     server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
+    content_type: str | None = None
 
     def finalize(self) -> RawStream:
         """Decode the captured body into events (idempotent); never raises."""
@@ -606,7 +607,9 @@ class RawStream:
         if self.http_status != 200:
             if complete and self.status is RequestStatus.OK:
                 self.status = RequestStatus.ERROR
-                self.error = f"HTTP {self.http_status}: {snippet(payload[:_ERROR_BODY_CAP])}"
+                self.error = http_error_text(
+                    self.http_status, self.content_type, payload[:_ERROR_BODY_CAP]
+                )
             elif self.count_events:
                 self.error = f"{self.error} (0 events received)"
             return
@@ -1404,6 +1407,8 @@ class StreamRequest:
             r.http_status = status
             r.body_start = pos
             r.head_ns = stamp
+            ctype = headers.get(b"content-type")
+            r.content_type = ctype.decode("latin-1") if ctype is not None else None
             conn_hdr = headers.get(b"connection", b"").lower()
             http10 = bytes(buf[head_pos : head_pos + 8]) == b"HTTP/1.0"
             if b"close" in conn_hdr or (http10 and b"keep-alive" not in conn_hdr):

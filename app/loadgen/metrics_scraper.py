@@ -106,8 +106,9 @@ class MetricsScraper:
             return True
         try:
             samples, kinds = parse_text(resp.text)
-        except PrometheusFormatError as e:
-            res.status = f"/metrics is not Prometheus text: {e}"
+        except PrometheusFormatError:  # its content is not kept: it may be anything's page
+            kind = resp.headers.get("content-type", "no content type").split(";")[0][:60]
+            res.status = f"/metrics is not Prometheus text ({kind}, {len(resp.content):,} bytes)"
             return False
         add_scrape(self._series, t_ns, select(samples, self.names), kinds)
         res.scrapes += 1

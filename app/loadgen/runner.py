@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import math
 import signal
 import threading
@@ -501,6 +502,16 @@ class _Run:
                 next_progress = now + int(PROGRESS_PERIOD_S * 1e9)
 
 
+def _link_local(host: object) -> bool:
+    try:
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_link_local
+
+
 def _set_once(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -523,6 +534,7 @@ async def run_load(
     realtime: bool = False,
     dataset_dirs: Sequence[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    allow_link_local: bool = True,
 ) -> LoadResult:
     """Run ``spec`` against its target and return every request's record plus client health.
 
@@ -535,6 +547,8 @@ async def run_load(
     ``dataset_dirs``: where ``spec.dataset_path`` may point (a worker's configured
     directories; None: anywhere, the local CLI's own files). ``cancelled`` is polled while
     the workload is built: ``WorkloadCancelled`` then, before anything is sent.
+    ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
+    address (cloud metadata services): every request then fails saying so, none is sent.
     """
     tok = load_tokenizer(spec.tokenizer)
     workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
@@ -557,6 +571,7 @@ async def run_load(
                 kernel_stamps,
                 on_record,
                 scheduling,
+                allow_link_local,
             )
     finally:
         gc.unfreeze()
@@ -573,6 +588,7 @@ async def _run(
     kernel_stamps: bool,
     on_record: Callable[[RequestRecord], None] | None = None,
     scheduling: Scheduling = NORMAL,
+    allow_link_local: bool = True,
 ) -> LoadResult:
     schedule = schedule_for(spec)
     items = _items(spec, workload.warmup, workload.measured)
@@ -584,6 +600,12 @@ async def _run(
         r.addr = await resolve(target)
     except OSError as e:
         r.resolve_error = f"cannot resolve {target.host}: {e}"
+    if r.addr is not None and not allow_link_local and _link_local(r.addr[1][0]):
+        r.resolve_error = (
+            f"base_url: {target.host} resolves to a link-local address, which this worker "
+            "refuses (--allow-link-local-targets)"
+        )
+        r.addr = None
     # sockets for every stream that can be open at once, allocated before the clock matters
     reserve_fds(r.slots + 8)
     mon = asyncio.create_task(r.monitor())

@@ -85,7 +85,8 @@ async def launch_submit(request: Request) -> Response:
         return _launch(request, values, errors, principal)
     settings = settings_of(request)
     try:
-        targets.check_target(created.base_url, settings.target_allowlist)
+        spec = created.to_spec()
+        targets.check_run_targets(spec.base_url, spec.metrics_url, settings)
         with session_scope(sessions_of(request)) as s:
             run_id, _job_id = job_svc.create_bench_run(
                 s,

@@ -122,6 +122,8 @@ def worker_command(
         cmd += ["--clock", "userspace"]
     for d in options.dataset_dirs:
         cmd += ["--dataset-dir", d]
+    if options.allow_link_local:
+        cmd.append("--allow-link-local-targets")
     if state_dir is not None:
         cmd += ["--state-dir", str(state_dir)]
     return cmd

@@ -65,6 +65,7 @@ class JobOptions:
     kernel_stamps: bool = True
     realtime: bool = False
     dataset_dirs: tuple[str, ...] = ()
+    allow_link_local: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,7 @@ class JobRun:
             kernel_stamps=self.opts.kernel_stamps,
             realtime=self.opts.realtime,
             dataset_dirs=self.opts.dataset_dirs,
+            allow_link_local=self.opts.allow_link_local,
         )
         scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [

@@ -28,6 +28,7 @@ class LoadThread:
         kernel_stamps: bool = True,
         realtime: bool = False,
         dataset_dirs: tuple[str, ...] = (),
+        allow_link_local: bool = True,
     ) -> None:
         self.spec = spec
         self.run_tag = run_tag
@@ -36,6 +37,7 @@ class LoadThread:
         self._kernel_stamps = kernel_stamps
         self._realtime = realtime
         self._dataset_dirs = dataset_dirs
+        self._allow_link_local = allow_link_local
         self._result: concurrent.futures.Future[LoadResult] = concurrent.futures.Future()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,6 +95,7 @@ class LoadThread:
                 on_record=self._on_record,
                 dataset_dirs=self._dataset_dirs,
                 cancelled=self._cancel_requested,
+                allow_link_local=self._allow_link_local,
             )
         finally:
             with self._lock:

@@ -49,6 +49,7 @@ class WorkerOptions:
     realtime: bool = False  # run loads at real-time priority (app.loadgen.sched)
     # where a run's dataset_path may point (app.loadgen.datasets.open_dataset); empty: nowhere
     dataset_dirs: tuple[str, ...] = ()
+    allow_link_local: bool = False  # targets resolving to 169.254/16, fe80::/10 (metadata)
     heartbeat_interval_s: float | None = None  # None: what the server asks for
     poll_interval_s: float | None = None  # None: what the server asks for
 
@@ -193,6 +194,7 @@ class Worker:
             kernel_stamps=self.opts.kernel_stamps,
             realtime=self.opts.realtime,
             dataset_dirs=self.opts.dataset_dirs,
+            allow_link_local=self.opts.allow_link_local,
         )
 
     async def _register(self, stop: asyncio.Event) -> bool:

@@ -253,6 +253,7 @@ class SweepRun:
             kernel_stamps=jr.opts.kernel_stamps,
             realtime=jr.opts.realtime,
             dataset_dirs=jr.opts.dataset_dirs,
+            allow_link_local=jr.opts.allow_link_local,
         )
         scraper = server_metrics.start_scraper(spec)
         jr.load.start()
