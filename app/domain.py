@@ -112,6 +112,15 @@ class RunSpec(BaseModel):
     engine_flags: str | None = None
     extra_body: dict[str, object] = Field(default_factory=dict)
     api_key: str | None = Field(None, exclude=True)
+    # the key's name in the environment of the machine that runs the load (a worker): the
+    # key then never reaches the dashboard. Only names in this namespace, so a run cannot
+    # make a worker send one of its other secrets (its own token) to a target.
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^TOKENTRACE_TARGET_KEY_[A-Z0-9_]{1,64}$",
+        description="environment variable holding the target's API key, "
+        "TOKENTRACE_TARGET_KEY_<NAME>, read where the load runs",
+    )
     tags: list[str] = Field(default_factory=list)
     # server metrics: scrape the target's Prometheus /metrics about once a second
     scrape_metrics: bool = True
@@ -150,6 +159,12 @@ class RunSpec(BaseModel):
     def _dataset(self) -> RunSpec:
         if self.dataset == "jsonl" and not self.dataset_path:
             raise ValueError("dataset_path is required when dataset is 'jsonl'")
+        return self
+
+    @model_validator(mode="after")
+    def _one_key(self) -> RunSpec:
+        if self.api_key and self.api_key_env:
+            raise ValueError("api_key_env: give api_key or api_key_env, not both")
         return self
 
     @model_validator(mode="after")

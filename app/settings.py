@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         description="directories a worker (the embedded one included) may read dataset_path "
         "files from; empty: runs on workers cannot name a file. Env: comma-separated or JSON",
     )
+    secret_key: str | None = Field(
+        None,
+        description="Fernet key sealing target API keys in queued jobs (default: a key file)",
+    )
+    secret_key_file: str | None = Field(
+        None, description="where the generated key is kept (default: user data dir, mode 0600)"
+    )
     target_allow_self: bool = Field(
         False, description="runs may target this dashboard's own address (refused by default)"
     )
@@ -96,6 +103,11 @@ class Settings(BaseSettings):
             items = json.loads(text) if text.startswith("[") else text.split(",")
             return [str(x).strip() for x in items if str(x).strip()]
         return v
+
+    def secret_key_path(self) -> Path:
+        if self.secret_key_file:
+            return Path(self.secret_key_file)
+        return Path(platformdirs.user_data_dir("tokentrace")) / "secret.key"
 
     def server_url(self) -> str:
         """Where a worker on this machine reaches the server."""

@@ -328,7 +328,14 @@ def test_concurrent_leases_never_hand_out_a_job_twice(api: Api) -> None:
                 with api.sessions() as s:
                     w = worker_repo.get_worker(s, worker_ids[i])
                     assert w is not None
-                    leased = job_svc.lease(s, w, ["bench"], ttl_s=30, lock=api.app.state.lease_lock)
+                    leased = job_svc.lease(
+                        s,
+                        w,
+                        ["bench"],
+                        ttl_s=30,
+                        box=api.app.state.secretbox,
+                        lock=api.app.state.lease_lock,
+                    )
                 if leased is None:
                     return
                 got[i].append(leased.job_id)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.services import auth
 from app.services.auth import Principal
+from app.services.secretbox import SecretBox
 from app.settings import Settings
 
 MAX_OFFSET = 2**31 - 1  # pagination offsets and indexes: larger ones are 422, not overflow
@@ -41,7 +42,13 @@ def get_session(request: Request) -> Iterator[Session]:
         session.close()
 
 
+def get_secretbox(request: Request) -> SecretBox:
+    box: SecretBox = request.app.state.secretbox
+    return box
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+SecretBoxDep = Annotated[SecretBox, Depends(get_secretbox)]
 SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]

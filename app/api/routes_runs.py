@@ -12,7 +12,15 @@ from sqlalchemy.orm import Session
 
 from app.analysis.profiles import Profile
 from app.api import convert
-from app.api.deps import MAX_OFFSET, Reader, Runner, SessionDep, SessionsDep, SettingsDep
+from app.api.deps import (
+    MAX_OFFSET,
+    Reader,
+    Runner,
+    SecretBoxDep,
+    SessionDep,
+    SessionsDep,
+    SettingsDep,
+)
 from app.api.schemas import (
     CancelResponse,
     DeleteResponse,
@@ -52,7 +60,7 @@ def _run(session: Session, run_id: str) -> Run:
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_run(
-    body: RunCreate, session: SessionDep, settings: SettingsDep, _: Runner
+    body: RunCreate, session: SessionDep, settings: SettingsDep, box: SecretBoxDep, _: Runner
 ) -> RunCreated:
     """Queue a benchmark: creates the run (status queued) and its bench job together.
     422 naming ``base_url`` when the operator's target allow-list refuses it."""
@@ -63,6 +71,7 @@ def create_run(
         requirements=body.requirements,
         name=body.name,
         max_attempts=settings.max_attempts,
+        box=box,
     )
     return RunCreated(run_id=run_id, job_id=job_id)
 

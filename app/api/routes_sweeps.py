@@ -8,7 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, status
 from pydantic import BaseModel, Field, model_validator
 
-from app.api.deps import Runner, SessionDep, SessionsDep, SettingsDep, WorkerCaller
+from app.api.deps import (
+    Runner,
+    SecretBoxDep,
+    SessionDep,
+    SessionsDep,
+    SettingsDep,
+    WorkerCaller,
+)
 from app.api.schemas import RunCreate
 from app.services import sweep_jobs, targets
 from app.services.errors import Invalid
@@ -81,7 +88,7 @@ class SweepCancelled(BaseModel):
 
 @router.post("/sweeps", status_code=status.HTTP_201_CREATED)
 def create_sweep(
-    body: SweepCreate, session: SessionDep, settings: SettingsDep, _: Runner
+    body: SweepCreate, session: SessionDep, settings: SettingsDep, box: SecretBoxDep, _: Runner
 ) -> SweepCreated:
     """Queue a sweep: creates the sweep (status queued) and its one ``sweep`` job together;
     a worker runs the steps in order. 422 naming the field when the plan or the target
@@ -92,6 +99,7 @@ def create_sweep(
         session,
         body.base_spec(),
         plan,
+        box=box,
         requirements=body.requirements,
         name=body.name,
         max_attempts=settings.max_attempts,

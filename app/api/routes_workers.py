@@ -76,6 +76,7 @@ def lease(
         worker,
         body.kinds,
         ttl_s=settings.lease_ttl_s,
+        box=request.app.state.secretbox,
         lock=request.app.state.lease_lock,
     )
     return LeaseResponse(job=job)

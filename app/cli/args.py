@@ -50,6 +50,7 @@ FLAG_FOR_FIELD = {
     "metrics_url": "--metrics-url",
     "extra_body": "--extra-body",
     "token_counting": "--token-counting",
+    "api_key_env": "--api-key-env",
 }
 
 
@@ -110,6 +111,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--extra-body", default=None, help="JSON object merged into each request")
     p.add_argument("--api-key", default=None)
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        help="read the key from this variable (TOKENTRACE_TARGET_KEY_<NAME>) where the load "
+        "runs: with --server, on the worker, so the dashboard never sees it",
+    )
     p.add_argument("--engine", default=None, help="server engine, recorded (e.g. vllm)")
     p.add_argument("--engine-version", default=None)
     p.add_argument("--dtype", default=None)
@@ -195,6 +202,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "scrape_metrics": not ns.no_scrape_metrics,
         "extra_body": extra,
         "api_key": ns.api_key,
+        "api_key_env": ns.api_key_env,
         "engine": ns.engine,
         "engine_version": ns.engine_version,
         "dtype": ns.dtype,

@@ -26,6 +26,7 @@ import contextlib
 import gc
 import ipaddress
 import math
+import os
 import signal
 import threading
 import time
@@ -502,6 +503,16 @@ class _Run:
                 next_progress = now + int(PROGRESS_PERIOD_S * 1e9)
 
 
+def with_api_key_from_env(spec: RunSpec) -> RunSpec:
+    """``spec`` with ``api_key`` read from ``api_key_env`` here; ValueError when unset."""
+    if not spec.api_key_env:
+        return spec
+    key = os.environ.get(spec.api_key_env)
+    if not key:
+        raise ValueError(f"api_key_env: {spec.api_key_env} is not set where the load runs")
+    return spec.model_copy(update={"api_key": key})
+
+
 def _link_local(host: object) -> bool:
     try:
         ip = ipaddress.ip_address(str(host).split("%", 1)[0])
@@ -550,6 +561,7 @@ async def run_load(
     ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
     address (cloud metadata services): every request then fails saying so, none is sent.
     """
+    spec = with_api_key_from_env(spec)
     tok = load_tokenizer(spec.tokenizer)
     workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
     target = parse_target(spec.base_url)

@@ -23,6 +23,7 @@ from app.services import workers as worker_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
 from app.services.runs import finalize_run, store_requests
+from app.services.secretbox import SEALED, SecretBox
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage import workers as worker_repo
@@ -51,17 +52,17 @@ LEASE_SCAN = 200  # queued jobs examined per lease call
 ACTIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING)
 
 
-def bench_job_spec(spec: RunSpec) -> dict[str, Any]:
-    """What a worker needs: the spec as JSON plus the API key (excluded from dumps)."""
+def bench_job_spec(spec: RunSpec, box: SecretBox) -> dict[str, Any]:
+    """What a worker needs: the spec as JSON plus the API key (excluded from dumps), sealed."""
     out: dict[str, Any] = json_safe(spec.model_dump(mode="json"))
     if spec.api_key:
         out["api_key"] = spec.api_key
-    return out
+    return box.seal_spec(out)
 
 
 def public_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """A job spec without secrets, for listings."""
-    return {k: v for k, v in spec.items() if k != "api_key"}
+    return {k: v for k, v in spec.items() if k not in ("api_key", SEALED)}
 
 
 def planned_requests(job: Job) -> int:
@@ -78,13 +79,14 @@ def create_bench_run(
     requirements: JobRequirements,
     name: str | None,
     max_attempts: int,
+    box: SecretBox,
 ) -> tuple[str, str]:
     """A queued run and its bench job, in the caller's transaction: (run_id, job_id)."""
     run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.QUEUED)
     job = job_repo.create_job(
         session,
         kind="bench",
-        spec=bench_job_spec(spec),
+        spec=bench_job_spec(spec, box),
         requirements=requirements.model_dump(mode="json"),
         run_id=run_id,
         max_attempts=max_attempts,
@@ -101,10 +103,12 @@ def lease(
     kinds: list[JobKind],
     *,
     ttl_s: float,
+    box: SecretBox,
     lock: AbstractContextManager[Any] | None = None,
 ) -> LeasedJob | None:
     """Hand the oldest matching queued job to ``worker``, or None. Commits the session
-    (inside ``lock``: on SQLite pass a ``threading.Lock``; PostgreSQL uses row locks)."""
+    (inside ``lock``: on SQLite pass a ``threading.Lock``; PostgreSQL uses row locks).
+    The job's sealed API key is opened for this answer only (``box``)."""
     caps = WorkerCapabilities.model_validate(worker.capabilities)
     now = utcnow()
     with lock if lock is not None else nullcontext():
@@ -140,7 +144,7 @@ def lease(
     return LeasedJob(
         job_id=chosen.id,
         kind=chosen.kind,  # type: ignore[arg-type]
-        spec=dict(chosen.spec),
+        spec=box.open_spec(dict(chosen.spec)),
         run_id=chosen.run_id,
         attempt=chosen.attempt,
         lease_id=lease_id,

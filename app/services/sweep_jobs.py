@@ -31,6 +31,7 @@ from app.services import sweeps as sweep_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
 from app.services.runs import finalize_run
+from app.services.secretbox import SecretBox
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
@@ -86,10 +87,10 @@ def create_sweep_job(
     requirements: JobRequirements,
     name: str | None,
     max_attempts: int,
+    box: SecretBox,
 ) -> tuple[str, str]:
     """The sweep (status queued) and its one ``sweep`` job, in the caller's transaction:
-    (sweep_id, job_id). The API key travels at the top of the job spec (removed from it
-    when the job ends, like a bench job's)."""
+    (sweep_id, job_id). The API key travels at the top of the job spec, sealed (``box``)."""
     sweep_id = compare_repo.create_sweep(
         session,
         spec=spec.model_dump(mode="json"),
@@ -109,7 +110,7 @@ def create_sweep_job(
     job = job_repo.create_job(
         session,
         kind="sweep",
-        spec=job_spec,
+        spec=box.seal_spec(job_spec),
         requirements=requirements.model_dump(mode="json"),
         run_id=None,
         max_attempts=max_attempts,
@@ -207,8 +208,7 @@ def create_step(
     data = dict(job.spec.get("bench") or {})
     if data.get("request_rate") is None:  # JSON has no infinity: unlimited arrives as null
         data.pop("request_rate", None)
-    data["api_key"] = job.spec.get("api_key")
-    base = RunSpec.model_validate(data)
+    base = RunSpec.model_validate(data)  # the step run's spec: its dump never has the key
     try:
         spec = sweep_svc.step_spec(base, load, req.load_kind)
     except ValueError as e:

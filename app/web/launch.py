@@ -94,6 +94,7 @@ async def launch_submit(request: Request) -> Response:
                 requirements=created.requirements,
                 name=created.name,
                 max_attempts=settings.max_attempts,
+                box=request.app.state.secretbox,
             )
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "__all__"

@@ -35,7 +35,18 @@ FIELDS: tuple[FormField, ...] = (
     FormField("base_url", "Base URL", required=True, help=_help("base_url")),
     FormField("model", "Model", required=True, help="the model name the server expects"),
     FormField("endpoint", "Endpoint", "select", choices=("chat", "completions")),
-    FormField("api_key", "API key", "password", help="sent to the target; never stored"),
+    FormField(
+        "api_key",
+        "API key",
+        "password",
+        help="sent to the target; kept encrypted until a worker leases the run, then deleted "
+        "from the queue; or name a worker's variable below",
+    ),
+    FormField(
+        "api_key_env",
+        "API key variable",
+        help="TOKENTRACE_TARGET_KEY_<NAME> on the worker: the key never reaches this server",
+    ),
     FormField("dataset", "Dataset", "select", choices=("random", "jsonl"), group="Workload"),
     FormField("dataset_path", "Dataset path", help="JSONL file on the worker", group="Workload"),
     FormField("input_len", "Input length (tokens)", "number", group="Workload"),

@@ -31,8 +31,10 @@ BATCH_PREFIX = "batch-"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically; the file is readable by its owner only."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -110,8 +112,12 @@ class Spool:
 
     def open_job(self, job: LeasedJob) -> JobSpool:
         path = self.jobs_dir / f"{job.job_id}-a{job.attempt}"
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write(path / "job.json", _dump(job))
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # the target's API key is not spooled: re-sending results after a restart needs none
+        kept = job.model_copy(
+            update={"spec": {k: v for k, v in job.spec.items() if k != "api_key"}}
+        )
+        atomic_write(path / "job.json", _dump(kept))
         return JobSpool(path, job)
 
     def leftovers(self) -> list[JobSpool]:
