@@ -99,7 +99,12 @@ def step_summary(
         index=index,
         load=float(load),
         load_kind=kind,
-        achieved_rps=achieved_rate(trace.sent_ns, trace.end_ns, trace.ok),
+        achieved_rps=achieved_rate(
+            trace.sent_ns,
+            trace.end_ns,
+            trace.ok,
+            closed_loop=kind == "concurrency" or math.isinf(load),
+        ),
         request_throughput_rps=m.get("request_throughput_req_s"),
         output_throughput_tok_s=m.get("output_throughput_tok_s"),
         goodput_rps=m.get("goodput_req_s"),
