@@ -95,6 +95,10 @@ class RunSpec(BaseModel):
     goodput: dict[SLOMetric, float] = Field(default_factory=dict)
     # client-limited bound: send lag / event-loop lag p99 above this marks the run
     client_lag_bound_ms: float = Field(10.0, gt=0)
+    # error bound: a run whose error rate (failed / sent) exceeds it ends "partial"
+    max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="a run whose error rate exceeds this ends partial"
+    )
     # reproduction metadata supplied by the user
     engine: str | None = None
     engine_version: str | None = None

@@ -66,7 +66,6 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     loads.add_argument("--auto", action="store_true", help="sync run, max run, rates between")
     sweep.add_argument("--auto-steps", type=int, default=5)
     sweep.add_argument("--min-ratio", type=float, default=0.8, help="saturated below this")
-    sweep.add_argument("--max-error-rate", type=float, default=0.05)
     return {"baseline": cmd_baseline, "compare": cmd_compare, "sweep": cmd_sweep}
 
 

@@ -55,11 +55,19 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         console.print("client: " + " · ".join(health))
     if v.get("client_limited"):
         console.print("[bold red]CLIENT-LIMITED: the client fell behind; figures are suspect[/]")
+    if v.get("over_error_bound"):
+        console.print(
+            f"[bold red]OVER THE ERROR BOUND: more than {v.get('max_error_rate', 0.05):.0%} of "
+            "requests failed; latencies come from the survivors only[/]"
+        )
     for note in v.get("notes") or []:
         console.print(f"[yellow]note:[/] {note}")
+    req = m.get("requests") or {}
+    none_ok = bool(req.get("sent")) and not req.get("completed_ok")
+    if none_ok:  # the cause first: nothing else of this run has figures
+        _render_errors(req, console)
 
     counts = Table(title="Requests and throughput", show_header=False)
-    req = m.get("requests") or {}
     window = m.get("window") or {}
     for label, val, digits in (
         ("requests sent", req.get("sent"), 0),
@@ -80,7 +88,28 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if slos:
         counts.add_row("SLOs (ms)", ", ".join(f"{k} <= {x:g}" for k, x in slos.items()))
     console.print(counts)
+    if none_ok:
+        console.print("no request succeeded: no latencies to show")
+    else:
+        _render_latencies(m, console)
+        _render_errors(req, console)
+    prof = report.get("profile")
+    if prof:
+        render_profile(prof, console)
 
+
+def _render_errors(req: dict[str, Any], console: Console) -> None:
+    errors = req.get("error_reasons") or []
+    if errors:
+        et = Table(title="Errors by reason")
+        et.add_column("reason")
+        et.add_column("count", justify="right")
+        for e in errors:
+            et.add_row(str(e["reason"]), str(e["count"]))
+        console.print(et)
+
+
+def _render_latencies(m: dict[str, Any], console: Console) -> None:
     table = Table(title="Latency (ms); TTFOT = time to first output (non-reasoning) token")
     table.add_column("metric")
     table.add_column("per")
@@ -104,17 +133,6 @@ def render_report(report: dict[str, Any], console: Console) -> None:
             *[fmt(_pct(dist, k)) for k in PCT_KEYS],
         )
     console.print(table)
-    errors = req.get("error_reasons") or []
-    if errors:
-        et = Table(title="Errors by reason")
-        et.add_column("reason")
-        et.add_column("count", justify="right")
-        for e in errors:
-            et.add_row(str(e["reason"]), str(e["count"]))
-        console.print(et)
-    prof = report.get("profile")
-    if prof:
-        render_profile(prof, console)
 
 
 def render_profile(prof: dict[str, Any], console: Console) -> None:

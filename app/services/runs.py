@@ -18,6 +18,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import __version__
 from app.analysis.metrics import compute_metrics, per_request_metrics
 from app.analysis.profiles import profile_metrics
+from app.analysis.trust import (
+    DEFAULT_MAX_ERROR_RATE,
+    failure_note,
+    over_error_bound,
+    run_status,
+    spec_error_bound,
+    tally,
+)
 from app.domain import (
     ClockSource,
     RequestRecord,
@@ -51,7 +59,8 @@ def open_database(url: str) -> sessionmaker[Session]:
 class BenchOutcome:
     run_id: str | None
     report: dict[str, Any]
-    failed: bool
+    failed: bool  # no request succeeded, or the error rate exceeded the run's bound
+    status: RunStatus = RunStatus.SUCCEEDED
 
 
 def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
@@ -75,8 +84,11 @@ def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
     }
 
 
-def validity_notes(result: LoadResult, check: dict[str, Any]) -> list[str]:
-    notes = list(result.client_limited_reasons) + list(result.notes)
+def validity_notes(
+    result: LoadResult, check: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+) -> list[str]:
+    failed = failure_note(result.records, max_error_rate)
+    notes = ([failed] if failed else []) + list(result.client_limited_reasons) + list(result.notes)
     if result.stopped == "stopped":
         notes.append("stopped before the end: the report covers what was measured")
     elif result.stopped == "max_duration":
@@ -111,16 +123,14 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
     }
 
 
-def outcome_status(result: LoadResult) -> RunStatus:
-    measured = [r for r in result.records if not r.warmup]
-    if result.stopped == "stopped":
-        return RunStatus.PARTIAL
-    if measured and not any(r.status is RequestStatus.OK for r in measured):
-        return RunStatus.FAILED
-    return RunStatus.SUCCEEDED
+def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:
+    """The run's status by the one rule (``app.analysis.trust.run_status``)."""
+    return run_status(
+        tally(result.records), stopped=result.stopped == "stopped", max_error_rate=max_error_rate
+    )
 
 
-def run_meta(result: LoadResult) -> RunMeta:
+def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunMeta:
     """What a finished load says about the run as a whole (validity, client health)."""
     check = token_count_check(result.records)
     return RunMeta(
@@ -128,7 +138,7 @@ def run_meta(result: LoadResult) -> RunMeta:
         started_at=result.start_wall,
         clock_source=result.clock_source.value,
         client_limited=result.client_limited,
-        validity=validity_notes(result, check),
+        validity=validity_notes(result, check, max_error_rate),
         load_stats=load_stats(result) | {"token_counts": check},
         client_host=platform.node(),
         client_version=__version__,
@@ -241,9 +251,12 @@ def execute_bench(
                 repo.finish_run(s, run_id, status=RunStatus.FAILED)
         raise
     scraped = server_metrics.finish(scraper, result.start_mono_ns)
-    meta = run_meta(result)
+    meta = run_meta(result, spec.max_error_rate)
     server_metrics.attach(meta.load_stats, scraped)
-    status = outcome_status(result)
+    status = outcome_status(result, spec.max_error_rate)
+    failed = status is RunStatus.FAILED or over_error_bound(
+        tally(result.records), spec.max_error_rate
+    )
     if sessions is None or run_id is None:
         report = assemble_report(
             run={
@@ -265,12 +278,12 @@ def execute_bench(
             clock_source=result.clock_source,
             profile=profile,
         )
-        return BenchOutcome(None, report, status is RunStatus.FAILED)
+        return BenchOutcome(None, report, failed, status)
     with session_scope(sessions) as s:
         store_requests(s, run_id, result.records)
         server_metrics.store(s, run_id, scraped.series)
     report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
-    return BenchOutcome(run_id, report, status is RunStatus.FAILED)
+    return BenchOutcome(run_id, report, failed, status)
 
 
 def assemble_report(
@@ -291,6 +304,10 @@ def assemble_report(
     spec = run.get("spec") or {}
     slos = slos_ms if slos_ms is not None else dict(spec.get("goodput") or {})
     metrics = compute_metrics(trace, slos_ms=slos).to_dict()
+    bound = spec_error_bound(spec)
+    requests = metrics.get("requests")
+    err = requests.get("error_rate") if isinstance(requests, dict) else None
+    over = isinstance(err, float) and err > bound
     report: dict[str, Any] = {
         "run_id": run.get("id"),
         "name": run.get("name"),
@@ -303,8 +320,10 @@ def assemble_report(
         "clock_source": run.get("clock_source"),
         "spec": spec,
         "validity": {
-            "valid": not run.get("client_limited"),
+            "valid": not run.get("client_limited") and not over,
             "client_limited": bool(run.get("client_limited")),
+            "over_error_bound": over,
+            "max_error_rate": bound,
             "notes": list(run.get("validity") or []),
             "summary_only": bool(run.get("summary_only")),
         },

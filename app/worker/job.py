@@ -198,7 +198,7 @@ class JobRun:
             if self.uploader.lost is not None:
                 return self._drop(self.uploader.lost)
             status, error = self._status(result, error)
-            meta = run_meta(result) if result is not None else None
+            meta = run_meta(result, spec.max_error_rate) if result is not None else None
             if meta is not None:
                 server_metrics.attach(meta.load_stats, scraped)
                 self.server_series = server_metrics.to_wire(scraped.series) or None
@@ -230,11 +230,12 @@ class JobRun:
             return "cancelled", "the worker was stopped during the run"
         if result is None:
             return "failed", error
-        st = outcome_status(result)
-        if st is RunStatus.FAILED:
-            return "failed", failure_reason(result)
-        if st is RunStatus.PARTIAL:
+        # the server decides "partial" for an error rate over the bound (from the stored
+        # requests, by the same rule); here only a stop or no success at all matters
+        if result.stopped == "stopped":
             return "cancelled", "the run was stopped"
+        if outcome_status(result) is RunStatus.FAILED:
+            return "failed", failure_reason(result)
         return "succeeded", None
 
     async def _complete(

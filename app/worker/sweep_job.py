@@ -269,7 +269,7 @@ class SweepRun:
                 raise SweepStopped(None, jr.uploader.lost)
             raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
         status, error = jr._status(result, error)
-        meta = run_meta(result) if result is not None else None
+        meta = run_meta(result, spec.max_error_rate) if result is not None else None
         series = None
         if meta is not None:
             server_metrics.attach(meta.load_stats, scraped)
