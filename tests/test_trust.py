@@ -8,6 +8,7 @@ import re
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.analysis.trust import (
@@ -198,3 +199,97 @@ def test_worker_path_applies_the_same_rule(tmp_path: Path) -> None:
         job = Job(id="j3", kind="bench", spec={}, run_id=ids[0.8])
         out = decide(s, job, ids[0.8], "failed", "the load failed: boom", None)
         assert out.run_status is RunStatus.PARTIAL and out.job_state == "failed"
+
+
+def _csv_log(path: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    lines = ["request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens"]
+    for i in range(120):
+        start = i * 0.1
+        ttft = float(rng.lognormal(np.log(0.2), 0.3))
+        lines.append(f"r{i},{start:.4f},{start + ttft:.4f},{start + ttft + 1.0:.4f},512,64")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_compare_refuses_untrusted_runs_unless_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.services.imports import import_csv
+    from tests.web_support import bench
+
+    url = f"sqlite:///{tmp_path / 'cmp.db'}"
+    sessions = open_database(url)
+    a = import_csv(sessions, _csv_log(tmp_path / "a.csv", 1), name="a")
+    b = import_csv(sessions, _csv_log(tmp_path / "b.csv", 2), name="b")
+    limited = import_csv(sessions, _csv_log(tmp_path / "c.csv", 3), name="limited")
+    with session_scope(sessions) as s:
+        repo.update_run(s, limited, client_limited=True)
+    errs = bench(sessions, SimConfig(ttft_ms=2, itl_ms=1, error_rate=0.4, seed=3), "errs")
+    db = ["--database-url", url]
+    assert main(["compare", a, b, *db]) == 0  # both trusted: a verdict
+    capsys.readouterr()
+    assert main(["compare", a, limited, *db]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"run {limited} is client-limited" in err[0], err
+    assert "--allow-invalid" in err[0]
+    assert main(["compare", errs, a, *db]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    with session_scope(sessions) as s:
+        recs = repo.load_records(s, errs, include_warmup=False)
+    rate = sum(r.status is not RequestStatus.OK for r in recs) / len(recs)  # from the requests
+    assert len(err) == 1 and f"run {errs} is over its error bound: {rate:.1%}" in err[0], err
+    code = main(["compare", a, limited, errs, "--allow-invalid", "--json", *db])
+    body = json.loads(capsys.readouterr().out)
+    assert code in (0, 1) and body["verdict"] in ("regressed", "improved", "no significant change")
+    assert set(body["trust_issues"]) == {limited, errs}
+    # a baseline that is itself untrusted is refused the same way
+    assert main(["baseline", "save", limited, "--name", "lim", *db]) == 0
+    capsys.readouterr()
+    assert main(["compare", a, "--baseline", "lim", *db]) == 2
+    assert f"run {limited}" in capsys.readouterr().err
+
+
+def test_max_goodput_never_picks_an_untrusted_step() -> None:
+    from app.analysis.sweep import StepSummary, max_goodput
+
+    def step(load: float, ttft99: float) -> StepSummary:
+        return StepSummary(0, load, "concurrency", load, load, 100 * load, load, 0.0,
+                           {"ttft_ms": {"p99": ttft99}})  # fmt: skip
+
+    steps = [step(1, 50), step(4, 80), step(16, 120), step(64, 400)]
+    slos = {"ttft": 150.0}
+    assert max_goodput(steps, slos).load == 16  # 64 breaks the SLO
+    best = max_goodput(steps, slos, untrusted={2: ["run x is client-limited"]})
+    assert (best.step, best.load) == (1, 4)
+    assert best.to_dict()["skipped"] == [
+        {"step": 2, "load": 16, "reasons": ["run x is client-limited"]}
+    ]
+    assert "skipped untrusted steps: concurrency 16 (run x is client-limited)" in best.reason
+    none = max_goodput(steps[2:3], slos, untrusted={0: ["bad"]})
+    assert none.step is None and "no step meets the SLO" in none.reason and "bad" in none.reason
+
+
+def test_sweep_skips_a_client_limited_step_for_max_goodput(tmp_path: Path) -> None:
+    from app.domain import RunSpec
+    from app.services.sweeps import SweepPlan, execute_sweep, sweep_summary
+
+    sessions = open_database(f"sqlite:///{tmp_path / 'sw.db'}")
+    sim = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=1.0, output_len=4, seed=2))
+    try:
+        spec = RunSpec(base_url=sim.base_url, model="tokentrace-sim", num_prompts=16,
+                       input_len=8, output_len=4, goodput={"e2el": 5000.0},
+                       scrape_metrics=False)  # fmt: skip
+        out = execute_sweep(spec, SweepPlan("concurrencies", (1, 4)), sessions=sessions)
+    finally:
+        sim.stop()
+    assert out.summary["max_goodput"]["load"] == 4 and out.summary["max_goodput"]["skipped"] == []
+    top = out.summary["steps"][1]["run_id"]
+    with session_scope(sessions) as s:
+        repo.update_run(s, top, client_limited=True)
+    again = sweep_summary(sessions, out.sweep_id)
+    best = again["max_goodput"]
+    assert best["load"] == 1 and best["step"] == 0
+    assert [s["step"] for s in best["skipped"]] == [1]
+    assert f"run {top} is client-limited" in best["skipped"][0]["reasons"][0]
+    assert "skipped untrusted steps: concurrency 4" in best["reason"]

@@ -19,7 +19,10 @@ Pure functions over per-step summaries; the service runs the steps and stores th
   throughput stopped rising while the load grew (concurrency sweeps), or the error rate
   exceeded ``max_error_rate``.
 * **max goodput**: the highest-load step whose p99 latencies meet every SLO in force
-  (ttft, tpot, e2el, in ms; MLPerf-style p99 limits) with an error rate within bounds.
+  (ttft, tpot, e2el, in ms; MLPerf-style p99 limits) with an error rate within bounds. A step
+  whose run cannot be trusted (client-limited, failed, over its error bound:
+  ``app.analysis.trust.run_trust_issues``) is never picked; the result lists the skipped
+  steps and why.
 """
 
 from __future__ import annotations
@@ -160,11 +163,26 @@ def meets_slo(
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedStep:
+    step: int  # index in the steps list
+    load: float
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "load": self.load if math.isfinite(self.load) else None,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class MaxGoodput:
     step: int | None  # index in the steps list; None: no step meets the SLO
     load: float | None
     goodput_rps: float | None
     reason: str
+    skipped: tuple[SkippedStep, ...] = ()  # steps never picked: their runs are untrusted
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -172,6 +190,7 @@ class MaxGoodput:
             "load": self.load,
             "goodput_rps": self.goodput_rps,
             "reason": self.reason,
+            "skipped": [s.to_dict() for s in self.skipped],
         }
 
 
@@ -180,15 +199,29 @@ def max_goodput(
     slos_ms: Mapping[str, float],
     *,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+    untrusted: Mapping[int, Sequence[str]] | None = None,
 ) -> MaxGoodput:
-    """The highest-load step meeting the SLO (see module doc)."""
+    """The highest-load step meeting the SLO (see module doc); ``untrusted`` maps a step's
+    index in ``steps`` to why its run cannot be trusted: such a step is skipped."""
+    bad = {i: tuple(r) for i, r in (untrusted or {}).items() if r and 0 <= i < len(steps)}
+    skipped = tuple(SkippedStep(i, steps[i].load, bad[i]) for i in sorted(bad))
+    note = ""
+    if skipped:
+        parts = [f"{_load_text(steps[s.step])} ({'; '.join(s.reasons)})" for s in skipped]
+        note = "; skipped untrusted steps: " + ", ".join(parts)
     if not slos_ms:
-        return MaxGoodput(None, None, None, "no SLO set: give --goodput to find max goodput")
+        return MaxGoodput(
+            None, None, None, "no SLO set: give --goodput to find max goodput" + note, skipped
+        )
     ok = [
-        (i, s) for i, s in enumerate(steps) if meets_slo(s, slos_ms, max_error_rate=max_error_rate)
+        (i, s)
+        for i, s in enumerate(steps)
+        if i not in bad and meets_slo(s, slos_ms, max_error_rate=max_error_rate)
     ]
     limits = ", ".join(f"{k} p99 <= {v:g} ms" for k, v in slos_ms.items())
     if not ok:
-        return MaxGoodput(None, None, None, f"no step meets the SLO ({limits})")
+        return MaxGoodput(None, None, None, f"no step meets the SLO ({limits})" + note, skipped)
     i, s = max(ok, key=lambda t: t[1].load)
-    return MaxGoodput(i, s.load, s.goodput_rps, f"highest load meeting {limits}: {_load_text(s)}")
+    return MaxGoodput(
+        i, s.load, s.goodput_rps, f"highest load meeting {limits}: {_load_text(s)}" + note, skipped
+    )
