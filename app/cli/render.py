@@ -199,3 +199,24 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
             fmt(s.get("error_rate"), 4),
         )
     console.print(t)
+
+
+def render_file_figures(figs: dict[str, Any], console: Console) -> None:
+    """An imported file's own figures beside ours computed under its tool's definitions."""
+    name = f" ({figs['file_name']})" if figs.get("file_name") else ""
+    t = Table(title=f"{figs.get('tool')}'s own figures{name} beside ours, by its definitions")
+    for col in ("metric", "stat", "file", "ours", "diff"):
+        t.add_column(col, justify="left" if col in ("metric", "stat") else "right")
+    for r in figs.get("rows") or []:
+        unit = f" ({r['unit']})" if r.get("unit") else ""
+        diff = r.get("diff_pct")
+        t.add_row(
+            f"{r['label']}{unit}",
+            str(r["stat"]),
+            fmt(r.get("file"), 3),
+            fmt(r.get("ours"), 3),
+            "—" if diff is None else f"{diff:+.2f}%",
+        )
+    console.print(t)
+    if figs.get("window_note"):
+        console.print(f"note: {figs['window_note']}")
