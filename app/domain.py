@@ -158,7 +158,7 @@ class RequestRecord:
     status: RequestStatus
     error: str | None = None
     http_status: int | None = None
-    input_tokens: int | None = None  # prompt length by the client's tokenizer
+    input_tokens: int | None = None  # the prompt count metrics use (server usage where given)
     output_tokens: int | None = None  # the count metrics use (see token_source)
     tokenizer_output_tokens: int | None = None
     usage_prompt_tokens: int | None = None
@@ -166,6 +166,8 @@ class RequestRecord:
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: int | None = None  # server's "complete" signal ([DONE] or end of stream)
     warmup: bool = False
+    # the prompt length by the client's tokenizer (in memory only: not stored, not on the wire)
+    tokenizer_input_tokens: int | None = None
     event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
     event_bytes: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
     event_kind: I8 = field(default_factory=lambda: np.zeros(0, np.int8))

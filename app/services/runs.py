@@ -75,13 +75,47 @@ def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
     ]
     differing = [r for r in both if r.usage_completion_tokens != r.tokenizer_output_tokens]
     sources = sorted({r.token_source for r in records if r.token_source})
+    prompts = [
+        r
+        for r in records
+        if not r.warmup
+        and r.status is RequestStatus.OK
+        and r.usage_prompt_tokens is not None
+        and r.tokenizer_input_tokens is not None
+    ]
+    n_prompts = len(prompts)
+    usage_in = sum(r.usage_prompt_tokens or 0 for r in prompts)
+    client_in = sum(r.tokenizer_input_tokens or 0 for r in prompts)
+    server_used = bool(prompts) and all(r.input_tokens == r.usage_prompt_tokens for r in prompts)
     return {
         "requests_with_both_counts": len(both),
         "requests_disagreeing": len(differing),
         "tokenizer_output_tokens": sum(r.tokenizer_output_tokens or 0 for r in both),
         "usage_completion_tokens": sum(r.usage_completion_tokens or 0 for r in both),
         "token_sources": sources,
+        "prompt_requests_with_both_counts": n_prompts,
+        "prompt_requests_disagreeing": sum(
+            1 for r in prompts if r.usage_prompt_tokens != r.tokenizer_input_tokens
+        ),
+        "usage_prompt_tokens": usage_in,
+        "tokenizer_prompt_tokens": client_in,
+        "prompt_token_source": ("usage" if server_used else "tokenizer") if n_prompts else None,
     }
+
+
+def prompt_token_note(check: dict[str, Any]) -> str | None:
+    """"prompt tokens: server usage 158 vs client tokenizer 128 on average; the server's
+    count is used" when the two counts disagreed on any request."""
+    n = check.get("prompt_requests_with_both_counts") or 0
+    if not n or not check.get("prompt_requests_disagreeing"):
+        return None
+    usage = check["usage_prompt_tokens"] / n
+    client = check["tokenizer_prompt_tokens"] / n
+    whose = "the server's" if check.get("prompt_token_source") == "usage" else "the client's"
+    return (
+        f"prompt tokens: server usage {usage:,.4g} vs client tokenizer {client:,.4g} on average "
+        f"({check['prompt_requests_disagreeing']} of {n} requests differ); {whose} count is used"
+    )
 
 
 def validity_notes(
@@ -100,6 +134,9 @@ def validity_notes(
             f"{check['tokenizer_output_tokens']} vs server usage "
             f"{check['usage_completion_tokens']} output tokens"
         )
+    prompt_note = prompt_token_note(check)
+    if prompt_note:
+        notes.append(prompt_note)
     return notes
 
 
