@@ -332,6 +332,8 @@ def test_prometheus_llamacpp_capture() -> None:
         "llamacpp:requests_deferred",
         "llamacpp:prompt_tokens_total",
         "llamacpp:tokens_predicted_total",
+        "llamacpp:prompt_seconds_total",  # the server's own prefill time
+        "llamacpp:tokens_predicted_seconds_total",  # and decode time
     }
     extra = select(samples, wanted(["llamacpp:n_busy_slots_per_decode"]))
     assert len(extra) == len(kept) + 1

@@ -71,9 +71,10 @@ def error_kind(message: str | None, status: RequestStatus) -> str:
 
 
 def failure_note(records: Sequence[RequestRecord], max_error_rate: float) -> str | None:
-    """ "32 of 40 requests failed (80%), mostly connection refused, from 15.2 s" when the
-    measured error rate exceeds ``max_error_rate``; "from" is the run-relative time the
-    first failure was seen (its end, else its send). None within the bound."""
+    """The note when the measured error rate exceeds ``max_error_rate``, e.g. "32 of 40
+    requests failed (80%), mostly connection refused, from 15.2 s (error bound 5%)"; "from"
+    is the run-relative time the first failure was seen (its end, else its send). None
+    within the bound."""
     measured = [r for r in records if not r.warmup and r.sent_ns is not None]
     t = tally(records)
     if not over_error_bound(t, max_error_rate):

@@ -93,9 +93,36 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     else:
         _render_latencies(m, console)
         _render_errors(req, console)
+    timing = report.get("server_timing")
+    if isinstance(timing, dict):
+        render_server_timing(timing, console)
     prof = report.get("profile")
     if prof:
         render_profile(prof, console)
+
+
+def render_server_timing(t: dict[str, Any], console: Console) -> None:
+    """The server's own prefill / decode time beside the client's TTFT / ITL / TPOT."""
+    table = Table(title=f"Server's own timing ({t.get('source')} /metrics) beside the client's")
+    table.add_column("server (ms)")
+    table.add_column("value", justify="right")
+    table.add_column("client (ms, mean)")
+    table.add_column("value", justify="right")
+    table.add_row(
+        "prefill per request",
+        fmt(t.get("server_prefill_ms_per_request"), 3),
+        "TTFT",
+        fmt(t.get("client_ttft_ms_mean"), 3),
+    )
+    table.add_row(
+        "decode per token",
+        fmt(t.get("server_decode_ms_per_token"), 3),
+        "ITL / TPOT",
+        f"{fmt(t.get('client_itl_ms_mean'), 3)} / {fmt(t.get('client_tpot_ms_mean'), 3)}",
+    )
+    console.print(table)
+    if t.get("basis"):
+        console.print(f"server timing: {t['basis']}")
 
 
 def _render_errors(req: dict[str, Any], console: Console) -> None:

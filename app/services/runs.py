@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import __version__
 from app.analysis.metrics import compute_metrics, per_request_metrics
 from app.analysis.profiles import profile_metrics
+from app.analysis.server_timing import beside_client
 from app.analysis.trust import (
     DEFAULT_MAX_ERROR_RATE,
     failure_note,
@@ -104,8 +105,8 @@ def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
 
 
 def prompt_token_note(check: dict[str, Any]) -> str | None:
-    """"prompt tokens: server usage 158 vs client tokenizer 128 on average; the server's
-    count is used" when the two counts disagreed on any request."""
+    """The note when the two prompt counts disagreed on any request, e.g. "prompt tokens:
+    server usage 158 vs client tokenizer 128 on average ...; the server's count is used"."""
     n = check.get("prompt_requests_with_both_counts") or 0
     if not n or not check.get("prompt_requests_disagreeing"):
         return None
@@ -289,7 +290,7 @@ def execute_bench(
         raise
     scraped = server_metrics.finish(scraper, result.start_mono_ns)
     meta = run_meta(result, spec.max_error_rate)
-    server_metrics.attach(meta.load_stats, scraped)
+    server_metrics.attach(meta.load_stats, scraped, result.records)
     status = outcome_status(result, spec.max_error_rate)
     failed = status is RunStatus.FAILED or over_error_bound(
         tally(result.records), spec.max_error_rate
@@ -368,6 +369,10 @@ def assemble_report(
         "slos_ms": slos,
         "metrics": metrics,
     }
+    scrape = (run.get("load_stats") or {}).get("server_metrics")
+    timing = scrape.get("timing") if isinstance(scrape, dict) else None
+    if isinstance(timing, dict):
+        report["server_timing"] = beside_client(timing, metrics)
     if profile is not None:
         report["profile"] = {"name": profile, **profile_metrics(trace, profile).to_dict()}
     return report
@@ -418,6 +423,7 @@ def run_report(
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     """The few figures cached on the run row for listings."""
     m = report["metrics"]
+    server = report.get("server_timing") or {}
 
     def pct(metric: str, p: str) -> Any:
         d = m.get(metric) or {}
@@ -432,6 +438,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "error_rate": m.get("error_rate"),
         "completed": (m.get("requests") or {}).get("completed_ok"),
         "failed": (m.get("requests") or {}).get("failed"),
+        "server_prefill_ms_per_request": server.get("server_prefill_ms_per_request"),
+        "server_decode_ms_per_token": server.get("server_decode_ms_per_token"),
     }
 
 

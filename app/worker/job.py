@@ -199,8 +199,8 @@ class JobRun:
                 return self._drop(self.uploader.lost)
             status, error = self._status(result, error)
             meta = run_meta(result, spec.max_error_rate) if result is not None else None
-            if meta is not None:
-                server_metrics.attach(meta.load_stats, scraped)
+            if meta is not None and result is not None:
+                server_metrics.attach(meta.load_stats, scraped, result.records)
                 self.server_series = server_metrics.to_wire(scraped.series) or None
             return await self._complete(status, error, meta)
         finally:

@@ -271,8 +271,8 @@ class SweepRun:
         status, error = jr._status(result, error)
         meta = run_meta(result, spec.max_error_rate) if result is not None else None
         series = None
-        if meta is not None:
-            server_metrics.attach(meta.load_stats, scraped)
+        if meta is not None and result is not None:
+            server_metrics.attach(meta.load_stats, scraped, result.records)
             series = server_metrics.to_wire(scraped.series) or None
         done = StepComplete(
             lease_id=job.lease_id,
