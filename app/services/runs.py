@@ -37,7 +37,7 @@ from app.domain import (
 )
 from app.loadgen import eventloop
 from app.loadgen.runner import LoadResult, Progress, run_load
-from app.services import server_metrics
+from app.services import served_models, server_metrics
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.storage.jsonsafe import json_safe
@@ -277,6 +277,7 @@ def execute_bench(
                 client_host=platform.node(),
             )
     tag = run_id or secrets.token_hex(6)
+    served = served_models.fetch(spec)  # GET /v1/models once, before the load
     scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
     try:
         result = eventloop.run(
@@ -291,6 +292,7 @@ def execute_bench(
     scraped = server_metrics.finish(scraper, result.start_mono_ns)
     meta = run_meta(result, spec.max_error_rate)
     server_metrics.attach(meta.load_stats, scraped, result.records)
+    served_models.record(meta.load_stats, meta.validity, spec.model, served)
     status = outcome_status(result, spec.max_error_rate)
     failed = status is RunStatus.FAILED or over_error_bound(
         tally(result.records), spec.max_error_rate

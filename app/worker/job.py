@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
 from app.loadgen.runner import LoadResult, Progress
-from app.services import server_metrics
+from app.services import served_models, server_metrics
 from app.services.runs import outcome_status, run_meta
 from app.wire import (
     CompleteRequest,
@@ -177,6 +177,7 @@ class JobRun:
             kernel_stamps=self.opts.kernel_stamps,
             realtime=self.opts.realtime,
         )
+        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
         scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [
             asyncio.create_task(self._heartbeats(), name=f"heartbeat-{job.job_id}"),
@@ -201,6 +202,7 @@ class JobRun:
             meta = run_meta(result, spec.max_error_rate) if result is not None else None
             if meta is not None and result is not None:
                 server_metrics.attach(meta.load_stats, scraped, result.records)
+                served_models.record(meta.load_stats, meta.validity, spec.model, served)
                 self.server_series = server_metrics.to_wire(scraped.series) or None
             return await self._complete(status, error, meta)
         finally:

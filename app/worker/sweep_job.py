@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import ValidationError
 
 from app.analysis.sweep import LoadKind, StepSummary
-from app.services import server_metrics
+from app.services import served_models, server_metrics
 from app.services.runs import run_meta
 from app.services.sweep_jobs import plan_of
 from app.services.sweeps import drive, planned_steps, step_from_dict, step_label, step_spec
@@ -253,6 +253,7 @@ class SweepRun:
             kernel_stamps=jr.opts.kernel_stamps,
             realtime=jr.opts.realtime,
         )
+        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
         scraper = server_metrics.start_scraper(spec)
         jr.load.start()
         try:
@@ -273,6 +274,7 @@ class SweepRun:
         series = None
         if meta is not None and result is not None:
             server_metrics.attach(meta.load_stats, scraped, result.records)
+            served_models.record(meta.load_stats, meta.validity, spec.model, served)
             series = server_metrics.to_wire(scraped.series) or None
         done = StepComplete(
             lease_id=job.lease_id,
