@@ -293,3 +293,28 @@ def test_sweep_skips_a_client_limited_step_for_max_goodput(tmp_path: Path) -> No
     assert [s["step"] for s in best["skipped"]] == [1]
     assert f"run {top} is client-limited" in best["skipped"][0]["reasons"][0]
     assert "skipped untrusted steps: concurrency 4" in best["reason"]
+
+
+def test_error_bound_in_the_api_and_the_launch_form(sqlite_url: str) -> None:
+    from app.web import launch_form
+    from tests.api_support import api_client
+
+    with api_client(sqlite_url) as api:
+        created = api.create_run(max_error_rate=0.2)
+        job = api.client.get(f"/api/v1/runs/{created['run_id']}", headers=api.h(api.read))
+        assert job.status_code == 200
+        assert job.json()["report"]["spec"]["max_error_rate"] == 0.2
+        bad = api.client.post(
+            "/api/v1/runs",
+            json={"base_url": "http://127.0.0.1:1", "model": "m", "max_error_rate": 1.5},
+            headers=api.h(api.run),
+        )
+        assert bad.status_code == 422
+        assert "max_error_rate" in bad.json()["detail"][0]["loc"]
+    names = [f.name for f in launch_form.FIELDS]
+    assert "max_error_rate" in names and launch_form.defaults()["max_error_rate"] == "0.05"
+    form = launch_form.defaults() | {"max_error_rate": "0.3"}
+    created_form, errors = launch_form.parse(form)
+    assert errors == {} and created_form is not None and created_form.max_error_rate == 0.3
+    _, errors = launch_form.parse(launch_form.defaults() | {"max_error_rate": "2"})
+    assert "max_error_rate" in errors
