@@ -105,6 +105,10 @@ class RunSpec(BaseModel):
     goodput: dict[SLOMetric, float] = Field(default_factory=dict)
     # client-limited bound: send lag / event-loop lag p99 above this marks the run
     client_lag_bound_ms: float = Field(10.0, gt=0)
+    # error bound: a run whose error rate (failed / sent) exceeds it ends "partial"
+    max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="a run whose error rate exceeds this ends partial"
+    )
     # reproduction metadata supplied by the user
     engine: str | None = None
     engine_version: str | None = None
@@ -192,7 +196,7 @@ class RequestRecord:
     status: RequestStatus
     error: str | None = None
     http_status: int | None = None
-    input_tokens: int | None = None  # prompt length by the client's tokenizer
+    input_tokens: int | None = None  # the prompt count metrics use (server usage where given)
     output_tokens: int | None = None  # the count metrics use (see token_source)
     tokenizer_output_tokens: int | None = None
     usage_prompt_tokens: int | None = None
@@ -210,6 +214,8 @@ class RequestRecord:
     conn_id: int | None = None  # the run's connection number the request used
     conn_reused: bool | None = None  # sent on a connection an earlier request had used
     retries: int = 0  # sent again on a new connection after a reused one failed
+    # the prompt length by the client's tokenizer (in memory only: not stored, not on the wire)
+    tokenizer_input_tokens: int | None = None
     event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
     event_bytes: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
     event_kind: I8 = field(default_factory=lambda: np.zeros(0, np.int8))

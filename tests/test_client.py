@@ -588,7 +588,9 @@ def test_run_load_basic_and_warmup() -> None:
     assert r0.usage_completion_tokens == 8 and r0.output_tokens == 8
     assert r0.tokenizer_output_tokens == 8 and r0.token_source == "usage"
     assert r0.event_tokens[r0.event_kind == EventKind.CONTENT].tolist() == [2, 2, 2, 2]
-    assert r0.input_tokens == 8
+    # the server's usage says 3 prompt tokens, the client's tokenizer 8: the server's is used
+    assert r0.input_tokens == 3 and r0.usage_prompt_tokens == 3
+    assert r0.tokenizer_input_tokens == 8
     assert res.counts["ok"] == 5 and res.counts["warmup"] == 2 and res.counts["unsent"] == 0
     assert progress and progress[-1].done == 5 and progress[-1].output_tokens == 40
     # rate inf: the whole measured phase is one burst, reported as a note, not send lag

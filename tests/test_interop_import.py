@@ -195,6 +195,54 @@ def test_guidellm_real_file_every_benchmark_a_run() -> None:
         assert run.figures["e2el"]["mean"] == pytest.approx(lat)
 
 
+def _with_warmup() -> tuple[dict[str, Any], float, float]:
+    """The real file with benchmark 0's measurement window narrowed, as GuideLLM writes it
+    with a warm-up and a cool-down: its first request ends before the window starts, its last
+    starts after it ends (GuideLLM keeps both in ``requests``, not in its metrics)."""
+    obj = json.loads((FIX / "guidellm-benchmarks.json").read_text())
+    bench = obj["benchmarks"][0]
+    reqs = bench["requests"]["successful"]
+    lo = reqs[0]["info"]["timings"]["request_end"] + reqs[1]["info"]["timings"]["request_start"]
+    hi = reqs[4]["info"]["timings"]["request_end"] + reqs[5]["info"]["timings"]["request_start"]
+    lo, hi = lo / 2, hi / 2
+    bench["start_time"], bench["end_time"] = lo, hi
+    bench["scheduler_metrics"]["measure_start_time"] = lo
+    bench["scheduler_metrics"]["measure_end_time"] = hi
+    return obj, lo, hi
+
+
+def test_guidellm_warmup_and_cooldown_requests_are_excluded() -> None:
+    obj, lo, hi = _with_warmup()
+    (run, second) = parse_guidellm(json.dumps(obj), name="g")
+    reqs = obj["benchmarks"][0]["requests"]["successful"]
+    # independently: GuideLLM's rule over the raw timings
+    inside = [
+        r for r in reqs
+        if r["info"]["timings"]["request_end"] >= lo and r["info"]["timings"]["request_start"] <= hi
+    ]  # fmt: skip
+    assert len(inside) == 4 and len(run.records) == 6
+    assert [r.warmup for r in run.records] == [True, False, False, False, False, True]
+    assert not any(r.warmup for r in second.records)  # benchmark 1 had no warm-up
+    trace = trace_from_records(run.records, summary_only=True)  # warm-ups dropped
+    ours = profile_metrics(trace, "guidellm").to_dict()["metrics"]
+    ttft = [
+        (r["info"]["timings"]["first_token_iteration"] - r["info"]["timings"]["request_start"])
+        * 1000
+        for r in inside
+    ]
+    assert ours["ttft"]["mean"] == pytest.approx(float(np.mean(ttft)), rel=1e-6)
+    lat = [r["info"]["timings"]["request_end"] - r["info"]["timings"]["request_start"]
+           for r in inside]  # fmt: skip
+    assert ours["e2el"]["mean"] == pytest.approx(float(np.mean(lat)) * 1000, rel=1e-6)
+    assert any("2 of 6 requests in the file lie outside" in n for n in run.notes)
+    # the file's metrics (left as they were, from 6 requests) disagree with the 4 kept
+    assert any("GuideLLM counts 6 successful requests" in n for n in run.notes)
+    # the real file: every request inside its window, the counts agree, nothing noted
+    real = parse_guidellm((FIX / "guidellm-benchmarks.json").read_text())
+    assert all(not r.warmup for run_ in real for r in run_.records)
+    assert all(len(run_.notes) == 1 for run_ in real)
+
+
 @pytest.mark.parametrize(
     ("path", "value", "needle"),
     [
@@ -284,6 +332,8 @@ def test_prometheus_llamacpp_capture() -> None:
         "llamacpp:requests_deferred",
         "llamacpp:prompt_tokens_total",
         "llamacpp:tokens_predicted_total",
+        "llamacpp:prompt_seconds_total",  # the server's own prefill time
+        "llamacpp:tokens_predicted_seconds_total",  # and decode time
     }
     extra = select(samples, wanted(["llamacpp:n_busy_slots_per_decode"]))
     assert len(extra) == len(kept) + 1
@@ -318,3 +368,38 @@ def test_prometheus_text_details() -> None:
         [0.5, 2.5],
         [10.0, 20.0],
     )
+
+
+def test_cli_report_of_an_import_prints_the_files_figures_beside_ours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli.main import main
+
+    obj, _lo, _hi = _with_warmup()
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(obj))
+    db = ["--database-url", f"sqlite:///{tmp_path / 'g.db'}"]
+    assert main(["import", "guidellm", str(path), "--json", *db]) == 0
+    first = json.loads(capsys.readouterr().out)["runs"][0]
+    assert main(["report", first, *db]) == 0
+    out = capsys.readouterr().out
+    assert "GuideLLM 0.8.1's own figures (g.json) beside ours" in out
+    assert main(["report", first, "--json", *db]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    rows = {(r["metric"], r["stat"]): r for r in rep["file_figures"]["rows"]}
+    bench = obj["benchmarks"][0]
+    ttft = rows[("ttft", "mean")]
+    assert ttft["file"] == pytest.approx(
+        bench["metrics"]["time_to_first_token_ms"]["successful"]["mean"]
+    )
+    inside = bench["requests"]["successful"][1:5]  # the 4 requests in the window
+    mean = np.mean(
+        [
+            (r["info"]["timings"]["first_token_iteration"] - r["info"]["timings"]["request_start"])
+            * 1000
+            for r in inside
+        ]
+    )
+    assert ttft["ours"] == pytest.approx(float(mean), rel=1e-6)
+    assert ttft["diff_pct"] == pytest.approx((ttft["ours"] - ttft["file"]) / ttft["file"] * 100)
+    assert rep["metrics"]["requests"]["sent"] == 4  # warm-up and cool-down excluded

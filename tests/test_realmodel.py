@@ -102,6 +102,18 @@ def test_llamacpp_server_real_model(tmp_path: Path) -> None:
     with session_scope(sessions) as s:
         names = {x.name for x in interop_repo.load_server_metrics(s, out.run_id)}
     assert {"llamacpp:requests_processing", "llamacpp:tokens_predicted_total"} <= names
+    # the server advertises the model it serves (xllamacpp's model_alias is a set)
+    assert out.report["load"]["served_models"] == ["SmolLM2-135M-Instruct"]
+    assert not any(
+        "served models" in n or "not among" in n for n in out.report["validity"]["notes"]
+    )
+    # its own prefill and decode time, from the counters the last scrape caught
+    assert {"llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"} <= names
+    timing = out.report["server_timing"]
+    assert timing["source"] == "llamacpp"
+    assert timing["server_prefill_ms_per_request"] > 0 and timing["server_decode_ms_per_token"] > 0
+    # 4 requests x 16 tokens: every token counted once the last request ended
+    assert out.report["load"]["server_metrics"]["timing"]["generated_tokens"] == 4 * 16
 
 
 def test_transformers_serve_real_model(tmp_path: Path) -> None:

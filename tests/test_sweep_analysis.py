@@ -56,12 +56,45 @@ def _schedule(rate: float, n: int, service_s: float, capacity: float | None) -> 
 
 def test_achieved_rate_keeps_up_and_falls_behind() -> None:
     sent, end, ok = _schedule(10.0, 40, 0.8, None)
-    assert achieved_rate(sent, end, ok) == pytest.approx(10.0, rel=0.02)
+    assert achieved_rate(sent, end, ok, closed_loop=False) == pytest.approx(10.0, rel=0.02)
     sent, end, ok = _schedule(10.0, 40, 0.1, capacity=5.0)
-    got = achieved_rate(sent, end, ok)
+    got = achieved_rate(sent, end, ok, closed_loop=False)
     assert got is not None and got == pytest.approx(5.0, rel=0.15)
-    assert achieved_rate(sent[:1], end[:1], ok[:1]) is None
-    assert achieved_rate(sent, end, np.zeros(40, np.bool_)) == 0.0
+    assert achieved_rate(sent[:1], end[:1], ok[:1], closed_loop=False) is None
+    assert achieved_rate(sent, end, np.zeros(40, np.bool_), closed_loop=False) == 0.0
+
+
+def _closed(n: int, conc: int, service_s: float) -> tuple:
+    """``n`` requests through ``conc`` slots, each taking ``service_s``: the slot frees, the
+    next request is sent at once."""
+    slot_free = [0] * conc
+    sent = np.zeros(n, np.int64)
+    end = np.zeros(n, np.int64)
+    for i in range(n):
+        k = int(np.argmin(slot_free))
+        sent[i] = slot_free[k]
+        end[i] = sent[i] + int(service_s * 1e9)
+        slot_free[k] = int(end[i])
+    return sent, end, np.ones(n, np.bool_)
+
+
+def test_achieved_rate_closed_loop_is_the_runs_throughput() -> None:
+    # 64 requests at concurrency 64, all sent at t=0, each 0.71 s: one wave, 64 / 0.71 s
+    # = 90.1 req/s. The send window is 0 s: the open-loop rule would divide by ~0.
+    sent, end, ok = _closed(64, 64, 0.71)
+    assert achieved_rate(sent, end, ok, closed_loop=True) == pytest.approx(64 / 0.71)
+    # concurrency 16, 64 requests of 0.5 s: 4 waves, 2.0 s, 32 req/s (not the send window's)
+    sent, end, ok = _closed(64, 16, 0.5)
+    assert achieved_rate(sent, end, ok, closed_loop=True) == pytest.approx(32.0)
+    # 3 of them failed: 61 successes over the same 2.0 s
+    ok[[3, 20, 40]] = False
+    assert achieved_rate(sent, end, ok, closed_loop=True) == pytest.approx(30.5)
+    # an open-loop step whose sends all left within one unqueued latency (the unlimited
+    # probe) falls back to the closed-loop rule: 64 sends in 10 ms, 1 s each -> 64/1.01 s
+    sent = np.linspace(0, 10_000_000, 64).astype(np.int64)
+    end = sent + 1_000_000_000
+    got = achieved_rate(sent, end, np.ones(64, np.bool_), closed_loop=False)
+    assert got == pytest.approx(64 / 1.01)
 
 
 def test_saturation_reasons() -> None:

@@ -257,3 +257,53 @@ def test_run_page_shows_diagnosis(client: TestClient, lab: dict[str, str]) -> No
 
 def _sessions(url: str) -> sessionmaker[Session]:
     return open_database(url)
+
+
+def _step_records(sessions: sessionmaker[Session], run_id: str) -> list[tuple[int, int]]:
+    """(sent_ns, end_ns) of the successful measured requests, straight from storage."""
+    from app.domain import RequestStatus
+
+    with session_scope(sessions) as s:
+        recs = repo.load_records(s, run_id, include_warmup=False)
+    return [
+        (r.sent_ns, r.end_ns)
+        for r in recs
+        if r.status is RequestStatus.OK and r.sent_ns is not None and r.end_ns is not None
+    ]
+
+
+def test_sweep_achieved_rate_agrees_with_its_steps_runs(tmp_path: Path) -> None:
+    """Closed loop: achieved = successes / (last end - first send) of the step's own run;
+    open loop below capacity: achieved = the rate completions came at (= offered)."""
+    from app.loadgen.simulator import start_simulator_thread
+    from app.services.sweeps import execute_sweep
+
+    sessions = open_database(f"sqlite:///{tmp_path / 'ach.db'}")
+    sim = start_simulator_thread(SimConfig(ttft_ms=30, itl_ms=1.0, output_len=8, seed=4))
+    try:
+        base = RunSpec(
+            base_url=sim.base_url, model="tokentrace-sim", num_prompts=48, input_len=16,
+            output_len=8, seed=1, arrival="constant", scrape_metrics=False,
+        )  # fmt: skip
+        closed = execute_sweep(base, SweepPlan("concurrencies", (4, 16, 48)), sessions=sessions)
+        opened = execute_sweep(base, SweepPlan("rates", (10.0, 25.0)), sessions=sessions)
+    finally:
+        sim.stop()
+    steps = closed.summary["steps"]
+    assert [s["load"] for s in steps] == [4, 16, 48]
+    for step in steps:
+        rows = _step_records(sessions, step["run_id"])
+        assert len(rows) == 48
+        first_send = min(s for s, _ in rows)
+        last_end = max(e for _, e in rows)
+        own = len(rows) / ((last_end - first_send) / 1e9)
+        assert step["achieved_rps"] == pytest.approx(own, rel=0.03), step
+        assert step["achieved_rps"] == pytest.approx(step["request_throughput_rps"], rel=0.03)
+    # one wave of 48 at once: ~48 / 40 ms, not 48 / (send window ~ 0 s)
+    assert steps[2]["achieved_rps"] < 48 / 0.02
+    for step in opened.summary["steps"]:
+        rows = sorted(_step_records(sessions, step["run_id"]), key=lambda r: r[1])
+        ends = [e for _, e in rows]
+        completion_rate = (len(ends) - 1) / ((ends[-1] - ends[0]) / 1e9)
+        assert step["achieved_rps"] == pytest.approx(completion_rate, rel=0.05), step
+        assert step["achieved_rps"] == pytest.approx(step["load"], rel=0.05), step

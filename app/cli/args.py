@@ -47,6 +47,7 @@ FLAG_FOR_FIELD = {
     "max_duration_s": "--max-duration",
     "goodput": "--goodput",
     "client_lag_bound_ms": "--client-lag-bound-ms",
+    "max_error_rate": "--max-error-rate",
     "metrics_url": "--metrics-url",
     "extra_body": "--extra-body",
     "token_counting": "--token-counting",
@@ -88,6 +89,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "--goodput", nargs="+", default=[], metavar="KEY:MS", help="SLOs, e.g. ttft:150 e2el:2000"
     )
     p.add_argument("--client-lag-bound-ms", type=float, default=10.0)
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.05,
+        help="a run (or sweep step) with a higher error rate ends partial: exit 1",
+    )
     p.add_argument(
         "--clock",
         choices=("auto", "userspace"),
@@ -198,6 +205,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "max_duration_s": ns.max_duration,
         "goodput": parse_goodput(ns.goodput),
         "client_lag_bound_ms": ns.client_lag_bound_ms,
+        "max_error_rate": ns.max_error_rate,
         "metrics_url": ns.metrics_url,
         "scrape_metrics": not ns.no_scrape_metrics,
         "extra_body": extra,

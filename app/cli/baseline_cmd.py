@@ -55,6 +55,11 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     cmp_.add_argument("--threshold-pct", type=float, default=5.0)
     cmp_.add_argument("--alpha", type=float, default=0.01)
     cmp_.add_argument("--variable", default=None, help="the key field under test")
+    cmp_.add_argument(
+        "--allow-invalid",
+        action="store_true",
+        help="give a verdict even on runs that are client-limited or over their error bound",
+    )
     cmp_.add_argument("--json", action="store_true")
     cmp_.add_argument("--database-url", default=None)
 
@@ -66,7 +71,6 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     loads.add_argument("--auto", action="store_true", help="sync run, max run, rates between")
     sweep.add_argument("--auto-steps", type=int, default=5)
     sweep.add_argument("--min-ratio", type=float, default=0.8, help="saturated below this")
-    sweep.add_argument("--max-error-rate", type=float, default=0.05)
     return {"baseline": cmd_baseline, "compare": cmd_compare, "sweep": cmd_sweep}
 
 
@@ -224,11 +228,31 @@ def cmd_compare(ns: argparse.Namespace, console: Console) -> int:
             )
     except ServiceError as e:
         raise UsageError(e.detail) from None
+    issues = svc.trust_issues(sessions, compared_runs(result))
+    if issues and not ns.allow_invalid:
+        first = next(iter(issues.values()))[0]
+        more = sum(len(v) for v in issues.values()) - 1
+        extra = f" (and {more} more)" if more else ""
+        raise UsageError(f"no verdict: {first}{extra}; --allow-invalid compares anyway")
+    result["trust_issues"] = issues
     if ns.json:
         _print_json(result)
     else:
+        for run_issues in issues.values():
+            for issue in run_issues:
+                console.print(f"[bold yellow]untrusted:[/] {issue}")
         render_comparison(result, console)
     return 1 if result["verdict"] == "regressed" else 0
+
+
+def compared_runs(result: dict[str, Any]) -> list[str]:
+    """Every run a comparison judged, in order (a sweep comparison: its steps' runs)."""
+    if result["kind"] == "runs":
+        return [str(r["id"]) for r in result["runs"]]
+    ids: list[str] = []
+    for step in result["steps"]:
+        ids += [str(step["baseline"]), str(step["candidate"])]
+    return ids
 
 
 def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
 from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
-from app.cli.render import render_report, render_runs
+from app.cli.render import render_file_figures, render_report, render_runs
 from app.cli.serve_cmd import Handler
 from app.settings import get_settings
 
@@ -171,15 +171,56 @@ def cmd_report(ns: argparse.Namespace, console: Console) -> int:
     from app.services.runs import RunNotFound, run_report
 
     slos = parse_goodput(ns.goodput) if ns.goodput else None
+    sessions = _sessions(ns.database_url)
     try:
-        report = run_report(_sessions(ns.database_url), ns.run_id, profile=ns.profile, slos_ms=slos)
+        report = run_report(sessions, ns.run_id, profile=ns.profile, slos_ms=slos)
     except RunNotFound:
         raise UsageError(f"run_id: no run {ns.run_id!r}") from None
+    figures = file_figures(sessions, ns.run_id)
+    if figures is not None:
+        report["file_figures"] = figures
     if ns.json:
         _print_json(report)
     else:
         render_report(report, console)
+        if figures is not None:
+            render_file_figures(figures, console)
     return 0
+
+
+def file_figures(sessions: Any, run_id: str) -> dict[str, Any] | None:
+    """An imported run's own figures beside ours under the file's definitions, as the run
+    page shows them (``app.web.interop_view.import_comparison``); None for other runs."""
+    from app.storage import interop as interop_repo
+    from app.storage import repository as repo
+    from app.storage.db import session_scope
+    from app.web.interop_view import import_comparison
+
+    with session_scope(sessions) as s:
+        info = interop_repo.get_import(s, run_id)
+        if info is None or not info.figures:
+            return None
+        trace = repo.load_trace(s, run_id)
+        group = interop_repo.group_runs(s, info.group_id)
+    comp = import_comparison(info, trace, group)
+    return {
+        "tool": comp.tool,
+        "profile": comp.profile,
+        "file_name": comp.file_name,
+        "window_note": comp.window_note,
+        "rows": [
+            {
+                "metric": r.metric,
+                "label": r.label,
+                "unit": r.unit,
+                "stat": r.stat,
+                "file": r.file_value,
+                "ours": r.ours,
+                "diff_pct": r.diff_pct,
+            }
+            for r in comp.rows
+        ],
+    }
 
 
 def cmd_import(ns: argparse.Namespace, console: Console) -> int:
@@ -203,6 +244,9 @@ def cmd_import(ns: argparse.Namespace, console: Console) -> int:
     else:
         for run_id in run_ids:
             render_report(run_report(sessions, run_id), console)
+            figures = file_figures(sessions, run_id)
+            if figures is not None:
+                render_file_figures(figures, console)
     return 0
 
 

@@ -64,11 +64,19 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         console.print("client: " + " · ".join(health))
     if v.get("client_limited"):
         console.print("[bold red]CLIENT-LIMITED: the client fell behind; figures are suspect[/]")
+    if v.get("over_error_bound"):
+        console.print(
+            f"[bold red]OVER THE ERROR BOUND: more than {v.get('max_error_rate', 0.05):.0%} of "
+            "requests failed; latencies come from the survivors only[/]"
+        )
     for note in v.get("notes") or []:
         console.print(f"[yellow]note:[/] {note}")
+    req = m.get("requests") or {}
+    none_ok = bool(req.get("sent")) and not req.get("completed_ok")
+    if none_ok:  # the cause first: nothing else of this run has figures
+        _render_errors(req, console)
 
     counts = Table(title="Requests and throughput", show_header=False)
-    req = m.get("requests") or {}
     window = m.get("window") or {}
     for label, val, digits in (
         ("requests sent", req.get("sent"), 0),
@@ -89,7 +97,55 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if slos:
         counts.add_row("SLOs (ms)", ", ".join(f"{k} <= {x:g}" for k, x in slos.items()))
     console.print(counts)
+    if none_ok:
+        console.print("no request succeeded: no latencies to show")
+    else:
+        _render_latencies(m, console)
+        _render_errors(req, console)
+    timing = report.get("server_timing")
+    if isinstance(timing, dict):
+        render_server_timing(timing, console)
+    prof = report.get("profile")
+    if prof:
+        render_profile(prof, console)
 
+
+def render_server_timing(t: dict[str, Any], console: Console) -> None:
+    """The server's own prefill / decode time beside the client's TTFT / ITL / TPOT."""
+    table = Table(title=f"Server's own timing ({t.get('source')} /metrics) beside the client's")
+    table.add_column("server (ms)")
+    table.add_column("value", justify="right")
+    table.add_column("client (ms, mean)")
+    table.add_column("value", justify="right")
+    table.add_row(
+        "prefill per request",
+        fmt(t.get("server_prefill_ms_per_request"), 3),
+        "TTFT",
+        fmt(t.get("client_ttft_ms_mean"), 3),
+    )
+    table.add_row(
+        "decode per token",
+        fmt(t.get("server_decode_ms_per_token"), 3),
+        "ITL / TPOT",
+        f"{fmt(t.get('client_itl_ms_mean'), 3)} / {fmt(t.get('client_tpot_ms_mean'), 3)}",
+    )
+    console.print(table)
+    if t.get("basis"):
+        console.print(f"server timing: {t['basis']}")
+
+
+def _render_errors(req: dict[str, Any], console: Console) -> None:
+    errors = req.get("error_reasons") or []
+    if errors:
+        et = Table(title="Errors by reason")
+        et.add_column("reason")
+        et.add_column("count", justify="right")
+        for e in errors:
+            et.add_row(str(e["reason"]), str(e["count"]))
+        console.print(et)
+
+
+def _render_latencies(m: dict[str, Any], console: Console) -> None:
     table = Table(title="Latency (ms); TTFOT = time to first output (non-reasoning) token")
     table.add_column("metric")
     table.add_column("per")
@@ -113,17 +169,6 @@ def render_report(report: dict[str, Any], console: Console) -> None:
             *[fmt(_pct(dist, k)) for k in PCT_KEYS],
         )
     console.print(table)
-    errors = req.get("error_reasons") or []
-    if errors:
-        et = Table(title="Errors by reason")
-        et.add_column("reason")
-        et.add_column("count", justify="right")
-        for e in errors:
-            et.add_row(str(e["reason"]), str(e["count"]))
-        console.print(et)
-    prof = report.get("profile")
-    if prof:
-        render_profile(prof, console)
 
 
 PHASE_LABELS = (
@@ -214,3 +259,24 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
             fmt(s.get("error_rate"), 4),
         )
     console.print(t)
+
+
+def render_file_figures(figs: dict[str, Any], console: Console) -> None:
+    """An imported file's own figures beside ours computed under its tool's definitions."""
+    name = f" ({figs['file_name']})" if figs.get("file_name") else ""
+    t = Table(title=f"{figs.get('tool')}'s own figures{name} beside ours, by its definitions")
+    for col in ("metric", "stat", "file", "ours", "diff"):
+        t.add_column(col, justify="left" if col in ("metric", "stat") else "right")
+    for r in figs.get("rows") or []:
+        unit = f" ({r['unit']})" if r.get("unit") else ""
+        diff = r.get("diff_pct")
+        t.add_row(
+            f"{r['label']}{unit}",
+            str(r["stat"]),
+            fmt(r.get("file"), 3),
+            fmt(r.get("ours"), 3),
+            "—" if diff is None else f"{diff:+.2f}%",
+        )
+    console.print(t)
+    if figs.get("window_note"):
+        console.print(f"note: {figs['window_note']}")

@@ -369,4 +369,5 @@ def _submit_and_follow(
 
         render_report(report, console)
     status = report.get("status")
-    return 1 if status == "failed" or (state == "failed" and status != "partial") else 0
+    over = bool((report.get("validity") or {}).get("over_error_bound"))
+    return 1 if status == "failed" or over or (state == "failed" and status != "partial") else 0

@@ -4,6 +4,12 @@ own files). Pure: no I/O.
 Every benchmark in ``benchmarks`` becomes a run; together they form one sweep. GuideLLM keeps
 no per-token times, only each request's first and last token iteration: the runs are
 summary-only (two token events per request: the first token, then the rest at the last).
+
+GuideLLM lists its warm-up and cool-down requests in ``requests`` too, but its metrics count
+only those within the benchmark's measurement window (``start_time`` .. ``end_time``, which
+are ``scheduler_metrics.measure_start_time`` / ``measure_end_time``): a request ending
+before the window starts or starting after it ends. Such requests are imported as warm-up
+requests, so our figures exclude them as GuideLLM's do.
 """
 
 from __future__ import annotations
@@ -93,6 +99,35 @@ def _tokens(req: dict[str, Any], where: str, key: str, metrics_key: str) -> int 
     return None if v is None else integer(v, f"{where}.{key}", minimum=0)
 
 
+def measure_window(bench: dict[str, Any], where: str) -> tuple[float | None, float | None]:
+    """The benchmark's measurement window (epoch seconds): ``start_time`` / ``end_time``, or
+    the scheduler metrics' ``measure_start_time`` / ``measure_end_time``."""
+    sched = bench.get("scheduler_metrics")
+    sched = sched if isinstance(sched, dict) else {}
+    out: list[float | None] = []
+    for key, alt in (("start_time", "measure_start_time"), ("end_time", "measure_end_time")):
+        v = opt_number(bench.get(key), f"{where}.{key}")
+        if v is None:
+            v = opt_number(sched.get(alt), f"{where}.scheduler_metrics.{alt}")
+        out.append(v)
+    return out[0], out[1]
+
+
+def outside_window(
+    start: float | None, end: float | None, window: tuple[float | None, float | None]
+) -> bool:
+    """GuideLLM's rule: a request counts when it ends at or after the window's start and
+    starts at or before its end (a request without a start: ends at or before the end)."""
+    lo, hi = window
+    if lo is not None and end is not None and end < lo:
+        return True
+    if hi is not None:
+        first = start if start is not None else end
+        if first is not None and first > hi:
+            return True
+    return False
+
+
 def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
     groups = as_dict(bench.get("requests"), f"{where}.requests")
     flat: list[tuple[str, int, dict[str, Any]]] = []
@@ -116,17 +151,20 @@ def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
     def rel(v: float | None) -> int | None:
         return None if v is None else ns(v - origin)
 
+    window = measure_window(bench, where)
     records: list[RequestRecord] = []
     for i, (group, at, req, t) in enumerate(parsed):
         n_in = _tokens(req, at, "prompt_tokens", "input_metrics")
         sent = rel(t["request_start"])
         end = rel(t["request_end"])
+        warmup = outside_window(t["request_start"], t["request_end"], window)
         if group != "successful":
             info = req["info"]
             error = info.get("error") or ("incomplete" if group == "incomplete" else "errored")
             rec = failed_record(i, sent_ns=sent, end_ns=end, error=str(error), input_tokens=n_in)
             if group == "incomplete":
                 rec.status = RequestStatus.CANCELLED
+            rec.warmup = warmup
             records.append(rec)
             continue
         for k in ("request_start", "first_token_iteration", "last_token_iteration", "request_end"):
@@ -141,18 +179,41 @@ def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
             raise ImportFormatError(f"{at}: first_token_iteration before request_start")
         if last < first:
             raise ImportFormatError(f"{at}: last_token_iteration before first_token_iteration")
-        records.append(
-            two_point_record(
-                i,
-                sent_ns=sent,
-                first_ns=first,
-                last_ns=last,
-                end_ns=max(end, last),
-                output_tokens=n_out,
-                input_tokens=n_in,
-            )
+        rec = two_point_record(
+            i,
+            sent_ns=sent,
+            first_ns=first,
+            last_ns=last,
+            end_ns=max(end, last),
+            output_tokens=n_out,
+            input_tokens=n_in,
         )
+        rec.warmup = warmup
+        records.append(rec)
     return records
+
+
+def _window_notes(bench: dict[str, Any], records: list[RequestRecord], where: str) -> list[str]:
+    """Say how many requests fell outside the measurement window, and whether the requests
+    kept agree with GuideLLM's own count of successful requests."""
+    notes: list[str] = []
+    outside = sum(1 for r in records if r.warmup)
+    if outside:
+        notes.append(
+            f"{outside} of {len(records)} requests in the file lie outside GuideLLM's "
+            "measurement window (warm-up or cool-down): kept as warm-up and excluded, as "
+            "GuideLLM's own metrics exclude them"
+        )
+    totals = (bench.get("metrics") or {}).get("request_totals")
+    theirs = totals.get("successful") if isinstance(totals, dict) else None
+    if isinstance(theirs, int) and not isinstance(theirs, bool):
+        ours = sum(1 for r in records if not r.warmup and r.status is RequestStatus.OK)
+        if ours != theirs:
+            notes.append(
+                f"GuideLLM counts {theirs} successful requests in its metrics, the file lists "
+                f"{ours} in its measurement window (it may keep only a sample): figures differ"
+            )
+    return notes
 
 
 def _strategy(bench: dict[str, Any]) -> str:
@@ -224,7 +285,10 @@ def parse_guidellm(text: str, *, name: str = "guidellm") -> list[ImportedRun]:
                 model=str(model) if model else None,
                 target_url=str(target) if target else None,
                 window_s=duration,
-                notes=["GuideLLM keeps only each request's first and last token times"],
+                notes=[
+                    "GuideLLM keeps only each request's first and last token times",
+                    *_window_notes(bench, records, where),
+                ],
                 meta={
                     "guidellm_version": version,
                     "benchmark_index": k,

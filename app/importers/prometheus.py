@@ -2,12 +2,16 @@
 
 ``parse_text`` reads every sample (``name{labels} value [timestamp]``; ``# TYPE`` lines give
 kinds). ``select`` keeps the series that matter for reading a run: requests running and
-waiting, KV-cache usage, preemptions, prompt and generation token counters, under vLLM,
+waiting, KV-cache usage, preemptions, prompt and generation token counters, the server's own
+prefill and decode time (llama.cpp's ``prompt_seconds_total`` /
+``tokens_predicted_seconds_total``; the ``_sum`` and ``_count`` of vLLM's
+``request_prefill_time_seconds`` / ``request_decode_time_seconds`` histograms), under vLLM,
 SGLang and llama.cpp names, plus any extra names the user configures.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterable
@@ -41,6 +45,17 @@ KNOWN_SERIES: dict[str, tuple[str, ...]] = {
         "sglang:generation_tokens_total",
         "llamacpp:tokens_predicted_total",
     ),
+    # the server's own time: seconds spent on prompts (prefill) and on generating (decode)
+    "prefill_seconds": (
+        "llamacpp:prompt_seconds_total",
+        "vllm:request_prefill_time_seconds_sum",
+    ),
+    "decode_seconds": (
+        "llamacpp:tokens_predicted_seconds_total",
+        "vllm:request_decode_time_seconds_sum",
+    ),
+    "prefill_requests": ("vllm:request_prefill_time_seconds_count",),
+    "decode_requests": ("vllm:request_decode_time_seconds_count",),
 }
 ROLE_OF: dict[str, str] = {name: role for role, names in KNOWN_SERIES.items() for name in names}
 
@@ -134,7 +149,7 @@ def wanted(names: Iterable[str] = ()) -> frozenset[str]:
 def kind_of(name: str, kinds: dict[str, str]) -> str | None:
     if name in kinds:
         return kinds[name]
-    for suffix in ("_total", "_created"):
+    for suffix in ("_total", "_created", "_sum", "_count", "_bucket"):
         if name.endswith(suffix) and name[: -len(suffix)] in kinds:
             return kinds[name[: -len(suffix)]]
     return None
@@ -174,3 +189,11 @@ def counter_rate(t_ns: list[int], values: list[float]) -> tuple[list[float], lis
         xs.append((t_ns[i] + t_ns[i - 1]) / 2e9)
         ys.append(dv / dt)
     return xs, ys
+
+
+def counter_increase(values: list[float]) -> float:
+    """How much a counter rose over its samples (a drop is a reset: counted from 0)."""
+    total = 0.0
+    for prev, cur in itertools.pairwise(values):
+        total += cur - prev if cur >= prev else cur
+    return total

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -143,13 +144,13 @@ def start_llamacpp_process(
     raise RuntimeError(f"llama.cpp server not ready in {ready_timeout_s:g} s: {handle.log_tail()}")
 
 
-def serve(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int) -> None:
-    """Run the server in this process until SIGTERM/SIGINT."""
+def server_params(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int) -> Any:
+    """xllamacpp's ``CommonParams`` for the server: it advertises ``MODEL_NAME``."""
     import xllamacpp as xlc
 
     params = xlc.CommonParams()
     params.model.path = str(model)
-    params.model_alias = MODEL_NAME
+    params.model_alias = {MODEL_NAME}  # a set: a str would become its characters
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_ctx = ctx_size
@@ -157,6 +158,14 @@ def serve(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int)
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     params.endpoint_metrics = True
+    return params
+
+
+def serve(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int) -> None:
+    """Run the server in this process until SIGTERM/SIGINT."""
+    import xllamacpp as xlc
+
+    params = server_params(model, port=port, parallel=parallel, threads=threads, ctx_size=ctx_size)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

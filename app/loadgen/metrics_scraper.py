@@ -2,9 +2,12 @@
 
 Runs on its own thread (never on the measurement event loop). Sample times are
 ``time.monotonic_ns()`` when each answer arrived: the caller moves them onto the run's axis
-by subtracting the run's ``start_mono_ns``. The scraper stops by itself, saying why, when the
-target has no ``/metrics`` (404), answers something that is not the text format, or cannot
-be reached before any scrape succeeded; later failures are counted, not hidden.
+by subtracting the run's ``start_mono_ns``. ``stop(final_scrape=True)``, called once the last
+request has ended, takes one more scrape first: a server updates its counters when a request
+ends, so without it the run's last wave would be missing from every counter. The scraper
+stops by itself, saying why, when the target has no ``/metrics`` (404), answers something
+that is not the text format, or cannot be reached before any scrape succeeded; later
+failures are counted, not hidden.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class MetricsScraper:
         self.timeout_s = timeout_s
         self.headers = headers or {}
         self._stop = threading.Event()
+        self._final = False
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
         self._result = ScrapeResult(url=url, status="ok")
         self._thread = threading.Thread(target=self._main, name="tokentrace-scrape", daemon=True)
@@ -69,10 +73,12 @@ class MetricsScraper:
         self._thread.start()
         return self
 
-    def stop(self) -> ScrapeResult:
-        """Stop (one last scrape is not taken) and return what was scraped."""
+    def stop(self, *, final_scrape: bool = False) -> ScrapeResult:
+        """Stop and return what was scraped; with ``final_scrape`` one last scrape is taken
+        first (while scraping still works)."""
+        self._final = final_scrape
         self._stop.set()
-        self._thread.join(self.timeout_s + 1.0)
+        self._thread.join(self.timeout_s * (2 if final_scrape else 1) + 1.0)
         self._result.series = list(self._series.values())
         return self._result
 
@@ -82,6 +88,8 @@ class MetricsScraper:
                 if not self._scrape_once(client):
                     return
                 self._stop.wait(self.period_s)
+            if self._final:
+                self._scrape_once(client)
 
     def _scrape_once(self, client: httpx.Client) -> bool:
         """One scrape; False when scraping should stop."""

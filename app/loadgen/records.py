@@ -11,6 +11,10 @@ of token-bearing chunks, the server streamed one token per chunk and each chunk 
 1 token; otherwise the chunks keep their tokenizer counts (nothing is scaled) and
 ``output_tokens`` is the usage count. ``token_source`` says which count ``output_tokens`` is;
 both counts are always recorded so reports can flag disagreement.
+
+Prompt tokens follow the same rule: with "auto" or "usage" and ``usage.prompt_tokens``
+present, ``input_tokens`` is the server's count (a chat template adds tokens the client's
+tokenizer never saw); ``tokenizer_input_tokens`` keeps the client's.
 """
 
 from __future__ import annotations
@@ -139,6 +143,10 @@ def record_steps(
 
     t0 = raw.t0_ns if raw.t0_ns else None
     t1 = raw.ev_t[token_idx[0]] if token_idx else 0
+    usage_pt = _int_or_none(usage, "prompt_tokens")
+    prompt_tokens = input_tokens
+    if token_counting != "tokenizer" and usage_pt is not None:
+        prompt_tokens = usage_pt
     return RequestRecord(
         index=index,
         scheduled_ns=scheduled_ns,
@@ -147,10 +155,10 @@ def record_steps(
         status=status,
         error=error,
         http_status=raw.http_status,
-        input_tokens=input_tokens,
+        input_tokens=prompt_tokens,
         output_tokens=output_tokens,
         tokenizer_output_tokens=tok_total,
-        usage_prompt_tokens=_int_or_none(usage, "prompt_tokens"),
+        usage_prompt_tokens=usage_pt,
         usage_completion_tokens=usage_ct,
         token_source=source,  # type: ignore[arg-type]
         done_ns=rel(raw.done_ns),
@@ -163,6 +171,7 @@ def record_steps(
         conn_id=raw.conn_id or None,
         conn_reused=raw.conn_reused if raw.conn_id else None,
         retries=raw.retries,
+        tokenizer_input_tokens=input_tokens,
         event_t_ns=np.asarray(raw.ev_t, np.int64) - np.int64(run_start_ns),
         event_bytes=np.asarray(raw.ev_bytes, np.int32),
         event_kind=kinds,

@@ -62,6 +62,7 @@ class SimConfig:
     output_len: int = 128  # when the request has no max_tokens
     eos_len: int | None = None  # "natural" length when ignore_eos is false (None: never stop)
     reasoning_tokens: int = 0  # first K output tokens sent as delta.reasoning_content (chat)
+    chat_template_tokens: int = 0  # prompt tokens a chat template adds (usage counts them)
     created: int | None = None  # fixed "created" field (None: wall clock at receipt)
     seed: int = 0
     # faults (per request, mutually exclusive; sum <= 1)
@@ -110,6 +111,7 @@ class SimConfig:
         _check(self.output_len >= 1, "output_len must be >= 1")
         _check(self.eos_len is None or self.eos_len >= 1, "eos_len must be >= 1")
         _check(self.reasoning_tokens >= 0, "reasoning_tokens must be >= 0")
+        _check(self.chat_template_tokens >= 0, "chat_template_tokens must be >= 0")
         _check(
             self.fault_after_tokens is None or self.fault_after_tokens >= 0,
             "fault_after_tokens must be >= 0",

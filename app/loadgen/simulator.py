@@ -213,7 +213,7 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
 def _plan_request(body: dict[str, Any], endpoint: str, config: SimConfig) -> _Plan:
     if endpoint == "chat":
         source: object = body.get("messages")
-        input_tokens = _count_chat_input(source)
+        input_tokens = _count_chat_input(source) + config.chat_template_tokens
     else:
         source = body.get("prompt", "")
         input_tokens = _count_prompt(source)

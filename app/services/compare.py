@@ -382,3 +382,20 @@ def compare_to_baseline(
 def cdf_samples(sessions: sessionmaker[Session], run_ids: list[str]) -> dict[str, dict[str, F64]]:
     """Raw latency samples (ms) of each run, for overlaid CDFs."""
     return {rid: load_samples(sessions, rid).samples_ms for rid in run_ids}
+
+
+def trust_issues(sessions: sessionmaker[Session], run_ids: list[str]) -> dict[str, list[str]]:
+    """Run id -> why its figures cannot be trusted (``run_trust_issues``), for those with any."""
+    from app.analysis.trust import run_trust_issues
+    from app.storage import repository as repo
+
+    out: dict[str, list[str]] = {}
+    with session_scope(sessions) as s:
+        for run_id in dict.fromkeys(run_ids):
+            row = repo.find_run(s, run_id)
+            if row is None:
+                continue
+            issues = run_trust_issues(run_svc.run_dict(row) | {"summary": row.summary or {}})
+            if issues:
+                out[run_id] = issues
+    return out

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
 from app.analysis.metrics import per_request_metrics
-from app.domain import ClockSource, RequestStatus, RunStatus, trace_from_records
+from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
+from app.domain import ClockSource, RunStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
 from app.importers.common import ImportedRun, ImportFormatError
 from app.importers.csv_log import parse_csv_log
@@ -60,14 +61,13 @@ def parse_file(
 
 
 def _status(run: ImportedRun) -> RunStatus:
-    measured = [r for r in run.records if not r.warmup]
-    if measured and not any(r.status is RequestStatus.OK for r in measured):
-        return RunStatus.FAILED
-    return RunStatus.SUCCEEDED
+    """By the one rule (imports carry no bound of their own: the default applies)."""
+    return run_status(tally(run.records), stopped=False, max_error_rate=DEFAULT_MAX_ERROR_RATE)
 
 
 def _validity(run: ImportedRun) -> list[str]:
-    notes: list[str] = []
+    failed = failure_note(run.records, DEFAULT_MAX_ERROR_RATE)
+    notes: list[str] = [failed] if failed else []
     if run.summary_only:
         notes.append("summary-only: the file has no per-token times")
     return notes + list(run.notes)

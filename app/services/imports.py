@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
 from app.analysis.metrics import per_request_metrics
+from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, run_status, tally
 from app.domain import ClockSource, RunStatus, trace_from_records
 from app.importers.csv_log import ImportFormatError, parse_csv_log
 from app.services.runs import headline, run_report
@@ -54,7 +55,9 @@ def import_csv(sessions: sessionmaker[Session], path: Path, *, name: str | None 
         repo.finish_run(
             s,
             run_id,
-            status=RunStatus.SUCCEEDED,
+            status=run_status(
+                tally(log.records), stopped=False, max_error_rate=DEFAULT_MAX_ERROR_RATE
+            ),
             started_at=now,
             finished_at=now,
             validity=["summary-only: the log has no per-token times"],

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.trust import RequestTally, run_status, spec_error_bound
 from app.domain import RequestRecord, RunSpec, RunStatus
 from app.services import workers as worker_svc
 from app.services.auth import Principal
@@ -278,19 +279,17 @@ def decide(
         status = RunStatus.PARTIAL if stored else RunStatus.CANCELLED
         note = f"cancelled: {stored} of {planned} planned requests were stored"
         return Outcome("cancelled", status, None, [note])
+    sent, ok = job_repo.sent_counts(session, run_id) if run_id else (0, 0)
+    stopped = (meta.load_stats.get("stopped") if meta else None) == "stopped"
+    run = repo.find_run(session, run_id) if run_id else None
+    bound = spec_error_bound(run.spec if run is not None else None)
+    status = run_status(RequestTally(sent, ok), stopped=stopped, max_error_rate=bound)
     if status_ == "failed":
         error = error_ or "the worker reported a failure"
-        status = RunStatus.PARTIAL if stored else RunStatus.FAILED
+        if meta is None:  # the load itself broke: what was stored is a part of the run
+            status = RunStatus.PARTIAL if stored else RunStatus.FAILED
         note = f"failed on the worker: {error} ({stored} of {planned} requests stored)"
         return Outcome("failed", status, error, [note])
-    measured, ok = job_repo.measured_counts(session, run_id) if run_id else (0, 0)
-    stopped = (meta.load_stats.get("stopped") if meta else None) == "stopped"
-    if measured and not ok:
-        status = RunStatus.FAILED
-    elif stopped:
-        status = RunStatus.PARTIAL
-    else:
-        status = RunStatus.SUCCEEDED
     return Outcome("succeeded", status, None, [])
 
 

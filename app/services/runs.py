@@ -18,6 +18,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import __version__
 from app.analysis.metrics import compute_metrics, per_request_metrics
 from app.analysis.profiles import profile_metrics
+from app.analysis.server_timing import beside_client
+from app.analysis.trust import (
+    DEFAULT_MAX_ERROR_RATE,
+    failure_note,
+    over_error_bound,
+    run_status,
+    spec_error_bound,
+    tally,
+)
 from app.domain import (
     ClockSource,
     RequestRecord,
@@ -28,7 +37,7 @@ from app.domain import (
 )
 from app.loadgen import eventloop
 from app.loadgen.runner import LoadResult, Progress, run_load
-from app.services import server_metrics
+from app.services import served_models, server_metrics
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.storage.jsonsafe import json_safe
@@ -51,7 +60,8 @@ def open_database(url: str) -> sessionmaker[Session]:
 class BenchOutcome:
     run_id: str | None
     report: dict[str, Any]
-    failed: bool
+    failed: bool  # no request succeeded, or the error rate exceeded the run's bound
+    status: RunStatus = RunStatus.SUCCEEDED
 
 
 def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
@@ -66,17 +76,54 @@ def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
     ]
     differing = [r for r in both if r.usage_completion_tokens != r.tokenizer_output_tokens]
     sources = sorted({r.token_source for r in records if r.token_source})
+    prompts = [
+        r
+        for r in records
+        if not r.warmup
+        and r.status is RequestStatus.OK
+        and r.usage_prompt_tokens is not None
+        and r.tokenizer_input_tokens is not None
+    ]
+    n_prompts = len(prompts)
+    usage_in = sum(r.usage_prompt_tokens or 0 for r in prompts)
+    client_in = sum(r.tokenizer_input_tokens or 0 for r in prompts)
+    server_used = bool(prompts) and all(r.input_tokens == r.usage_prompt_tokens for r in prompts)
     return {
         "requests_with_both_counts": len(both),
         "requests_disagreeing": len(differing),
         "tokenizer_output_tokens": sum(r.tokenizer_output_tokens or 0 for r in both),
         "usage_completion_tokens": sum(r.usage_completion_tokens or 0 for r in both),
         "token_sources": sources,
+        "prompt_requests_with_both_counts": n_prompts,
+        "prompt_requests_disagreeing": sum(
+            1 for r in prompts if r.usage_prompt_tokens != r.tokenizer_input_tokens
+        ),
+        "usage_prompt_tokens": usage_in,
+        "tokenizer_prompt_tokens": client_in,
+        "prompt_token_source": ("usage" if server_used else "tokenizer") if n_prompts else None,
     }
 
 
-def validity_notes(result: LoadResult, check: dict[str, Any]) -> list[str]:
-    notes = list(result.client_limited_reasons) + list(result.notes)
+def prompt_token_note(check: dict[str, Any]) -> str | None:
+    """The note when the two prompt counts disagreed on any request, e.g. "prompt tokens:
+    server usage 158 vs client tokenizer 128 on average ...; the server's count is used"."""
+    n = check.get("prompt_requests_with_both_counts") or 0
+    if not n or not check.get("prompt_requests_disagreeing"):
+        return None
+    usage = check["usage_prompt_tokens"] / n
+    client = check["tokenizer_prompt_tokens"] / n
+    whose = "the server's" if check.get("prompt_token_source") == "usage" else "the client's"
+    return (
+        f"prompt tokens: server usage {usage:,.4g} vs client tokenizer {client:,.4g} on average "
+        f"({check['prompt_requests_disagreeing']} of {n} requests differ); {whose} count is used"
+    )
+
+
+def validity_notes(
+    result: LoadResult, check: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+) -> list[str]:
+    failed = failure_note(result.records, max_error_rate)
+    notes = ([failed] if failed else []) + list(result.client_limited_reasons) + list(result.notes)
     if result.stopped == "stopped":
         notes.append("stopped before the end: the report covers what was measured")
     elif result.stopped == "max_duration":
@@ -88,6 +135,9 @@ def validity_notes(result: LoadResult, check: dict[str, Any]) -> list[str]:
             f"{check['tokenizer_output_tokens']} vs server usage "
             f"{check['usage_completion_tokens']} output tokens"
         )
+    prompt_note = prompt_token_note(check)
+    if prompt_note:
+        notes.append(prompt_note)
     return notes
 
 
@@ -113,16 +163,14 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
     }
 
 
-def outcome_status(result: LoadResult) -> RunStatus:
-    measured = [r for r in result.records if not r.warmup]
-    if result.stopped == "stopped":
-        return RunStatus.PARTIAL
-    if measured and not any(r.status is RequestStatus.OK for r in measured):
-        return RunStatus.FAILED
-    return RunStatus.SUCCEEDED
+def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:
+    """The run's status by the one rule (``app.analysis.trust.run_status``)."""
+    return run_status(
+        tally(result.records), stopped=result.stopped == "stopped", max_error_rate=max_error_rate
+    )
 
 
-def run_meta(result: LoadResult) -> RunMeta:
+def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunMeta:
     """What a finished load says about the run as a whole (validity, client health)."""
     check = token_count_check(result.records)
     return RunMeta(
@@ -130,7 +178,7 @@ def run_meta(result: LoadResult) -> RunMeta:
         started_at=result.start_wall,
         clock_source=result.clock_source.value,
         client_limited=result.client_limited,
-        validity=validity_notes(result, check),
+        validity=validity_notes(result, check, max_error_rate),
         load_stats=load_stats(result) | {"token_counts": check},
         client_host=platform.node(),
         client_version=__version__,
@@ -231,6 +279,7 @@ def execute_bench(
                 client_host=platform.node(),
             )
     tag = run_id or secrets.token_hex(6)
+    served = served_models.fetch(spec)  # GET /v1/models once, before the load
     scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
     try:
         result = eventloop.run(
@@ -243,9 +292,13 @@ def execute_bench(
                 repo.finish_run(s, run_id, status=RunStatus.FAILED)
         raise
     scraped = server_metrics.finish(scraper, result.start_mono_ns)
-    meta = run_meta(result)
-    server_metrics.attach(meta.load_stats, scraped)
-    status = outcome_status(result)
+    meta = run_meta(result, spec.max_error_rate)
+    server_metrics.attach(meta.load_stats, scraped, result.records)
+    served_models.record(meta.load_stats, meta.validity, spec.model, served)
+    status = outcome_status(result, spec.max_error_rate)
+    failed = status is RunStatus.FAILED or over_error_bound(
+        tally(result.records), spec.max_error_rate
+    )
     if sessions is None or run_id is None:
         report = assemble_report(
             run={
@@ -267,12 +320,12 @@ def execute_bench(
             clock_source=result.clock_source,
             profile=profile,
         )
-        return BenchOutcome(None, report, status is RunStatus.FAILED)
+        return BenchOutcome(None, report, failed, status)
     with session_scope(sessions) as s:
         store_requests(s, run_id, result.records)
         server_metrics.store(s, run_id, scraped.series)
     report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
-    return BenchOutcome(run_id, report, status is RunStatus.FAILED)
+    return BenchOutcome(run_id, report, failed, status)
 
 
 def assemble_report(
@@ -293,6 +346,10 @@ def assemble_report(
     spec = run.get("spec") or {}
     slos = slos_ms if slos_ms is not None else dict(spec.get("goodput") or {})
     metrics = compute_metrics(trace, slos_ms=slos).to_dict()
+    bound = spec_error_bound(spec)
+    requests = metrics.get("requests")
+    err = requests.get("error_rate") if isinstance(requests, dict) else None
+    over = isinstance(err, float) and err > bound
     report: dict[str, Any] = {
         "run_id": run.get("id"),
         "name": run.get("name"),
@@ -305,8 +362,10 @@ def assemble_report(
         "clock_source": run.get("clock_source"),
         "spec": spec,
         "validity": {
-            "valid": not run.get("client_limited"),
+            "valid": not run.get("client_limited") and not over,
             "client_limited": bool(run.get("client_limited")),
+            "over_error_bound": over,
+            "max_error_rate": bound,
             "notes": list(run.get("validity") or []),
             "summary_only": bool(run.get("summary_only")),
         },
@@ -314,6 +373,10 @@ def assemble_report(
         "slos_ms": slos,
         "metrics": metrics,
     }
+    scrape = (run.get("load_stats") or {}).get("server_metrics")
+    timing = scrape.get("timing") if isinstance(scrape, dict) else None
+    if isinstance(timing, dict):
+        report["server_timing"] = beside_client(timing, metrics)
     if profile is not None:
         report["profile"] = {"name": profile, **profile_metrics(trace, profile).to_dict()}
     return report
@@ -364,6 +427,7 @@ def run_report(
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     """The few figures cached on the run row for listings."""
     m = report["metrics"]
+    server = report.get("server_timing") or {}
 
     def pct(metric: str, p: str) -> Any:
         d = m.get(metric) or {}
@@ -378,6 +442,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "error_rate": m.get("error_rate"),
         "completed": (m.get("requests") or {}).get("completed_ok"),
         "failed": (m.get("requests") or {}).get("failed"),
+        "server_prefill_ms_per_request": server.get("server_prefill_ms_per_request"),
+        "server_decode_ms_per_token": server.get("server_decode_ms_per_token"),
     }
 
 

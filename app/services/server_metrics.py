@@ -3,12 +3,14 @@ run's time axis, state what happened in the run's load statistics, and store the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.domain import RunSpec
+from app.analysis.server_timing import server_timing
+from app.domain import RequestRecord, RequestStatus, RunSpec
 from app.importers.prometheus import Series, wanted
 from app.loadgen.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
 from app.storage import interop as interop_repo
@@ -44,16 +46,26 @@ def start_scraper(spec: RunSpec) -> MetricsScraper | None:
 
 
 def finish(scraper: MetricsScraper | None, start_mono_ns: int | None) -> ScrapeOutcome:
-    """Stop the scraper; series move onto the run's axis (``start_mono_ns``)."""
+    """Stop the scraper; series move onto the run's axis (``start_mono_ns``). A finished
+    load (``start_mono_ns`` given) gets one last scrape, after its last request ended."""
     if scraper is None:
         return ScrapeOutcome({"status": "off (scrape_metrics is false)"})
-    res: ScrapeResult = scraper.stop()
+    res: ScrapeResult = scraper.stop(final_scrape=start_mono_ns is not None)
     series = to_run_axis(res.series, start_mono_ns) if start_mono_ns is not None else []
     return ScrapeOutcome(res.summary(), series)
 
 
-def attach(load_stats: dict[str, Any], outcome: ScrapeOutcome) -> None:
-    load_stats[STATS_KEY] = outcome.status
+def attach(
+    load_stats: dict[str, Any], outcome: ScrapeOutcome, records: Sequence[RequestRecord] = ()
+) -> None:
+    """The scrape's status in the run's load statistics, with the server's own prefill and
+    decode time (``timing``) where its counters give them."""
+    status = dict(outcome.status)
+    ok = sum(1 for r in records if r.status is RequestStatus.OK)
+    timing = server_timing(outcome.series, requests=ok)
+    if timing is not None:
+        status["timing"] = timing
+    load_stats[STATS_KEY] = status
 
 
 def store(session: Session, run_id: str, series: list[Series]) -> int:

@@ -22,6 +22,7 @@ from app.analysis.sweep import (
     max_goodput,
     saturation_reason,
 )
+from app.analysis.trust import run_trust_issues
 from app.domain import RunSpec, RunTrace
 from app.services import hardware
 from app.services import runs as run_svc
@@ -99,7 +100,12 @@ def step_summary(
         index=index,
         load=float(load),
         load_kind=kind,
-        achieved_rps=achieved_rate(trace.sent_ns, trace.end_ns, trace.ok),
+        achieved_rps=achieved_rate(
+            trace.sent_ns,
+            trace.end_ns,
+            trace.ok,
+            closed_loop=kind == "concurrency" or math.isinf(load),
+        ),
         request_throughput_rps=m.get("request_throughput_req_s"),
         output_throughput_tok_s=m.get("output_throughput_tok_s"),
         goodput_rps=m.get("goodput_req_s"),
@@ -286,6 +292,7 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             for st in compare_repo.sweep_steps(s, sweep_id)
         ]
     steps: list[StepSummary] = []
+    untrusted: dict[int, list[str]] = {}  # index in steps -> why its run is untrusted
     out_steps: list[dict[str, Any]] = []
     floors: dict[str, tuple[float | None, str]] = {}
     resumed: dict[int, int] = {}  # job attempt >= 2 -> the first step it ran
@@ -295,6 +302,7 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
         with session_scope(sessions) as s:
             row = repo.get_run(s, run_id)
             run = run_svc.run_dict(row)
+            cached = dict(row.summary or {})
             trace = repo.load_trace(s, run_id)
             floors[run_id] = hardware.roofline_floor(s, run_id, row.load_stats)
         report = run_svc.assemble_report(run=run, trace=trace)
@@ -304,9 +312,12 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             step_dict(summ, role) | {"status": str(run.get("status")), "attempt": attempt}
         )
         if role == "step":
+            issues = run_trust_issues(run | {"summary": cached}, error_rate=summ.error_rate)
+            if issues:
+                untrusted[len(steps)] = issues
             steps.append(summ)
     slos = dict((info["spec"] or {}).get("goodput") or {})
-    best = max_goodput(steps, slos)
+    best = max_goodput(steps, slos, untrusted=untrusted)
     info.update(
         steps=out_steps,
         notes=[

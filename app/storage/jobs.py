@@ -212,6 +212,15 @@ def measured_counts(session: Session, run_id: str) -> tuple[int, int]:
     return int(row[0] or 0), int(row[1] or 0)
 
 
+def sent_counts(session: Session, run_id: str) -> tuple[int, int]:
+    """(measured requests sent, of which ok) for a run; warm-ups and unsent excluded."""
+    stmt = select(func.count(), func.count().filter(Request.status == "ok")).where(
+        Request.run_id == run_id, Request.warmup.is_(False), Request.sent_ns.is_not(None)
+    )
+    row = session.execute(stmt).one()
+    return int(row[0] or 0), int(row[1] or 0)
+
+
 def stored_requests(session: Session, run_id: str) -> int:
     stmt = select(func.count()).select_from(Request).where(Request.run_id == run_id)
     return int(session.scalar(stmt) or 0)

@@ -96,6 +96,13 @@ FIELDS: tuple[FormField, ...] = (
         help=_help("client_lag_bound_ms"),
         group="Goodput",
     ),
+    FormField(
+        "max_error_rate",
+        "Max error rate (0-1)",
+        "number",
+        help=_help("max_error_rate"),
+        group="Goodput",
+    ),
     FormField("engine", "Engine", help="e.g. vllm (for reproduction)", group="Reproduction"),
     FormField("engine_version", "Engine version", group="Reproduction"),
     FormField("dtype", "dtype", group="Reproduction"),

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
 from app.loadgen.runner import LoadResult, Progress
-from app.services import server_metrics
+from app.services import served_models, server_metrics
 from app.services.runs import outcome_status, run_meta
 from app.wire import (
     CompleteRequest,
@@ -181,6 +181,7 @@ class JobRun:
             dataset_dirs=self.opts.dataset_dirs,
             allow_link_local=self.opts.allow_link_local,
         )
+        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
         scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [
             asyncio.create_task(self._heartbeats(), name=f"heartbeat-{job.job_id}"),
@@ -202,9 +203,10 @@ class JobRun:
             if self.uploader.lost is not None:
                 return self._drop(self.uploader.lost)
             status, error = self._status(result, error)
-            meta = run_meta(result) if result is not None else None
-            if meta is not None:
-                server_metrics.attach(meta.load_stats, scraped)
+            meta = run_meta(result, spec.max_error_rate) if result is not None else None
+            if meta is not None and result is not None:
+                server_metrics.attach(meta.load_stats, scraped, result.records)
+                served_models.record(meta.load_stats, meta.validity, spec.model, served)
                 self.server_series = server_metrics.to_wire(scraped.series) or None
             return await self._complete(status, error, meta)
         finally:
@@ -234,11 +236,12 @@ class JobRun:
             return "cancelled", "the worker was stopped during the run"
         if result is None:
             return "failed", error
-        st = outcome_status(result)
-        if st is RunStatus.FAILED:
-            return "failed", failure_reason(result)
-        if st is RunStatus.PARTIAL:
+        # the server decides "partial" for an error rate over the bound (from the stored
+        # requests, by the same rule); here only a stop or no success at all matters
+        if result.stopped == "stopped":
             return "cancelled", "the run was stopped"
+        if outcome_status(result) is RunStatus.FAILED:
+            return "failed", failure_reason(result)
         return "succeeded", None
 
     async def _complete(

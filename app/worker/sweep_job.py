@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import ValidationError
 
 from app.analysis.sweep import LoadKind, StepSummary
-from app.services import server_metrics
+from app.services import served_models, server_metrics
 from app.services.runs import run_meta
 from app.services.sweep_jobs import plan_of
 from app.services.sweeps import drive, planned_steps, step_from_dict, step_label, step_spec
@@ -255,6 +255,7 @@ class SweepRun:
             dataset_dirs=jr.opts.dataset_dirs,
             allow_link_local=jr.opts.allow_link_local,
         )
+        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
         scraper = server_metrics.start_scraper(spec)
         jr.load.start()
         try:
@@ -271,10 +272,11 @@ class SweepRun:
                 raise SweepStopped(None, jr.uploader.lost)
             raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
         status, error = jr._status(result, error)
-        meta = run_meta(result) if result is not None else None
+        meta = run_meta(result, spec.max_error_rate) if result is not None else None
         series = None
-        if meta is not None:
-            server_metrics.attach(meta.load_stats, scraped)
+        if meta is not None and result is not None:
+            server_metrics.attach(meta.load_stats, scraped, result.records)
+            served_models.record(meta.load_stats, meta.validity, spec.model, served)
             series = server_metrics.to_wire(scraped.series) or None
         done = StepComplete(
             lease_id=job.lease_id,
