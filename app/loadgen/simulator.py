@@ -401,7 +401,7 @@ class _HttpProtocol(asyncio.Protocol):
     is off, or ``max_requests_per_conn`` is reached (that response says so).
     """
 
-    def __init__(self, srv: SimServer) -> None:
+    def __init__(self, srv: SimServer, conn_seq: int = 0) -> None:
         self._srv = srv
         self._h11 = h11.Connection(h11.SERVER)
         self.transport: asyncio.Transport | None = None
@@ -418,7 +418,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.gen: _Gen | None = None
         self.record: _Record | None = None
         self.request_id = ""
-        self.conn_seq = 0
+        self.conn_seq = conn_seq  # the server's count of accepted connections, this one's
         self.served = 0  # responses written whole on this connection
         self.last = False  # the response being written is the connection's last
 
@@ -427,7 +427,6 @@ class _HttpProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self._srv.track(self)
-        self.conn_seq = self._srv.connections_accepted
         ts = transport.get_extra_info("socket")
         raw = getattr(ts, "_sock", ts)
         if isinstance(raw, StampSocket) and self._srv.config.kernel_rx_stamps:
@@ -1079,7 +1078,7 @@ class SimServer:
 
     def _accepted(self) -> _HttpProtocol:
         self.connections_accepted += 1
-        return _HttpProtocol(self)
+        return _HttpProtocol(self, self.connections_accepted)
 
     def _resample_clock(self) -> None:
         """``realtime - monotonic`` for the kernel stamps, about once a second."""
