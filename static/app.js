@@ -7,10 +7,11 @@
 
   // ---------------------------------------------------------------- plots
   TT.renderPlot = function (div) {
-    if (div.dataset.rendered || !window.Plotly) return;
+    if (div.dataset.rendered) return;
+    if (!window.Plotly) { console.error("tokentrace: plotly.js is not loaded"); return; }
     if (div.offsetParent === null) return; // hidden tab: rendered when shown
     var src = document.getElementById(div.dataset.figure);
-    if (!src) return;
+    if (!src) { console.error("tokentrace: no figure data #" + div.dataset.figure); return; }
     var fig = JSON.parse(src.textContent);
     div.dataset.rendered = "1";
     window.Plotly.newPlot(div, fig.data, fig.layout, { responsive: true, displaylogo: false });
@@ -139,7 +140,7 @@
     // page set-up named by markup, not inline script (the CSP allows no inline script)
     var init = document.querySelector("[data-tt-page]");
     if (init && init.dataset.ttPage === "run") TT.runPage(init.dataset.runId);
-    if (init && init.dataset.ttPage === "plots") TT.renderPlots();
+    else TT.renderPlots(); // every page: figures come from <script type="application/json">
     var table = document.getElementById("runs-table");
     if (table) {
       makeSortable(table);

@@ -96,12 +96,15 @@ def _label(s: Series) -> str:
 
 
 def _line(name: str, x: Any, y: Any, axis: str, color: str, shape: str = "hv") -> dict[str, Any]:
+    """An SVG line, at most ``MAX_POINTS`` points (each bucket's min and max kept)."""
+    xa, ya = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    keep = fg.minmax_keep(ya, fg.MAX_POINTS)
     return {
         "type": "scatter",
         "mode": "lines",
         "name": name,
-        "x": fg.values(x, 3),
-        "y": fg.values(y, 3),
+        "x": fg.values(xa[keep], 3),
+        "y": fg.values(ya[keep], 3),
         "yaxis": axis,
         "line": {"shape": shape, "color": color},
         "hovertemplate": f"{name}<br>%{{x:.2f}} s: %{{y}}<extra></extra>",
@@ -146,25 +149,46 @@ def server_metrics_figure(series: list[Series], trace: RunTrace, status: str | N
     prm = per_request_metrics(trace)
     ok = np.isfinite(prm.ttft_ns) & np.isfinite(sent)
     if ok.any():
+        order = np.argsort(sent[ok], kind="stable")
         for name, arr in (("TTFT ms", prm.ttft_ns), ("E2E ms", prm.e2e_ns)):
+            when, lat_ms = sent[ok][order], arr[ok][order] / 1e6
+            keep = fg.minmax_keep(lat_ms, fg.MAX_POINTS)  # SVG: many browsers lack WebGL
             data.append(
                 {
-                    "type": "scattergl",
+                    "type": "scatter",
                     "mode": "markers",
                     "name": f"client {name}",
-                    "x": fg.values(sent[ok], 3),
-                    "y": fg.values(arr[ok] / 1e6, 2),
+                    "x": fg.values(when[keep], 3),
+                    "y": fg.values(lat_ms[keep], 2),
                     "yaxis": "y4",
                     "marker": {"size": 4, "color": next(color)},
                     "hovertemplate": f"sent %{{x:.2f}} s: {name} %{{y}}<extra></extra>",
                 }
             )
-    layout = fg._layout(title, "time since run start (s)", "requests")
+    empty = [str(tr["name"]) for tr in data if not tr["x"]]
+    data = [tr for tr in data if tr["x"]]  # a rate needs two scrapes: say so, draw no ghost
+    if not data:
+        return fg.empty_figure(title, "every scraped series has fewer than 2 samples")
+    for tr in data:
+        if tr["mode"] == "lines" and len(tr["x"]) < 3:
+            tr["mode"] = "lines+markers"  # one or two scrapes: a line alone is invisible
+    layout = fg._layout(title, "time since run start (s)", "requests (count)")
+    if empty:
+        layout["annotations"].append(
+            fg._note(
+                f"not drawn (fewer than 2 scrapes): {', '.join(empty)}", y=1.0, yanchor="bottom"
+            )
+        )
     layout["height"] = 640
     layout["showlegend"] = True
     layout["legend"] = {"orientation": "h", "y": -0.12}
     layout["xaxis"]["anchor"] = "y4"
-    titles = ("requests", "tokens/s (server)", "KV cache % / other", "latency ms (client)")
+    titles = (
+        "requests (count)",
+        "server throughput (tok/s)",
+        "KV cache (%) / other",
+        "client latency (ms)",
+    )
     for i, (dom, ytitle) in enumerate(zip(ROW_DOMAINS, titles, strict=True)):
         key = "yaxis" if i == 0 else f"yaxis{i + 1}"
         axis = layout.get(key, {})
