@@ -4,6 +4,7 @@
   "use strict";
   var TT = {};
   var TERMINAL = { succeeded: 1, failed: 1, cancelled: 1, deleted: 1 };
+  var STATE_TEXT = { leased: "starting" }; // as app/web/views.py job_state_text says it
 
   // ---------------------------------------------------------------- plots
   TT.renderPlot = function (div) {
@@ -70,10 +71,25 @@
     var count = document.getElementById("compare-count");
     function update() {
       var n = form.querySelectorAll("input.pick:checked").length;
+      var base = form.querySelector("input.base-pick:checked");
       btn.disabled = n < 2;
       count.textContent = n ? n + " selected" : "select two or more runs";
+      if (base) {
+        var row = base.closest("tr");
+        var link = row && row.querySelector("td a");
+        count.textContent += ", baseline: " + (link ? link.textContent : base.value);
+      } else if (n) {
+        count.textContent += " (baseline: the oldest; pick one with the radio button)";
+      }
     }
-    form.addEventListener("change", update);
+    form.addEventListener("change", function (ev) {
+      var t = ev.target;
+      if (t && t.classList && t.classList.contains("base-pick") && t.checked) {
+        var pick = t.closest("tr").querySelector("input.pick");
+        if (pick) pick.checked = true; // the baseline is one of the compared runs
+      }
+      update();
+    });
     update();
   }
 
@@ -83,10 +99,15 @@
     var planned = p.planned || 0, done = p.done || 0;
     var pct = planned ? Math.min(100, (100 * done) / planned) : 0;
     el.querySelector(".bar").style.width = pct.toFixed(1) + "%";
-    var text = (snap.state || "") + (planned ? ": " + done + "/" + planned : "");
+    var text = (STATE_TEXT[snap.state] || snap.state || "") + (planned ? ": " + done + "/" + planned : "");
     if (p.errors) text += ", " + p.errors + " errors";
     if (p.tokens_per_s) text += ", " + Math.round(p.tokens_per_s) + " tok/s";
     el.querySelector(".label").textContent = text;
+    // one source of state: the status card follows the same snapshot as the bar
+    var card = el.dataset.statusCard && document.getElementById(el.dataset.statusCard);
+    if (card && snap.state) {
+      card.querySelector(".value").textContent = STATE_TEXT[snap.state] || snap.state;
+    }
   }
   function poll(el, onEnd) {
     var runId = el.dataset.runId;

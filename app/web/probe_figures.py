@@ -126,7 +126,7 @@ def roofline_figure(
         "layout": {
             "title": {"text": "Roofline"},
             "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
-            "yaxis": {"type": "log", "title": {"text": "FLOP/s"}},
+            "yaxis": {"type": "log", "title": {"text": "attained performance (FLOP/s)"}},
             "shapes": shapes,
             "hovermode": "closest",
             "margin": {"t": 40, "r": 10},
@@ -281,7 +281,7 @@ def scaling_figures(
     def layout(title: str, ytitle: str, y2: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "title": {"text": title},
-            "xaxis": {"type": "log", "title": {"text": "batch / concurrency"}},
+            "xaxis": {"type": "log", "title": {"text": "batch / concurrency (requests)"}},
             "yaxis": {"title": {"text": ytitle}},
             "shapes": shapes + regions,
             "annotations": notes,
@@ -297,7 +297,10 @@ def scaling_figures(
         return out
 
     return {
-        "throughput": {"data": tput, "layout": layout("Throughput vs batch", "tokens/s")},
+        "throughput": {
+            "data": tput,
+            "layout": layout("Throughput vs batch", "throughput (tok/s)"),
+        },
         "latency": {"data": lat, "layout": layout("TPOT and memory vs batch", "TPOT (ms)", True)},
     }
 
@@ -325,22 +328,22 @@ def telemetry_figure(samples: list[dict[str, Any]]) -> Figure:
         "data": data,
         "layout": {
             "title": {"text": "Device telemetry (about 1 Hz)"},
-            "xaxis": {"title": {"text": "seconds since job start"}, "domain": [0, 0.85]},
-            "yaxis": {"title": {"text": "util %"}, "range": [0, 100]},
-            "yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "W"}},
+            "xaxis": {"title": {"text": "time since job start (s)"}, "domain": [0, 0.85]},
+            "yaxis": {"title": {"text": "utilization (%)"}, "range": [0, 100]},
+            "yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "power (W)"}},
             "yaxis3": {
                 "overlaying": "y",
                 "side": "right",
                 "position": 0.92,
                 "anchor": "free",
-                "title": {"text": "MiB"},
+                "title": {"text": "memory (MiB)"},
             },
             "yaxis4": {
                 "overlaying": "y",
                 "side": "right",
                 "position": 1.0,
                 "anchor": "free",
-                "title": {"text": "MHz"},
+                "title": {"text": "SM clock (MHz)"},
             },
             "margin": {"t": 40},
             "legend": {"orientation": "h", "y": -0.2},
