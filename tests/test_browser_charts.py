@@ -49,6 +49,7 @@ class Lab:
     seeded: Seeded
     scraped: str  # a run with the target's server metrics
     limited: str  # a client-limited run
+    guidellm: str  # a run imported from a GuideLLM file (a sweep step)
     sweep_id: str
     telemetry_job: str
     probes: dict[str, str]  # kind -> probe id (empty without torch)
@@ -84,7 +85,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
         sessions, SimConfig(ttft_ms=5, itl_ms=1, seed=4), "limited", num_prompts=40,
         client_lag_bound_ms=0.001,  # any send lag at all is over this bound
     )  # fmt: skip
-    import_path(sessions, "guidellm", GUIDELLM, name="gl")
+    gl_runs = import_path(sessions, "guidellm", GUIDELLM, name="gl")
     with session_scope(sessions) as s:
         sweep_id = compare_repo.list_sweeps(s, limit=1)[0].id
         job = job_repo.create_job(
@@ -110,7 +111,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
                 {"model_path": "random:tiny-llama", "input_len": 8, "output_len": 3,
                  "batches": [1, 2, 4], "dtype": "fp32"},
             )  # fmt: skip
-    return Lab(seeded, scraped, limited, sweep_id, job_id, probes)
+    return Lab(seeded, scraped, limited, gl_runs[0], sweep_id, job_id, probes)
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +176,10 @@ def test_run_page_draws_every_chart_in_every_tab(
 
 def test_run_pages_of_every_kind_draw(page: Page, server: DashboardServer, lab: Lab) -> None:
     s = lab.seeded
-    for run_id in (s.all_errors, s.one, s.imported, lab.limited):
+    for run_id in (s.all_errors, s.one, s.imported, lab.limited, lab.guidellm):
         con = _open(page, server, f"/runs/{run_id}")
-        assert_drawn(page)
+        found = _ids(assert_drawn(page))
+        assert ("plot-send_lag" in found) == (run_id not in (s.imported, lab.guidellm))
         assert con.problems() == [], f"{run_id}: {con.problems()}"
 
 

@@ -79,7 +79,8 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
     r = client.get(f"/runs/{run_id}")
     assert r.status_code == 200, r.text[:500]
     figs = _figures(r.text)
-    assert {"cdf_ttft", "hist_e2el", "timeline", "throughput", "send_lag"} <= set(figs)
+    assert {"cdf_ttft", "hist_e2el", "timeline", "throughput"} <= set(figs)
+    assert ("send_lag" in figs) == (which != "imported")  # an import has no schedule
     assert 'src="/static/plotly.min.js"' in r.text and "cdn" not in r.text.lower()
     assert 'id="pct-table"' in r.text
     if which == "normal":
@@ -99,7 +100,17 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
         assert "no per-token data" in json.dumps(figs["cdf_itl"])
         assert "summary-only" in r.text.lower()
         assert 'id="client-health"' not in r.text  # an import has no client of ours
-        assert "no spec" in r.text.lower() or "has no spec" in r.text
+        assert "no spec at" not in r.text and " at —" not in r.text
+        header = re.search(r'id="run-header">(.*?)</p>', r.text, re.S)
+        assert header is not None and "imported from CSV log" in header.group(1)
+        assert 'id="plot-send_lag"' not in r.text
+        assert 'id="trust-warnings"' not in r.text
+    if which == "normal":  # the simulator fails 10% of its requests: over the 5% bound
+        warn = re.search(r'id="trust-warnings">(.*?)</section>', r.text, re.S)
+        assert warn is not None and re.search(r"error rate \d+\.\d% \(\d+ failed", warn.group(1))
+        assert "bound 5%" in warn.group(1)
+    if which == "one":
+        assert 'id="trust-warnings"' not in r.text
 
 
 def _goodput(html: str) -> str:
@@ -259,3 +270,23 @@ def test_protected_reads_redirect_to_sign_in(seeded: Seeded) -> None:
         c.post("/signin", data={"token": _token(seeded, "read")})
         assert c.get(f"/runs/{seeded.normal}").status_code == 200
         assert c.get(f"/runs/{seeded.normal}/progress.json").status_code == 200
+
+
+def test_imported_file_run_shows_the_files_setup(tmp_path: Path) -> None:
+    from app.services.file_imports import import_path
+
+    url = f"sqlite:///{tmp_path / 'gl.db'}"
+    sessions = open_database(url)
+    fixture = Path(__file__).parent / "fixtures" / "interop" / "guidellm-benchmarks.json"
+    run_ids = import_path(sessions, "guidellm", fixture, name="gl")
+    with TestClient(web_app(url)) as c:
+        html = c.get(f"/runs/{run_ids[0]}").text
+    header = re.search(r'id="run-header">(.*?)</p>', html, re.S)
+    assert header is not None
+    assert "imported from GuideLLM 0.8.1 file guidellm-benchmarks.json" in header.group(1)
+    assert "no spec at" not in html and " at —" not in html
+    assert "send_lag" not in _figures(html) and 'id="plot-send_lag"' not in html
+    table = re.search(r'id="import-setup">(.*?)</table>', html, re.S)
+    assert table is not None
+    assert "concurrent streams 1" in table.group(1) and "load kind" in table.group(1)
+    assert 'id="launch-again"' not in html

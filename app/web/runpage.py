@@ -99,9 +99,11 @@ def figures_json(data: RunData) -> dict[str, str]:
         sent_sched_ns=data.sent_ns if data.trace.n_requests else None,
         indexes=data.indexes if data.indexes.shape[0] == data.trace.n_requests else None,
     )
+    imported = str(data.run.get("source") or "").startswith("import")
     return {
         key: json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
         for key, fig in plots.figures.items()
+        if not (imported and key == "send_lag")  # an import has no schedule to lag behind
     }
 
 
