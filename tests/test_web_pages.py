@@ -290,3 +290,58 @@ def test_imported_file_run_shows_the_files_setup(tmp_path: Path) -> None:
     assert table is not None
     assert "concurrent streams 1" in table.group(1) and "load kind" in table.group(1)
     assert 'id="launch-again"' not in html
+
+
+def _err(html: str, key: str) -> str | None:
+    m = re.search(rf'<span class="error" id="err-{key}">(.*?)</span>', html, re.S)
+    return m.group(1) if m else None
+
+
+def test_capacity_page_fit_tp_custom_model_and_errors_beside_fields(client: TestClient) -> None:
+    from app.analysis.device_presets import DEVICE_PRESETS
+    from tests.test_capacity import DEEPSEEK_V2_LITE_CONFIG, LLAMA3_8B_CONFIG
+
+    big = client.get("/capacity?model=llama-3-70b&device=h100-sxm&context=4096")
+    assert big.status_code == 200
+    assert 'id="capacity-nofit"' in big.text and 'id="max-concurrency"' not in big.text
+    short = re.search(r'id="capacity-shortfall">(.*?) GiB<', big.text)
+    h100 = DEVICE_PRESETS["h100-sxm"].memory_bytes
+    assert short is not None and float(short.group(1)) == pytest.approx(
+        (70_553_706_496 * 2 - h100 * 0.9) / 2**30, abs=0.06
+    )
+    assert 'id="capacity-min-tp">2<' in big.text
+    two = client.get("/capacity?model=llama-3-70b&device=h100-sxm&context=4096&tp=2")
+    assert two.status_code == 200 and 'id="capacity-nofit"' not in two.text
+    assert 'id="max-concurrency"' in two.text and "4 of 8 KV heads per GPU" in two.text
+    bad = client.get("/capacity?utilization=abc&block_size=1.5&tp=0")
+    assert bad.status_code == 422
+    assert "memory utilization must be a number" in (_err(bad.text, "utilization") or "")
+    assert "block size must be a whole number" in (_err(bad.text, "block_size") or "")
+    assert "validation error" not in bad.text.lower() and "pydantic" not in bad.text.lower()
+    over = client.get("/capacity?utilization=2&tp=0")
+    assert over.status_code == 422
+    assert "must be less than or equal to 1" in (_err(over.text, "utilization") or "")
+    assert "must be greater than or equal to 1" in (_err(over.text, "tp") or "")
+    custom = client.get(
+        "/capacity", params={"model": "custom", "hf_config": json.dumps(LLAMA3_8B_CONFIG)}
+    )
+    assert custom.status_code == 200
+    kv = re.search(r'id="kv-per-token">(.*?)<', custom.text)
+    assert kv is not None and kv.group(1) == "128.0 KiB"
+    assert "parameters estimated from config.json: 8.03 B" in custom.text
+    junk = client.get("/capacity", params={"model": "custom", "hf_config": "{nope"})
+    assert junk.status_code == 422 and "not valid JSON" in (_err(junk.text, "hf_config") or "")
+    mla = client.get(
+        "/capacity", params={"model": "custom", "hf_config": json.dumps(DEEPSEEK_V2_LITE_CONFIG)}
+    )
+    assert mla.status_code == 422 and "parameter count" in (_err(mla.text, "params_b") or "")
+    mla_ok = client.get(
+        "/capacity",
+        params={
+            "model": "custom",
+            "hf_config": json.dumps(DEEPSEEK_V2_LITE_CONFIG),
+            "params_b": "15.7",
+            "tp": "2",
+        },
+    )
+    assert mla_ok.status_code == 200 and "30.4 KiB" in mla_ok.text  # 31104 bytes, every GPU

@@ -574,6 +574,7 @@ class CapacityQuery(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     context: int | None = Field(None, ge=1)
     concurrency: int | None = Field(None, ge=1)
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel size: GPUs the model spans")
 
 
 def capacity(q: CapacityQuery) -> dict[str, Any]:
@@ -605,6 +606,7 @@ def capacity(q: CapacityQuery) -> dict[str, Any]:
         block_size=q.block_size,
         context=q.context,
         concurrency=q.concurrency,
+        tp=q.tp,
     )
     return {
         "model": m.model_dump(mode="json"),
