@@ -345,3 +345,41 @@ def test_capacity_page_fit_tp_custom_model_and_errors_beside_fields(client: Test
         },
     )
     assert mla_ok.status_code == 200 and "30.4 KiB" in mla_ok.text  # 31104 bytes, every GPU
+
+
+def test_roofline_datasheet_without_measurements_and_mfu_only_on_known_hardware(
+    tmp_path: Path,
+) -> None:
+    from app.loadgen.sim_config import SimConfig
+    from app.services import probes as probe_svc
+    from tests.web_support import bench
+
+    url = f"sqlite:///{tmp_path / 'roof.db'}"
+    sessions = open_database(url)
+    sim_run = bench(sessions, SimConfig(ttft_ms=5, itl_ms=1, seed=1), "sim", num_prompts=8)
+    annotated = bench(sessions, SimConfig(ttft_ms=5, itl_ms=1, seed=2), "ann", num_prompts=8)
+    with session_scope(sessions) as s:
+        probe_svc.annotate(
+            s, annotated, probe_svc.Annotation(model="llama-3-8b", device="h100-sxm")
+        )
+    with TestClient(web_app(url)) as c:
+        page = c.get("/roofline")  # nothing measured: the first datasheet's roofs
+        assert page.status_code == 200
+        fig = _figures(page.text)["roofline"]
+        names = [t["name"] for t in fig["data"] if t["mode"] == "lines"]  # the roofs
+        assert names and all(n.startswith("datasheet ") for n in names)
+        assert any(n.startswith("datasheet h100-sxm") for n in names)
+        assert "datasheet" in fig["layout"]["title"]["text"]
+        assert 'id="datasheet-label"' in page.text and 'id="no-ceilings"' in page.text
+        a100 = _figures(c.get("/roofline?device=a100-80gb").text)["roofline"]
+        assert any(t["name"].startswith("datasheet a100-80gb") for t in a100["data"])
+        # a simulator run on this CPU: operating points, but no MFU/MBU, whatever the form
+        adhoc = c.get(f"/roofline?run={sim_run}&model=llama-3-8b&preset=h100-sxm").text
+        ops = re.search(r'id="ops-table">(.*?)</table>', adhoc, re.S)
+        assert ops is not None and "sim" in ops.group(1)
+        assert "%" not in ops.group(1).split("</thead>")[1]  # MFU and MBU cells are "—"
+        assert "MFU and MBU not quoted: the hardware this run used is unknown" in adhoc
+        # annotated with its device: MFU and MBU quoted against that datasheet
+        known = c.get(f"/roofline?run={annotated}").text
+        ops_known = re.search(r'id="ops-table">(.*?)</table>', known, re.S)
+        assert ops_known is not None and "%" in ops_known.group(1).split("</thead>")[1]

@@ -32,6 +32,9 @@ def roofline_figure(
     probe_points: list[dict[str, Any]],
     operating: list[tuple[str, OperatingPoint]],
 ) -> Figure:
+    """Measured roofs (solid), datasheet roofs (dashed, named "datasheet"), linear-probe
+    points and runs' operating points. Without measured ceilings the title says the roofs
+    are the datasheet's."""
     data: list[dict[str, Any]] = []
     shapes: list[dict[str, Any]] = []
     if measured:
@@ -121,10 +124,13 @@ def roofline_figure(
                 "hovertemplate": "%{text}<extra></extra>",
             }
         )
+    title = "Roofline"
+    if not measured and datasheets:
+        title = f"Roofline: {', '.join(d.label for d in datasheets)} datasheet (not measured)"
     return {
         "data": data,
         "layout": {
-            "title": {"text": "Roofline"},
+            "title": {"text": title},
             "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
             "yaxis": {"type": "log", "title": {"text": "attained performance (FLOP/s)"}},
             "shapes": shapes,
