@@ -262,3 +262,29 @@ def test_throughput_vs_batch_draws(page: Page, server: DashboardServer, lab: Lab
     assert found["plot-throughput"]["drawn"] == 2  # total and per request
     assert found["plot-latency"]["drawn"] == 1  # TPOT (a CPU probe measures no memory)
     assert con.problems() == []
+
+
+def test_capacity_form_says_what_is_wrong_beside_the_field(
+    page: Page, server: DashboardServer, lab: Lab
+) -> None:
+    con = _open(page, server, "/capacity")
+    page.fill("#f-utilization", "abc")
+    with page.expect_navigation():
+        page.click("#capacity-submit")
+    assert "memory utilization must be a number" in page.inner_text("#err-utilization")
+    assert page.locator("#capacity-result").count() == 0
+    page.fill("#f-utilization", "0.9")
+    page.select_option("#f-model", "llama-3-70b")
+    with page.expect_navigation():
+        page.click("#capacity-submit")
+    nofit = page.inner_text("#capacity-nofit")
+    assert "does not fit" in nofit and "at least 2" in nofit
+    assert page.locator("#max-concurrency").count() == 0  # no zero-filled cards
+    page.fill("#f-tp", "2")
+    with page.expect_navigation():
+        page.click("#capacity-submit")
+    assert page.locator("#capacity-nofit").count() == 0
+    assert int(page.inner_text("#max-concurrency")) > 0
+    # Chromium logs the 422 of a form with errors as a failed resource: nothing else
+    assert [e for e in con.problems() if "status of 422" not in e] == []
+    assert_drawn(page, expect=0)

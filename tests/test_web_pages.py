@@ -64,6 +64,12 @@ def test_runs_table_lists_runs_escaped_and_filters(client: TestClient, seeded: S
     assert "&lt;b&gt;normal&lt;/b&gt; &amp; co" in page.text
     assert "<b>normal</b>" not in page.text and "<i>x</i>" not in page.text
     assert "client-limited" in page.text or "valid" in page.text
+    rows = dict(re.findall(r'<tr data-run-id="([0-9a-f]+)">(.*?)</tr>', page.text, re.S))
+    assert re.search(
+        r'class="trust-warning small"[^>]*>⚠ errors \d+\.\d% &gt; 5%', rows[seeded.normal]
+    )
+    assert "trust-warning" not in rows[seeded.one]
+    assert 'type="radio" name="base" value="' + seeded.one + '"' in rows[seeded.one]
     failed = client.get("/?status=failed").text
     assert seeded.all_errors in failed and seeded.normal not in failed
     tagged = client.get("/?tag=web").text
