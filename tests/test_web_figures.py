@@ -161,6 +161,7 @@ def test_request_events_figure_by_kind() -> None:
     assert names == ["tokens so far", "content", "reasoning", "role"]
     content = fig["data"][1]
     assert content["y"] == [3, 4] and content["customdata"] == [2, 1]
+    assert fig["layout"]["yaxis"]["tickformat"] == ",d"  # token counts: whole ticks
 
 
 def _record(

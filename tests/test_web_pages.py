@@ -68,7 +68,7 @@ def test_runs_table_lists_runs_escaped_and_filters(client: TestClient, seeded: S
     assert re.search(
         r'class="trust-warning small"[^>]*>⚠ errors \d+\.\d% &gt; 5%', rows[seeded.normal]
     )
-    assert "trust-warning" not in rows[seeded.one]
+    assert "⚠ errors" not in rows[seeded.one]  # no failed request (client-limited: load-bound)
     assert 'type="radio" name="base" value="' + seeded.one + '"' in rows[seeded.one]
     failed = client.get("/?status=failed").text
     assert seeded.all_errors in failed and seeded.normal not in failed
@@ -115,8 +115,9 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
         warn = re.search(r'id="trust-warnings">(.*?)</section>', r.text, re.S)
         assert warn is not None and re.search(r"error rate \d+\.\d% \(\d+ failed", warn.group(1))
         assert "bound 5%" in warn.group(1)
-    if which == "one":
-        assert 'id="trust-warnings"' not in r.text
+    if which == "one":  # it failed nothing (whether its client kept up depends on the box)
+        warn = re.search(r'id="trust-warnings">(.*?)</section>', r.text, re.S)
+        assert warn is None or "error rate" not in warn.group(1)
 
 
 def _goodput(html: str) -> str:

@@ -661,6 +661,7 @@ def request_events_figure(
     layout = _layout(
         title, "time since the request was sent (ms)", "output tokens received (tokens)"
     )
+    layout["yaxis"].update(int_axis(float(cum.max()) if cum.size else 1.0))
     layout["showlegend"] = True
     layout["legend"] = {"orientation": "h", "y": -0.2}
     if keep.shape[0] < total:

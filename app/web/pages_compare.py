@@ -259,13 +259,18 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
         raise HTTPException(404, f"no sweep with id {sweep_id!r}") from None
     summ = json_safe(summ | {"label": summ.get("name") or summ["id"]})
     with session_scope(sessions_of(request)) as s:
-        names = {
-            st["run_id"]: (repo.get_run(s, st["run_id"]).name or st["run_id"])
-            for st in summ["steps"]
-        }
+        rows = {st["run_id"]: repo.get_run(s, st["run_id"]) for st in summ["steps"]}
+        names = {rid: (row.name or rid) for rid, row in rows.items()}
+        warnings = {rid: views.run_warnings(row) for rid, row in rows.items()}
     return render(
         request,
         "sweep.html",
-        {"nav": "sweeps", "sweep": summ, "names": names, "figures": _sweep_figures([summ])},
+        {
+            "nav": "sweeps",
+            "sweep": summ,
+            "names": names,
+            "run_warnings": warnings,
+            "figures": _sweep_figures([summ]),
+        },
         principal=principal,
     )
