@@ -4,13 +4,15 @@
   "use strict";
   var TT = {};
   var TERMINAL = { succeeded: 1, failed: 1, cancelled: 1, deleted: 1 };
+  var STATE_TEXT = { leased: "starting" }; // as app/web/views.py job_state_text says it
 
   // ---------------------------------------------------------------- plots
   TT.renderPlot = function (div) {
-    if (div.dataset.rendered || !window.Plotly) return;
+    if (div.dataset.rendered) return;
+    if (!window.Plotly) { console.error("tokentrace: plotly.js is not loaded"); return; }
     if (div.offsetParent === null) return; // hidden tab: rendered when shown
     var src = document.getElementById(div.dataset.figure);
-    if (!src) return;
+    if (!src) { console.error("tokentrace: no figure data #" + div.dataset.figure); return; }
     var fig = JSON.parse(src.textContent);
     div.dataset.rendered = "1";
     window.Plotly.newPlot(div, fig.data, fig.layout, { responsive: true, displaylogo: false });
@@ -69,10 +71,25 @@
     var count = document.getElementById("compare-count");
     function update() {
       var n = form.querySelectorAll("input.pick:checked").length;
+      var base = form.querySelector("input.base-pick:checked");
       btn.disabled = n < 2;
       count.textContent = n ? n + " selected" : "select two or more runs";
+      if (base) {
+        var row = base.closest("tr");
+        var link = row && row.querySelector("td a");
+        count.textContent += ", baseline: " + (link ? link.textContent : base.value);
+      } else if (n) {
+        count.textContent += " (baseline: the oldest; pick one with the radio button)";
+      }
     }
-    form.addEventListener("change", update);
+    form.addEventListener("change", function (ev) {
+      var t = ev.target;
+      if (t && t.classList && t.classList.contains("base-pick") && t.checked) {
+        var pick = t.closest("tr").querySelector("input.pick");
+        if (pick) pick.checked = true; // the baseline is one of the compared runs
+      }
+      update();
+    });
     update();
   }
 
@@ -82,10 +99,15 @@
     var planned = p.planned || 0, done = p.done || 0;
     var pct = planned ? Math.min(100, (100 * done) / planned) : 0;
     el.querySelector(".bar").style.width = pct.toFixed(1) + "%";
-    var text = (snap.state || "") + (planned ? ": " + done + "/" + planned : "");
+    var text = (STATE_TEXT[snap.state] || snap.state || "") + (planned ? ": " + done + "/" + planned : "");
     if (p.errors) text += ", " + p.errors + " errors";
     if (p.tokens_per_s) text += ", " + Math.round(p.tokens_per_s) + " tok/s";
     el.querySelector(".label").textContent = text;
+    // one source of state: the status card follows the same snapshot as the bar
+    var card = el.dataset.statusCard && document.getElementById(el.dataset.statusCard);
+    if (card && snap.state) {
+      card.querySelector(".value").textContent = STATE_TEXT[snap.state] || snap.state;
+    }
   }
   function poll(el, onEnd) {
     var runId = el.dataset.runId;
@@ -139,7 +161,7 @@
     // page set-up named by markup, not inline script (the CSP allows no inline script)
     var init = document.querySelector("[data-tt-page]");
     if (init && init.dataset.ttPage === "run") TT.runPage(init.dataset.runId);
-    if (init && init.dataset.ttPage === "plots") TT.renderPlots();
+    else TT.renderPlots(); // every page: figures come from <script type="application/json">
     var table = document.getElementById("runs-table");
     if (table) {
       makeSortable(table);

@@ -3,6 +3,7 @@ tests/test_browser.py and benchmarks/screenshots.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -95,3 +97,79 @@ class DashboardServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+# ------------------------------------------------------------------ drawn charts and console
+
+CSP_WATCH = """document.addEventListener('securitypolicyviolation', (e) => {
+  (window.__csp = window.__csp || []).push(e.violatedDirective + ' ' + (e.blockedURI || 'inline'));
+});"""
+
+CHARTS_JS = """() => Array.from(document.querySelectorAll('[data-figure]')).map((d) => {
+  const src = document.getElementById(d.dataset.figure);
+  const fig = src ? JSON.parse(src.textContent) : null;
+  return {
+    id: d.id,
+    expected: fig ? fig.data.length : -1,
+    hidden: d.offsetParent === null,
+    rendered: d.dataset.rendered === '1',
+    svg: d.querySelectorAll('.main-svg').length,
+    drawn: d.querySelectorAll('.plot-container .main-svg g.trace').length,
+    points: d.querySelectorAll('.main-svg g.trace path, .main-svg g.trace .point').length,
+    text: (d.querySelector('.main-svg') ? Array.from(d.querySelectorAll('.main-svg text'))
+      .map((t) => t.textContent).join(' | ') : ''),
+    webgl: /WebGL is not supported/i.test(d.textContent),
+  };
+})"""
+
+
+class Console:
+    """Console errors, page errors and CSP violations of one page (Playwright ``Page``)."""
+
+    def __init__(self, page: Any) -> None:
+        self.errors: list[str] = []
+        page.add_init_script(CSP_WATCH)
+        page.on("console", self._console)
+        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self._page = page
+
+    def _console(self, msg: Any) -> None:
+        if msg.type == "error":
+            self.errors.append(msg.text)
+
+    def problems(self) -> list[str]:
+        csp = self._page.evaluate("() => window.__csp || []")
+        return self.errors + [f"CSP violation: {v}" for v in csp]
+
+
+def charts(page: Any) -> list[dict[str, Any]]:
+    """Every chart div of the page once Plotly had its chance to draw the visible ones."""
+    page.wait_for_load_state("load")
+    with contextlib.suppress(Exception):  # not drawn in time: assert_drawn names the charts
+        page.wait_for_function(
+            """() => Array.from(document.querySelectorAll('[data-figure]'))
+              .every((d) => d.offsetParent === null || d.querySelector('.main-svg'))""",
+            timeout=10_000,
+        )
+    out: list[dict[str, Any]] = page.evaluate(CHARTS_JS)
+    return out
+
+
+def assert_drawn(page: Any, expect: int | None = None) -> list[dict[str, Any]]:
+    """Every visible chart of the page was drawn by Plotly as SVG: one ``g.trace`` per trace
+    of its figure (at least one), or, for a figure without data, its "no data" reason; no
+    WebGL fallback text. ``expect``: how many chart divs the page must have."""
+    found = charts(page)
+    if expect is not None:
+        assert len(found) == expect, [c["id"] for c in found]
+    for c in found:
+        if c["hidden"]:
+            continue
+        assert c["rendered"] and c["svg"] > 0, f"{c['id']} not drawn: {c}"
+        assert not c["webgl"], f"{c['id']}: WebGL is not supported"
+        if c["expected"] > 0:
+            assert c["drawn"] >= c["expected"], f"{c['id']}: {c['drawn']} of {c['expected']}"
+            assert c["points"] > 0, f"{c['id']}: traces without marks"
+        else:
+            assert c["expected"] == 0 and "no data" in c["text"], f"{c['id']}: {c}"
+    return found

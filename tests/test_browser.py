@@ -26,6 +26,7 @@ if _MISSING:
     pytest.skip(f"browser tests skipped: {_MISSING}", allow_module_level=True)
 
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
+from playwright.sync_api import Error as PlaywrightError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +213,59 @@ def test_runs_table_sorts_and_selects_for_compare(
     with page.expect_navigation():
         page.click("#compare-btn")
     assert "/compare?" in page.url and page.locator("#compare-table").count() == 1
+
+
+LIVE_STATE_JS = """() => {
+  const label = document.querySelector('#live .progress .label');
+  if (!label) return null;
+  return [label.textContent, document.querySelector('#card-status .value').textContent,
+          document.querySelector('#card-validity .value').textContent];
+}"""
+
+
+def test_live_run_page_has_one_source_of_state(
+    page: Page, server: DashboardServer, seeded: Seeded
+) -> None:
+    """While a run runs, the status card says what the progress bar says (the poll updates
+    both) and validity is "pending" until the run ends; then both are the run's own."""
+    con = Console(page)
+    with session_scope(seeded.sessions) as s:
+        _, secret = auth.create_token(s, scopes=["run"], name="live")
+    page.goto(f"{server.url}/signin?next=/launch")
+    page.fill("#token", secret)
+    with page.expect_navigation():
+        page.click("#signin-form button[type=submit]")
+    sim = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=2, seed=11))
+    try:
+        page.fill("#f-base_url", sim.base_url)
+        page.fill("#f-name", "watched live")
+        page.fill("#f-num_prompts", "80")
+        page.fill("#f-request_rate", "20")  # about 4 s of sending
+        page.fill("#f-output_len", "16")
+        page.fill("#f-input_len", "32")
+        with page.expect_navigation():
+            page.click("#launch-submit")
+        assert page.locator("#live").count() == 1
+        assert page.locator("#card-validity .value").inner_text() == "pending"
+        seen: list[tuple[str, str, str]] = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:  # one read of the three, so a reload in between cannot mix two pages
+                snap = page.evaluate(LIVE_STATE_JS)
+            except PlaywrightError:  # the page reloads when the job ends
+                snap = []
+            if snap is None:
+                break
+            if snap:
+                seen.append((snap[0].strip(), snap[1].strip(), snap[2].strip()))
+            time.sleep(0.3)
+    finally:
+        sim.stop()
+    running = [x for x in seen if x[0].startswith("running:")]
+    assert running, seen[:5]
+    assert all(status == "running" for _, status, _ in running), running[:5]
+    assert all(v == "pending" for _, _, v in seen), seen[:5]
+    page.wait_for_function("document.getElementById('live') === null", timeout=60_000)
+    assert page.locator("#card-status .value").inner_text() == "succeeded"
+    assert page.locator("#card-validity .value").inner_text() in ("valid", "client-limited")
+    assert con.errors == []

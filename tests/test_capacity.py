@@ -106,3 +106,111 @@ def test_model_config_validation() -> None:
         ModelConfig(
             name="x", params=1, layers=1, hidden=8, heads=4, kv_heads=4, head_dim=2, attention="mla"
         )
+
+
+# Hugging Face config.json as published (the fields the planner reads, trimmed)
+LLAMA3_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+QWEN3_8B_CONFIG = {  # head_dim stated, not hidden / heads
+    "hidden_size": 4096,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "vocab_size": 151936,
+}
+DEEPSEEK_V2_LITE_CONFIG = {
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 27,
+    "num_key_value_heads": 16,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 64,
+    "vocab_size": 102400,
+    "max_position_embeddings": 163840,
+}
+
+
+def test_hf_config_gqa_kv_bytes_by_hand() -> None:
+    m, notes = cap.model_from_hf_config(LLAMA3_8B_CONFIG)
+    assert (m.layers, m.kv_heads, m.head_dim, m.attention) == (32, 8, 128, "gqa")
+    # 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes = 131072 bytes per token
+    assert cap.kv_bytes_per_token(m, 2) == 2 * 32 * 8 * 128 * 2 == 131072
+    # the dense estimate reproduces the model card's 8,030,261,248 parameters exactly
+    assert m.params == 8_030_261_248 and "estimated" in notes[0]
+    assert m.max_context == 8192
+    q, _ = cap.model_from_hf_config(QWEN3_8B_CONFIG, params=8_190_735_360)
+    assert cap.kv_bytes_per_token(q, 2) == 2 * 36 * 8 * 128 * 2 == 147456
+    assert cap.kv_bytes_per_token(q, 1) == 73728  # fp8 KV cache
+
+
+def test_hf_config_mla_kv_bytes_by_hand() -> None:
+    with pytest.raises(ValueError, match="parameter count"):
+        cap.model_from_hf_config(DEEPSEEK_V2_LITE_CONFIG)  # MoE + MLA: not estimable
+    m, _ = cap.model_from_hf_config(DEEPSEEK_V2_LITE_CONFIG, params=15_706_484_224)
+    assert m.attention == "mla" and m.head_dim == 192
+    # 27 layers x (512 latent + 64 rope) x 2 bytes = 31104 bytes per token
+    assert cap.kv_bytes_per_token(m, 2) == 27 * (512 + 64) * 2 == 31104
+    assert cap.kv_bytes_per_token(m, 2, tp=4) == 31104  # the latent is not split by heads
+    assert cap.kv_bytes_per_token(m, 2) == cap.kv_bytes_per_token(
+        model_preset("deepseek-v2-lite"), 2
+    )
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ({"hidden_size": 4096}, "num_hidden_layers"),
+        (LLAMA3_8B_CONFIG | {"num_key_value_heads": 0}, "num_key_value_heads"),
+        (LLAMA3_8B_CONFIG | {"num_key_value_heads": 64}, "kv_heads cannot exceed heads"),
+        (LLAMA3_8B_CONFIG | {"hidden_size": "big"}, "hidden_size"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_hf_config_errors_name_the_field(cfg: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        cap.model_from_hf_config(cfg)  # type: ignore[arg-type]
+
+
+def test_tensor_parallel_splits_weights_and_kv_heads() -> None:
+    m = model_preset("llama-3-70b")  # 80 layers, 8 KV heads, head_dim 128
+    one = cap.kv_bytes_per_token(m, 2)
+    assert one == 2 * 80 * 8 * 128 * 2
+    assert cap.kv_bytes_per_token(m, 2, tp=2) == one / 2  # 4 heads per rank
+    assert cap.kv_bytes_per_token(m, 2, tp=8) == one / 8  # 1 head per rank
+    assert cap.kv_heads_per_rank(m, 16) == 1  # tp > KV heads: heads replicate
+    assert cap.kv_bytes_per_token(m, 2, tp=16) == one / 8
+    assert cap.kv_heads_per_rank(model_preset("llama-2-7b"), 3) == 11  # ceil(32 / 3)
+    p4 = cap.plan(m, device_memory_bytes=80 * GiB, tp=4, context=8192)
+    assert p4.fits and p4.tp == 4
+    assert p4.weights_bytes == m.params * 2 / 4
+    assert p4.kv_space_bytes == pytest.approx(80 * GiB * 0.9 - m.params * 2 / 4)
+    assert p4.num_blocks == int(p4.kv_space_bytes // (one / 4 * 16))
+    p16 = cap.plan(m, device_memory_bytes=80 * GiB, tp=16)
+    assert any("replicated" in n for n in p16.notes)
+
+
+def test_70b_on_one_h100_says_it_does_not_fit_and_by_how_much() -> None:
+    m = model_preset("llama-3-70b")
+    p = cap.plan(m, device_memory_bytes=80 * GiB, context=4096)
+    usable = 80 * GiB * 0.9
+    assert not p.fits and p.shortfall_bytes == pytest.approx(m.params * 2 - usable)
+    assert p.min_tp == 2
+    assert f"by {(m.params * 2 - usable) / GiB:.1f} GiB" in p.notes[0]
+    assert "at least 2 GPUs" in p.notes[0]
+    assert cap.plan(m, device_memory_bytes=80 * GiB, tp=2, context=4096).fits

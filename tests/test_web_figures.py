@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -41,11 +42,60 @@ def test_empty_inputs_give_a_no_data_figure() -> None:
 
 def test_histogram_is_binned_server_side() -> None:
     fig = fg.histogram_figure(np.random.default_rng(0).normal(50, 5, 10_000), title="h", bins=40)
-    (tr,) = fig["data"]
-    assert tr["type"] == "bar" and len(tr["x"]) == 40 and sum(tr["y"]) == 10_000
-    assert "10,000 samples in 40 bins" in _notes(fig)
+    body, tails = fig["data"]
+    assert body["type"] == "bar" and len(body["x"]) == 40
+    assert sum(body["y"]) + sum(tails["y"]) == 10_000  # no sample dropped
+    assert 0 < sum(tails["y"]) <= 102  # about 1% beyond p0.5-p99.5
+    assert "10,000 samples in 40 bins" in _notes(fig)[0]
     one = fg.histogram_figure([7.0], title="h")  # a single value still draws
     assert sum(one["data"][0]["y"]) == 1
+
+
+def test_histogram_bins_come_from_the_data_not_its_outliers() -> None:
+    """ITL-like data: most gaps near 1.5 ms, a few stalls of 390 ms. Linear bins over the
+    whole range put the body in one bar; the quantile range keeps it readable."""
+    rng = np.random.default_rng(3)
+    itl = np.concatenate([rng.gamma(4.0, 0.4, 20_000), [390.0, 350.0, 300.0] * 20])
+    edges, under, over = fg.histogram_bins(itl)
+    p99 = float(np.percentile(itl, 99))
+    assert edges[0] <= float(np.percentile(itl, 1)) and edges[-1] >= p99  # edges cover p99
+    assert edges[-1] < 20  # ... but not the 390 ms stalls
+    assert over == int(np.count_nonzero(itl > edges[-1])) >= 60 and under >= 1
+    assert 10 <= len(edges) - 1 <= fg.HIST_BINS
+    fig = fg.histogram_figure(itl, title="ITL", xtitle="ITL (ms)")
+    body, tails = fig["data"]
+    assert sum(body["y"]) + sum(tails["y"]) == itl.shape[0]
+    assert max(body["y"]) < 0.5 * itl.shape[0]  # the body is spread over several bins
+    assert any("max 390" in t for t in tails["text"])  # the stalls are named, not clipped
+    y = fig["layout"]["yaxis"]
+    assert y["tickformat"] == ",d" and y["dtick"] >= 1 and float(y["dtick"]).is_integer()
+
+
+def test_counts_get_integer_ticks() -> None:
+    assert fg.int_axis(3)["dtick"] == 1
+    assert fg.int_axis(7)["dtick"] == 2
+    assert fg.int_axis(230)["dtick"] == 50
+    fig = fg.throughput_figure(
+        np.linspace(0, 2, 50), np.ones(50), np.array([0.0, 0.5, 1.0]), np.array([2.0, 1.5, 1.8])
+    )
+    y2 = fig["layout"]["yaxis2"]
+    assert y2["tickformat"] == ",d" and y2["dtick"] == 1 and y2["tick0"] == 0
+
+
+def test_minmax_downsampling_keeps_spikes() -> None:
+    y = np.ones(100_000)
+    y[12_345] = 500.0  # one spike
+    y[77_777] = -3.0  # one dip
+    keep = fg.minmax_keep(y, 400)
+    assert len(keep) <= 400 and 12_345 in keep and 77_777 in keep
+    assert keep[0] == 0 and keep[-1] == 99_999
+    fig = fg.send_lag_figure(np.arange(100_000.0), y, max_points=400)
+    assert max(fig["data"][0]["y"]) == 500.0 and min(fig["data"][0]["y"]) == -3.0
+    pos = np.tile(np.arange(1.0, 101.0), 1000)
+    itl = np.full(pos.shape[0], 2.0)
+    itl[54_321] = 390.0
+    f2 = fg.itl_position_figure(pos, itl, max_points=500)
+    assert 390.0 in f2["data"][0]["y"]
 
 
 def test_timeline_one_bar_per_request_coloured_by_status() -> None:
@@ -100,8 +150,8 @@ def test_throughput_figure_has_both_axes() -> None:
 
 def test_scatter_figures_downsample_with_a_note() -> None:
     fig = fg.send_lag_figure(np.arange(10_000.0), np.ones(10_000), max_points=1000)
-    assert fg.point_count(fig) == 1000
-    assert "downsampled: 1,000 of 10,000 points" in _notes(fig)
+    assert 990 <= fg.point_count(fig) <= 1000
+    assert f"downsampled: {fg.point_count(fig):,} of 10,000 points" in _notes(fig)
     fig2 = fg.ttft_input_figure(np.array([10, -1, 30]), np.array([1.0, 2.0, np.nan]))
     assert fig2["data"][0]["x"] == [10.0]  # unknown input length and NaN TTFT dropped
 
@@ -112,6 +162,7 @@ def test_request_events_figure_by_kind() -> None:
     assert names == ["tokens so far", "content", "reasoning", "role"]
     content = fig["data"][1]
     assert content["y"] == [3, 4] and content["customdata"] == [2, 1]
+    assert fig["layout"]["yaxis"]["tickformat"] == ",d"  # token counts: whole ticks
 
 
 def _record(
@@ -190,3 +241,37 @@ def test_phase_breakdown_stacks_each_requests_phases() -> None:
     assert fig["layout"]["yaxis"]["title"]["text"] == "time (ms)"
     no_phases = phase_breakdown_figure(trace_from_records([_record(0, 0, [10], [1])]))
     assert no_phases["data"] == [] and "no connection phases" in str(no_phases["layout"])
+
+
+def _axis_titles(fig: dict) -> list[tuple[str, str]]:
+    lay = fig["layout"]
+    return [
+        (k, str((v.get("title") or {}).get("text") or ""))
+        for k, v in lay.items()
+        if re.fullmatch(r"[xy]axis\d*", k)
+        and v.get("visible", True)
+        and v.get("showticklabels", True)
+    ]
+
+
+def test_every_axis_is_labelled_with_its_unit() -> None:
+    recs = [
+        _record(i, i * 1000, [i * 1000 + 500 + k * 100 for k in range(5)], [1] * 5)
+        for i in range(20)
+    ]
+    for r in recs:  # with connection phases, so the phase breakdown is drawn too
+        r.conn_id, r.conn_reused, r.connect_ns, r.queued_ns = r.index + 1, False, 200_000, 0
+    plots = run_figures(
+        trace_from_records(recs),
+        scheduled_ns=np.arange(20, dtype=np.int64) * 1000,
+        sent_sched_ns=np.arange(20, dtype=np.int64) * 1000 + 7,
+    )
+    units = re.compile(r"\((ms|s|tokens|tok/s|count|%|0–1)\)")
+    checked = 0
+    for key, fig in plots.figures.items():
+        titles = _axis_titles(fig)
+        assert titles, key
+        for axis, text in titles:
+            assert units.search(text), f"{key} {axis}: {text!r} names no unit"
+            checked += 1
+    assert checked >= 2 * len(plots.figures)

@@ -64,6 +64,12 @@ def test_runs_table_lists_runs_escaped_and_filters(client: TestClient, seeded: S
     assert "&lt;b&gt;normal&lt;/b&gt; &amp; co" in page.text
     assert "<b>normal</b>" not in page.text and "<i>x</i>" not in page.text
     assert "client-limited" in page.text or "valid" in page.text
+    rows = dict(re.findall(r'<tr data-run-id="([0-9a-f]+)">(.*?)</tr>', page.text, re.S))
+    assert re.search(
+        r'class="trust-warning small"[^>]*>⚠ errors \d+\.\d% &gt; 5%', rows[seeded.normal]
+    )
+    assert "⚠ errors" not in rows[seeded.one]  # no failed request (client-limited: load-bound)
+    assert 'type="radio" name="base" value="' + seeded.one + '"' in rows[seeded.one]
     failed = client.get("/?status=failed").text
     assert seeded.all_errors in failed and seeded.normal not in failed
     tagged = client.get("/?tag=web").text
@@ -79,9 +85,9 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
     r = client.get(f"/runs/{run_id}")
     assert r.status_code == 200, r.text[:500]
     figs = _figures(r.text)
-    charts = {"cdf_ttft", "hist_e2el", "timeline", "throughput", "send_lag"}
+    charts = {"cdf_ttft", "hist_e2el", "timeline", "throughput"}
     if which == "all_errors":  # nothing succeeded: the errors first, no empty charts
-        assert not charts & set(figs) and 'id="plot-' not in r.text
+        assert not (charts | {"send_lag"}) & set(figs) and 'id="plot-' not in r.text
         first = r.text.index('id="errors-first"')
         assert first < r.text.index('id="pct-table"') and first < r.text.index('class="cards"')
         assert r.text.count('id="error-table"') == 1
@@ -89,6 +95,7 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
         assert re.search(r"5 of 5 requests failed \(100%\), mostly [^<]+, from \d+\.\d s", r.text)
     else:
         assert charts <= set(figs)
+        assert ("send_lag" in figs) == (which != "imported")  # an import has no schedule
     assert 'src="/static/plotly.min.js"' in r.text and "cdn" not in r.text.lower()
     assert 'id="pct-table"' in r.text
     if which == "normal":
@@ -107,7 +114,18 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
         assert "no per-token data" in json.dumps(figs["cdf_itl"])
         assert "summary-only" in r.text.lower()
         assert 'id="client-health"' not in r.text  # an import has no client of ours
-        assert "no spec" in r.text.lower() or "has no spec" in r.text
+        assert "no spec at" not in r.text and " at —" not in r.text
+        header = re.search(r'id="run-header">(.*?)</p>', r.text, re.S)
+        assert header is not None and "imported from CSV log" in header.group(1)
+        assert 'id="plot-send_lag"' not in r.text
+        assert 'id="trust-warnings"' not in r.text
+    if which == "normal":  # the simulator fails 10% of its requests: over the 5% bound
+        warn = re.search(r'id="trust-warnings">(.*?)</section>', r.text, re.S)
+        assert warn is not None and re.search(r"error rate \d+\.\d% \(\d+ failed", warn.group(1))
+        assert "bound 5%" in warn.group(1)
+    if which == "one":  # it failed nothing (whether its client kept up depends on the box)
+        warn = re.search(r'id="trust-warnings">(.*?)</section>', r.text, re.S)
+        assert warn is None or "error rate" not in warn.group(1)
 
 
 def _goodput(html: str) -> str:
@@ -247,7 +265,8 @@ def test_large_run_page_is_downsampled_and_bounded(tmp_path: Path) -> None:
     assert r.status_code == 200
     figs = _figures(r.text)
     assert "downsampled: 2,000 of" in json.dumps(figs["cdf_itl"])
-    assert "downsampled: 2,000 of" in json.dumps(figs["itl_position"])
+    shown = re.search(r"downsampled: ([\d,]+) of", json.dumps(figs["itl_position"]))
+    assert shown is not None and 1900 <= int(shown.group(1).replace(",", "")) <= 2000
     for key, fig in figs.items():
         points = sum(len(t.get("x") or []) for t in fig["data"])
         assert points <= 6 * 1000, key  # timeline: 2 segments x 3 points per bar, <= 1000 bars
@@ -266,3 +285,116 @@ def test_protected_reads_redirect_to_sign_in(seeded: Seeded) -> None:
         c.post("/signin", data={"token": _token(seeded, "read")})
         assert c.get(f"/runs/{seeded.normal}").status_code == 200
         assert c.get(f"/runs/{seeded.normal}/progress.json").status_code == 200
+
+
+def test_imported_file_run_shows_the_files_setup(tmp_path: Path) -> None:
+    from app.services.file_imports import import_path
+
+    url = f"sqlite:///{tmp_path / 'gl.db'}"
+    sessions = open_database(url)
+    fixture = Path(__file__).parent / "fixtures" / "interop" / "guidellm-benchmarks.json"
+    run_ids = import_path(sessions, "guidellm", fixture, name="gl")
+    with TestClient(web_app(url)) as c:
+        html = c.get(f"/runs/{run_ids[0]}").text
+    header = re.search(r'id="run-header">(.*?)</p>', html, re.S)
+    assert header is not None
+    assert "imported from GuideLLM 0.8.1 file guidellm-benchmarks.json" in header.group(1)
+    assert "no spec at" not in html and " at —" not in html
+    assert "send_lag" not in _figures(html) and 'id="plot-send_lag"' not in html
+    table = re.search(r'id="import-setup">(.*?)</table>', html, re.S)
+    assert table is not None
+    assert "concurrent streams 1" in table.group(1) and "load kind" in table.group(1)
+    assert 'id="launch-again"' not in html
+
+
+def _err(html: str, key: str) -> str | None:
+    m = re.search(rf'<span class="error" id="err-{key}">(.*?)</span>', html, re.S)
+    return m.group(1) if m else None
+
+
+def test_capacity_page_fit_tp_custom_model_and_errors_beside_fields(client: TestClient) -> None:
+    from app.analysis.device_presets import DEVICE_PRESETS
+    from tests.test_capacity import DEEPSEEK_V2_LITE_CONFIG, LLAMA3_8B_CONFIG
+
+    big = client.get("/capacity?model=llama-3-70b&device=h100-sxm&context=4096")
+    assert big.status_code == 200
+    assert 'id="capacity-nofit"' in big.text and 'id="max-concurrency"' not in big.text
+    short = re.search(r'id="capacity-shortfall">(.*?) GiB<', big.text)
+    h100 = DEVICE_PRESETS["h100-sxm"].memory_bytes
+    assert short is not None and float(short.group(1)) == pytest.approx(
+        (70_553_706_496 * 2 - h100 * 0.9) / 2**30, abs=0.06
+    )
+    assert 'id="capacity-min-tp">2<' in big.text
+    two = client.get("/capacity?model=llama-3-70b&device=h100-sxm&context=4096&tp=2")
+    assert two.status_code == 200 and 'id="capacity-nofit"' not in two.text
+    assert 'id="max-concurrency"' in two.text and "4 of 8 KV heads per GPU" in two.text
+    bad = client.get("/capacity?utilization=abc&block_size=1.5&tp=0")
+    assert bad.status_code == 422
+    assert "memory utilization must be a number" in (_err(bad.text, "utilization") or "")
+    assert "block size must be a whole number" in (_err(bad.text, "block_size") or "")
+    assert "validation error" not in bad.text.lower() and "pydantic" not in bad.text.lower()
+    over = client.get("/capacity?utilization=2&tp=0")
+    assert over.status_code == 422
+    assert "must be less than or equal to 1" in (_err(over.text, "utilization") or "")
+    assert "must be greater than or equal to 1" in (_err(over.text, "tp") or "")
+    custom = client.get(
+        "/capacity", params={"model": "custom", "hf_config": json.dumps(LLAMA3_8B_CONFIG)}
+    )
+    assert custom.status_code == 200
+    kv = re.search(r'id="kv-per-token">(.*?)<', custom.text)
+    assert kv is not None and kv.group(1) == "128.0 KiB"
+    assert "parameters estimated from config.json: 8.03 B" in custom.text
+    junk = client.get("/capacity", params={"model": "custom", "hf_config": "{nope"})
+    assert junk.status_code == 422 and "not valid JSON" in (_err(junk.text, "hf_config") or "")
+    mla = client.get(
+        "/capacity", params={"model": "custom", "hf_config": json.dumps(DEEPSEEK_V2_LITE_CONFIG)}
+    )
+    assert mla.status_code == 422 and "parameter count" in (_err(mla.text, "params_b") or "")
+    mla_ok = client.get(
+        "/capacity",
+        params={
+            "model": "custom",
+            "hf_config": json.dumps(DEEPSEEK_V2_LITE_CONFIG),
+            "params_b": "15.7",
+            "tp": "2",
+        },
+    )
+    assert mla_ok.status_code == 200 and "30.4 KiB" in mla_ok.text  # 31104 bytes, every GPU
+
+
+def test_roofline_datasheet_without_measurements_and_mfu_only_on_known_hardware(
+    tmp_path: Path,
+) -> None:
+    from app.loadgen.sim_config import SimConfig
+    from app.services import probes as probe_svc
+    from tests.web_support import bench
+
+    url = f"sqlite:///{tmp_path / 'roof.db'}"
+    sessions = open_database(url)
+    sim_run = bench(sessions, SimConfig(ttft_ms=5, itl_ms=1, seed=1), "sim", num_prompts=8)
+    annotated = bench(sessions, SimConfig(ttft_ms=5, itl_ms=1, seed=2), "ann", num_prompts=8)
+    with session_scope(sessions) as s:
+        probe_svc.annotate(
+            s, annotated, probe_svc.Annotation(model="llama-3-8b", device="h100-sxm")
+        )
+    with TestClient(web_app(url)) as c:
+        page = c.get("/roofline")  # nothing measured: the first datasheet's roofs
+        assert page.status_code == 200
+        fig = _figures(page.text)["roofline"]
+        names = [t["name"] for t in fig["data"] if t["mode"] == "lines"]  # the roofs
+        assert names and all(n.startswith("datasheet ") for n in names)
+        assert any(n.startswith("datasheet h100-sxm") for n in names)
+        assert "datasheet" in fig["layout"]["title"]["text"]
+        assert 'id="datasheet-label"' in page.text and 'id="no-ceilings"' in page.text
+        a100 = _figures(c.get("/roofline?device=a100-80gb").text)["roofline"]
+        assert any(t["name"].startswith("datasheet a100-80gb") for t in a100["data"])
+        # a simulator run on this CPU: operating points, but no MFU/MBU, whatever the form
+        adhoc = c.get(f"/roofline?run={sim_run}&model=llama-3-8b&preset=h100-sxm").text
+        ops = re.search(r'id="ops-table">(.*?)</table>', adhoc, re.S)
+        assert ops is not None and "sim" in ops.group(1)
+        assert "%" not in ops.group(1).split("</thead>")[1]  # MFU and MBU cells are "—"
+        assert "MFU and MBU not quoted: the hardware this run used is unknown" in adhoc
+        # annotated with its device: MFU and MBU quoted against that datasheet
+        known = c.get(f"/roofline?run={annotated}").text
+        ops_known = re.search(r'id="ops-table">(.*?)</table>', known, re.S)
+        assert ops_known is not None and "%" in ops_known.group(1).split("</thead>")[1]

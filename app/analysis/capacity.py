@@ -2,9 +2,18 @@
 a paged cache in fixed-size blocks as vLLM allocates it, and the two questions: how many
 concurrent requests of context L fit, and what context fits at concurrency C. Pure.
 
-Budget (vLLM's): ``device memory x utilization - weights - runtime reserve`` is the KV
-space. vLLM cuts it into blocks of ``block_size`` tokens (``num_gpu_blocks = KV space //
-(block_size x bytes per token)``) and a request holds ``ceil(tokens / block_size)`` blocks.
+Budget (vLLM's), per GPU: ``device memory x utilization - weights / tp - runtime reserve``
+is the KV space. vLLM cuts it into blocks of ``block_size`` tokens (``num_gpu_blocks = KV
+space // (block_size x bytes per token per GPU)``) and a request holds ``ceil(tokens /
+block_size)`` blocks on every rank.
+
+Tensor parallelism over ``tp`` GPUs splits the weights and the KV heads: each rank holds
+``ceil(kv_heads / tp)`` of them (at least one: when tp > kv_heads the heads replicate, as
+vLLM does). An MLA latent is not split by heads: every rank caches the whole latent.
+
+``model_from_hf_config`` reads a pasted Hugging Face ``config.json`` (GQA fields
+``num_key_value_heads`` / ``head_dim``; MLA fields ``kv_lora_rank`` / ``qk_rope_head_dim``
+as DeepSeek uses them).
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from pydantic import ValidationError
 
 from app.analysis.model_presets import ModelConfig
 
@@ -25,15 +36,27 @@ def weights_bytes(params: int, bytes_per_param: float) -> float:
     return params * bytes_per_param
 
 
-def kv_bytes_per_token(m: ModelConfig, kv_bytes: float) -> float:
-    """GQA/MHA/MQA: 2 (K and V) x layers x kv_heads x head_dim x bytes.
-    MLA: one latent of kv_lora_rank + qk_rope_head_dim per layer x bytes."""
+def kv_heads_per_rank(m: ModelConfig, tp: int = 1) -> int:
+    """KV heads one of ``tp`` ranks caches: ``ceil(kv_heads / tp)``, at least one (heads
+    replicate when tp > kv_heads). MLA: not split (the whole latent on every rank)."""
+    if tp < 1:
+        raise ValueError("tp must be >= 1")
+    if m.attention == "mla":
+        return m.kv_heads
+    return max(1, -(-m.kv_heads // tp))
+
+
+def kv_bytes_per_token(m: ModelConfig, kv_bytes: float, tp: int = 1) -> float:
+    """Bytes one token's KV cache takes on one GPU of ``tp``.
+
+    GQA/MHA/MQA: 2 (K and V) x layers x kv_heads per rank x head_dim x bytes.
+    MLA: one latent of kv_lora_rank + qk_rope_head_dim per layer x bytes, on every rank."""
     if kv_bytes <= 0:
         raise ValueError("kv_bytes must be positive")
     if m.attention == "mla":
         assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
         return m.layers * (m.kv_lora_rank + m.qk_rope_head_dim) * kv_bytes
-    return 2 * m.layers * m.kv_heads * m.head_dim * kv_bytes
+    return 2 * m.layers * kv_heads_per_rank(m, tp) * m.head_dim * kv_bytes
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -46,9 +69,11 @@ def blocks_for(tokens: int, block_size: int) -> int:
 @dataclass(frozen=True, slots=True)
 class CapacityPlan:
     model: str
-    device_memory_bytes: float
+    device_memory_bytes: float  # per GPU
     utilization: float
-    weights_bytes: float
+    tp: int  # GPUs the model is split over (tensor parallel)
+    kv_heads_per_rank: int
+    weights_bytes: float  # per GPU: the model's weights / tp
     reserve_bytes: float
     kv_space_bytes: float
     kv_bytes_per_token: float
@@ -61,6 +86,8 @@ class CapacityPlan:
     concurrency: int | None
     max_context: int | None  # tokens per request that fit at `concurrency`
     fits: bool
+    shortfall_bytes: float  # per GPU, when it does not fit: weights + reserve - usable
+    min_tp: int | None  # the smallest tp (power of two, <= 64) whose weights fit, if any
     notes: list[str]
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,9 +105,12 @@ def plan(
     block_size: int = 16,
     context: int | None = None,
     concurrency: int | None = None,
+    tp: int = 1,
 ) -> CapacityPlan:
     """Answer "how many requests of ``context`` tokens fit" and/or "what context fits at
-    ``concurrency``" for model ``m`` on a device of ``device_memory_bytes``."""
+    ``concurrency``" for model ``m`` on ``tp`` GPUs of ``device_memory_bytes`` each."""
+    if tp < 1:
+        raise ValueError("tp must be >= 1")
     if device_memory_bytes <= 0:
         raise ValueError("device_memory_bytes must be positive")
     if not 0 < utilization <= 1:
@@ -94,15 +124,36 @@ def plan(
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     notes: list[str] = []
-    w = weights_bytes(m.params, weight_bytes)
-    per_tok = kv_bytes_per_token(m, kv_bytes)
-    space = device_memory_bytes * utilization - w - reserve_bytes
+    w = weights_bytes(m.params, weight_bytes) / tp
+    per_tok = kv_bytes_per_token(m, kv_bytes, tp)
+    usable = device_memory_bytes * utilization
+    space = usable - w - reserve_bytes
     block = per_tok * block_size
     fits = space > 0
+    min_tp = next(
+        (
+            t
+            for t in (1, 2, 4, 8, 16, 32, 64)
+            if usable - m.params * weight_bytes / t > reserve_bytes
+        ),
+        None,
+    )
+    gpus = f" per GPU (tp={tp})" if tp > 1 else ""
     if not fits:
+        hint = (
+            f"; it needs tensor parallel over at least {min_tp} GPUs"
+            if min_tp is not None and min_tp > tp
+            else ""
+        )
         notes.append(
-            f"does not fit: weights {w / GiB:.1f} GiB + reserve {reserve_bytes / GiB:.1f} GiB "
-            f"exceed {utilization:.0%} of {device_memory_bytes / GiB:.1f} GiB"
+            f"does not fit: weights {w / GiB:.1f} GiB{gpus} + reserve {reserve_bytes / GiB:.1f} "
+            f"GiB exceed {utilization:.0%} of {device_memory_bytes / GiB:.1f} GiB by "
+            f"{-space / GiB:.1f} GiB{hint}"
+        )
+    if m.attention != "mla" and tp > m.kv_heads:
+        notes.append(
+            f"tp={tp} exceeds the model's {m.kv_heads} KV heads: each rank caches one "
+            "(heads are replicated), so KV per token does not shrink further"
         )
     num_blocks = max(0, math.floor(space / block)) if fits else 0
     max_conc = None
@@ -129,6 +180,8 @@ def plan(
         model=m.name,
         device_memory_bytes=device_memory_bytes,
         utilization=utilization,
+        tp=tp,
+        kv_heads_per_rank=kv_heads_per_rank(m, tp),
         weights_bytes=w,
         reserve_bytes=reserve_bytes,
         kv_space_bytes=max(0.0, space),
@@ -142,5 +195,110 @@ def plan(
         concurrency=concurrency,
         max_context=max_ctx,
         fits=fits,
+        shortfall_bytes=max(0.0, -space),
+        min_tp=min_tp,
         notes=notes,
     )
+
+
+# --------------------------------------------------------------------------- HF config.json
+
+MOE_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
+
+
+def _int_field(cfg: dict[str, Any], key: str, *, required: bool = True) -> int | None:
+    v = cfg.get(key)
+    if v is None:
+        if required:
+            raise ValueError(f"config.json has no {key!r}")
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"config.json {key!r} must be a positive integer, not {v!r}")
+    return v
+
+
+def dense_params(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool,
+) -> int:
+    """Parameters of a dense decoder (Llama-style): embeddings (twice unless tied), per
+    layer the Q, K, V, O projections, a gated MLP (3 matrices) and two norms."""
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    mlp = 3 * hidden * intermediate
+    per_layer = attn + mlp + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def model_from_hf_config(
+    cfg: dict[str, Any], *, name: str = "custom", params: int | None = None
+) -> tuple[ModelConfig, list[str]]:
+    """A ``ModelConfig`` from a Hugging Face ``config.json`` (dict), and notes on what was
+    derived. ``params``: the parameter count (the model card's); estimated for a dense
+    model without it; required for MoE and MLA models (their configs do not give it in a
+    form this reads). Raises ``ValueError`` naming the field."""
+    if not isinstance(cfg, dict):
+        raise ValueError("config.json must be a JSON object")
+    notes: list[str] = []
+    layers = _int_field(cfg, "num_hidden_layers")
+    hidden = _int_field(cfg, "hidden_size")
+    heads = _int_field(cfg, "num_attention_heads")
+    assert layers is not None and hidden is not None and heads is not None
+    kv_heads = _int_field(cfg, "num_key_value_heads", required=False) or heads
+    mla = cfg.get("kv_lora_rank") is not None
+    kv_lora_rank = _int_field(cfg, "kv_lora_rank", required=False)
+    rope = _int_field(cfg, "qk_rope_head_dim", required=mla)
+    if mla:
+        nope = _int_field(cfg, "qk_nope_head_dim", required=False) or 0
+        head_dim = nope + (rope or 0)
+    else:
+        head_dim = _int_field(cfg, "head_dim", required=False) or hidden // heads
+    intermediate = _int_field(cfg, "intermediate_size", required=False) or 0
+    vocab = _int_field(cfg, "vocab_size", required=False) or 0
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    moe = any(cfg.get(k) for k in MOE_FIELDS)
+    if params is None:
+        if moe or mla:
+            kind = "a mixture-of-experts" if moe else "an MLA"
+            raise ValueError(
+                f"{kind} config: give the parameter count (from the model card); "
+                "it cannot be estimated from config.json"
+            )
+        if not intermediate or not vocab:
+            raise ValueError(
+                "config.json lacks intermediate_size or vocab_size: give the parameter count"
+            )
+        params = dense_params(
+            layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+            intermediate=intermediate, vocab=vocab, tied=tied,
+        )  # fmt: skip
+        notes.append(f"parameters estimated from config.json: {params / 1e9:.2f} B (dense)")
+    try:
+        model = ModelConfig(
+            name=name,
+            params=params,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=intermediate,
+            vocab=vocab,
+            tied_embeddings=tied,
+            attention="mla" if mla else "gqa",
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=rope if mla else None,
+            max_context=_int_field(cfg, "max_position_embeddings", required=False),
+            source="pasted config.json",
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc") or ()) or "config.json"
+        raise ValueError(f"{where}: {first.get('msg')}".replace("Value error, ", "")) from None
+    return model, notes

@@ -146,8 +146,10 @@ def capacity_get(
     block_size: Annotated[int, Query(ge=1, le=1024)] = 16,
     context: Annotated[int | None, Query(ge=1)] = None,
     concurrency: Annotated[int | None, Query(ge=1)] = None,
+    tp: Annotated[int, Query(ge=1, le=64)] = 1,
 ) -> dict[str, Any]:
-    """How many requests of ``context`` fit, and what context fits at ``concurrency``."""
+    """How many requests of ``context`` fit, and what context fits at ``concurrency``, on
+    ``tp`` GPUs (tensor parallel: weights and KV heads split across them)."""
     q = svc.CapacityQuery(
         model=model,
         device=device or None,
@@ -159,6 +161,7 @@ def capacity_get(
         block_size=block_size,
         context=context,
         concurrency=concurrency,
+        tp=tp,
     )
     return svc.capacity(q)
 

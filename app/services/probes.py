@@ -23,6 +23,7 @@ from app.analysis.device_presets import (
 from app.analysis.model_presets import ModelConfig, dtype_bytes, model_preset
 from app.probes.spec import ProbeSpec
 from app.probes.wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.services import hardware
 from app.services import workers as worker_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
@@ -423,6 +424,30 @@ def run_points(run: Any, ann: Annotation) -> RunPoints:
 
 # --------------------------------------------------------------------------- roofline
 
+UNKNOWN_HARDWARE_NOTE = (
+    "MFU and MBU not quoted: the hardware this run used is unknown (no device in its "
+    "annotation, no GPU on the worker that ran it: a simulator or a CPU, say)"
+)
+
+
+def _known_hardware_points(run: Any, ann: Annotation, annotated_device: str | None) -> RunPoints:
+    """``run_points`` with MFU/MBU against the hardware the run is known to have used: the
+    annotation's device, else the datasheet of its worker's GPU; none when neither is
+    known (``ann.device`` from a form is a guess, not knowledge)."""
+    device: str | None = annotated_device
+    if device is None:
+        gpus = hardware.worker_gpus(run.load_stats)
+        sheet = preset_for_device_name(gpus[0]) if gpus else None
+        device = sheet.name if sheet is not None else None
+    if device is None:
+        rp = run_points(run, ann.model_copy(update={"device": None}))
+        return RunPoints(rp.run_id, rp.label, rp.points, [*rp.notes, UNKNOWN_HARDWARE_NOTE])
+    if ann.device and ann.device != device:
+        rp = run_points(run, ann.model_copy(update={"device": device}))
+        note = f"MFU and MBU against {device}, the hardware the run used (not {ann.device})"
+        return RunPoints(rp.run_id, rp.label, rp.points, [*rp.notes, note])
+    return run_points(run, ann.model_copy(update={"device": device}))
+
 
 def _succeeded(session: Session, kind: str, limit: int = 200) -> list[Probe]:
     return probe_repo.list_probes(session, kind=kind, status="succeeded", limit=limit)
@@ -446,10 +471,17 @@ def roofline_data(
     adhoc: tuple[str, Annotation] | None = None,
 ) -> dict[str, Any]:
     """Ceilings (measured first, datasheets dashed), probe points and operating points for
-    one device (by its fingerprint name; None: the newest ceilings probe's device)."""
+    one device (by its fingerprint name or a datasheet preset name; None: the newest
+    ceilings probe's device, else the first datasheet preset). Without measured ceilings
+    the device's datasheet roofs are drawn (``datasheet_only``). MFU and MBU are quoted
+    only for runs whose hardware is known: the device of their annotation, else the
+    datasheet of the GPU of the worker that ran them; never for a run on unknown
+    hardware (a simulator, a CPU), whatever datasheet the form names."""
     ceil_probes = _succeeded(session, "ceilings")
     if device_name is None and ceil_probes:
         device_name = (ceil_probes[0].fingerprint or {}).get("device_name")
+    if device_name is None and not ceil_probes:
+        device_name = next(iter(DEVICE_PRESETS))
     measured = next(
         (p for p in ceil_probes if (p.fingerprint or {}).get("device_name") == device_name), None
     )
@@ -461,7 +493,11 @@ def roofline_data(
             except ValueError as e:
                 raise Invalid(str(e), loc=("query", "datasheet")) from None
     else:
-        guess = preset_for_device_name(device_name)
+        guess = (
+            DEVICE_PRESETS[device_name.lower()]
+            if device_name and device_name.lower() in DEVICE_PRESETS
+            else preset_for_device_name(device_name)
+        )
         sheets = [guess] if guess else []
     linear = [
         p
@@ -487,17 +523,19 @@ def roofline_data(
     for r in runs:
         found_ann = anns.get(r.id)
         if found_ann is not None:
-            ops.append(
-                run_points(r, annotation_of(found_ann.model, found_ann.device, found_ann.dtypes))
-            )
+            stored = annotation_of(found_ann.model, found_ann.device, found_ann.dtypes)
+            ops.append(_known_hardware_points(r, stored, found_ann.device))
     if adhoc is not None:
         rid, ann = adhoc
         found = probe_repo.runs_by_id(session, [rid])
         if not found:
             raise NotFound(f"no run with id {rid!r}")
-        ops = [p for p in ops if p.run_id != rid] + [run_points(found[0], ann)]
+        stored_ann = probe_repo.get_annotation(session, rid)
+        known = stored_ann.device if stored_ann is not None else None
+        ops = [p for p in ops if p.run_id != rid] + [_known_hardware_points(found[0], ann, known)]
     return {
         "device_name": device_name,
+        "datasheet_only": measured is None and bool(sheets),
         "measured": None
         if measured is None
         else {
@@ -574,6 +612,7 @@ class CapacityQuery(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     context: int | None = Field(None, ge=1)
     concurrency: int | None = Field(None, ge=1)
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel size: GPUs the model spans")
 
 
 def capacity(q: CapacityQuery) -> dict[str, Any]:
@@ -605,6 +644,7 @@ def capacity(q: CapacityQuery) -> dict[str, Any]:
         block_size=q.block_size,
         context=q.context,
         concurrency=q.concurrency,
+        tp=q.tp,
     )
     return {
         "model": m.model_dump(mode="json"),

@@ -8,6 +8,7 @@ these functions only arrange samples for display.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,13 +60,36 @@ def evenly(n: int, k: int) -> I64:
     return out
 
 
-def sample(n: int, k: int, seed: int = 0) -> I64:
-    """``k`` indices into ``range(n)`` drawn without replacement (sorted); all if n <= k."""
-    if n <= k:
+def minmax_keep(y: npt.ArrayLike, max_points: int) -> I64:
+    """Indices that keep a series' shape: ``y`` (in display order, e.g. by time) cut into
+    ``max_points // 2`` consecutive buckets, and from each bucket the index of its minimum
+    and of its maximum, so spikes and dips survive (a flat bucket gives two of its points);
+    all indices if ``len(y) <= max_points``; the first and last are always kept. NaN values
+    are never chosen over a number."""
+    a = np.asarray(y, np.float64)
+    n = int(a.shape[0])
+    if n <= max_points:
         return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    out: I64 = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+    nb = max(1, (max_points - 2) // 2)  # two a bucket, plus the first and last
+    bounds = np.linspace(0, n, nb + 1).round().astype(np.int64)
+    keep: list[int] = [0, n - 1]
+    low = np.where(np.isfinite(a), a, np.inf)
+    high = np.where(np.isfinite(a), a, -np.inf)
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        if hi <= lo:
+            continue
+        a, b = lo + int(np.argmin(low[lo:hi])), lo + int(np.argmax(high[lo:hi]))
+        keep += [a, b] if a != b else [a, (lo + hi - 1) // 2 if a == lo else lo]
+    out: I64 = np.unique(np.asarray(keep, np.int64))
     return out
+
+
+def int_axis(top: float, *, ticks: int = 5) -> dict[str, Any]:
+    """Axis settings for a count (requests, samples): whole-number ticks only."""
+    step = max(1.0, float(top) / ticks)
+    mag = 10.0 ** math.floor(math.log10(step))
+    nice = next(m * mag for m in (1.0, 2.0, 5.0, 10.0) if m * mag >= step)
+    return {"tickformat": ",d", "tick0": 0, "dtick": max(1, int(nice)), "rangemode": "tozero"}
 
 
 def downsample_note(shown: int, total: int) -> dict[str, Any]:
@@ -130,6 +154,7 @@ def cdf_figure(
     *,
     title: str,
     unit: str = "ms",
+    xtitle: str | None = None,
     max_points: int = MAX_POINTS,
     no_data_reason: str = "no samples",
 ) -> Figure:
@@ -148,11 +173,35 @@ def cdf_figure(
         "line": {"shape": "hv", "color": "#1565c0"},
         "hovertemplate": f"%{{x}} {unit}<br>%{{y:.2%}}<extra></extra>",
     }
-    layout = _layout(title, unit, "fraction of samples")
+    layout = _layout(title, xtitle or f"value ({unit})", "fraction of samples (0–1)")
     layout["yaxis"]["range"] = [0, 1.02]
     if keep.shape[0] < n:
         layout["annotations"].append(downsample_note(int(keep.shape[0]), n))
     return {"data": [trace], "layout": layout}
+
+
+TAIL_Q = (0.5, 99.5)  # histogram range: these percentiles; the rest in under/overflow bars
+
+
+def histogram_bins(x: F64, bins: int | None = None) -> tuple[F64, int, int]:
+    """Bin edges for a readable histogram of ``x`` (finite, non-empty): from the p0.5 to the
+    p99.5 of the data (so one slow outlier does not squash the body into a bar or two), the
+    bin count from the Freedman–Diaconis width (10 to ``HIST_BINS``) unless ``bins`` is
+    given. Returns (edges, values below the first edge, values above the last)."""
+    lo, hi = (float(v) for v in np.percentile(x, TAIL_Q))
+    if hi <= lo:  # (nearly) constant data: one narrow range around it
+        lo, hi = float(x.min()), float(x.max())
+        if hi <= lo:
+            hi = lo + max(abs(lo) * 1e-3, 1e-3)
+    if bins is None:
+        q25, q75 = np.percentile(x, (25.0, 75.0))
+        width = 2.0 * float(q75 - q25) / max(x.shape[0], 1) ** (1.0 / 3.0)
+        fd_bins = math.ceil((hi - lo) / width) if width > 0 else HIST_BINS
+        bins = int(np.clip(fd_bins, 10, HIST_BINS))
+    edges: F64 = np.linspace(lo, hi, bins + 1)
+    under = int(np.count_nonzero(x < lo))
+    over = int(np.count_nonzero(x > hi))
+    return edges, under, over
 
 
 def histogram_figure(
@@ -160,31 +209,66 @@ def histogram_figure(
     *,
     title: str,
     unit: str = "ms",
-    bins: int = HIST_BINS,
+    xtitle: str | None = None,
+    bins: int | None = None,
     no_data_reason: str = "no samples",
 ) -> Figure:
-    """Histogram of the finite ``samples``, binned here (the browser gets ``bins`` bars)."""
+    """Histogram of the finite ``samples``, binned here (``histogram_bins``): the body in
+    even bins, values beyond p0.5 / p99.5 in one underflow and one overflow bar (grey,
+    labelled with their range) so no sample is dropped and no spike hides the body."""
     x = _finite(samples)
     n = int(x.shape[0])
     if n == 0:
         return empty_figure(title, no_data_reason)
-    lo, hi = float(x.min()), float(x.max())
-    if hi <= lo:
-        hi = lo + max(abs(lo) * 1e-3, 1e-3)
-    counts, edges = np.histogram(x, bins=bins, range=(lo, hi))
+    edges, under, over = histogram_bins(x, bins)
+    body = x[(x >= edges[0]) & (x <= edges[-1])]
+    counts, _ = np.histogram(body, bins=edges)
+    width = float(edges[1] - edges[0])
     centers = (edges[:-1] + edges[1:]) / 2
-    trace = {
-        "type": "bar",
-        "x": values(centers, 4),
-        "y": counts.astype(np.int64).tolist(),
-        "width": float(edges[1] - edges[0]),
-        "marker": {"color": "#1565c0"},
-        "hovertemplate": f"%{{x}} {unit}: %{{y}}<extra></extra>",
-    }
-    layout = _layout(title, unit, "samples")
+    data: list[dict[str, Any]] = [
+        {
+            "type": "bar",
+            "name": "samples",
+            "x": values(centers, 4),
+            "y": counts.astype(np.int64).tolist(),
+            "width": width,
+            "marker": {"color": "#1565c0"},
+            "hovertemplate": f"%{{x}} {unit}: %{{y}}<extra></extra>",
+        }
+    ]
+    tails_x: list[float | None] = []
+    tails_y: list[int] = []
+    tails_text: list[str] = []
+    if under:
+        tails_x += values([edges[0] - 1.5 * width], 4)
+        tails_y.append(under)
+        tails_text.append(f"< {edges[0]:.4g} {unit} (min {x.min():.4g})")
+    if over:
+        tails_x += values([edges[-1] + 1.5 * width], 4)
+        tails_y.append(over)
+        tails_text.append(f"> {edges[-1]:.4g} {unit} (max {x.max():.4g})")
+    if tails_y:
+        data.append(
+            {
+                "type": "bar",
+                "name": "beyond p0.5–p99.5",
+                "x": tails_x,
+                "y": tails_y,
+                "width": width,
+                "text": tails_text,
+                "marker": {"color": "#9e9e9e"},
+                "hovertemplate": "%{text}: %{y}<extra></extra>",
+            }
+        )
+    layout = _layout(title, xtitle or f"value ({unit})", "samples (count)")
     layout["bargap"] = 0.02
-    layout["annotations"].append(_note(f"{n:,} samples in {bins} bins", y=1.0, yanchor="bottom"))
-    return {"data": [trace], "layout": layout}
+    top = max([int(counts.max()) if counts.size else 0, *tails_y, 1])
+    layout["yaxis"].update(int_axis(top))
+    text = f"{n:,} samples in {len(centers)} bins"
+    if tails_y:
+        text += f"; grey: {under + over:,} beyond p0.5–p99.5"
+    layout["annotations"].append(_note(text, y=1.0, yanchor="bottom"))
+    return {"data": data, "layout": layout}
 
 
 # --------------------------------------------------------------------------- requests
@@ -265,7 +349,7 @@ def timeline_figure(
                 + "</extra>",
             }
         )
-    layout = _layout(title, "time since run start (s)", "requests (by send time)")
+    layout = _layout(title, "time since run start (s)", "requests (one row each, by send time)")
     layout["showlegend"] = True
     layout["legend"] = {"orientation": "h", "y": -0.2}
     layout["height"] = 380
@@ -308,7 +392,7 @@ def throughput_figure(
     if hi <= lo:
         hi = lo + 1e-3
     data: list[dict[str, Any]] = []
-    layout = _layout(title, "time since run start (s)", "output tokens/s")
+    layout = _layout(title, "time since run start (s)", "output throughput (tok/s)")
     if t.size:
         counts, edges = np.histogram(t, bins=bins, range=(lo, hi), weights=k)
         width = float(edges[1] - edges[0])
@@ -343,12 +427,13 @@ def throughput_figure(
         layout["annotations"].append(
             {**downsample_note(len(x), total), "x": 0.0, "xanchor": "left"}
         )
+    finite_y = y[np.isfinite(y)]
     layout["yaxis2"] = {
-        "title": {"text": "requests in flight"},
+        "title": {"text": "requests in flight (count)"},
         "overlaying": "y",
         "side": "right",
-        "rangemode": "tozero",
         "showgrid": False,
+        **int_axis(float(finite_y.max()) if finite_y.size else 1.0),
     }
     layout["yaxis"]["rangemode"] = "tozero"
     layout["showlegend"] = True
@@ -402,7 +487,9 @@ def itl_position_figure(
     title = "ITL against token position"
     if n == 0:
         return empty_figure(title, no_data_reason)
-    keep = sample(n, max_points)
+    order = np.argsort(pos, kind="stable")
+    pos, itl = pos[order], itl[order]
+    keep = minmax_keep(itl, max_points)  # by position: every bucket's slowest token stays
     data: list[dict[str, Any]] = [
         {
             "type": "scatter",
@@ -426,7 +513,7 @@ def itl_position_figure(
             "hovertemplate": "token ≈%{x:.0f}: median %{y} ms<extra></extra>",
         }
     )
-    layout = _layout(title, "token position in the response", "ITL (ms)")
+    layout = _layout(title, "token position in the response (tokens)", "ITL (ms)")
     layout["showlegend"] = True
     layout["legend"] = {"orientation": "h", "y": -0.2}
     if keep.shape[0] < n:
@@ -464,7 +551,8 @@ def scatter_figure(
     color: str = "#1565c0",
     hover: str = "%{x}, %{y}<extra></extra>",
 ) -> Figure:
-    """A scatter of the finite (x, y) pairs, randomly thinned to ``max_points``."""
+    """A scatter of the finite (x, y) pairs, thinned to ``max_points`` by x order keeping
+    each bucket's lowest and highest y (``minmax_keep``: spikes are not clipped)."""
     xa = np.asarray(x, np.float64)
     ya = np.asarray(y, np.float64)
     ok = np.isfinite(xa) & np.isfinite(ya)
@@ -472,7 +560,9 @@ def scatter_figure(
     n = int(xa.shape[0])
     if n == 0:
         return empty_figure(title, no_data_reason)
-    keep = sample(n, max_points)
+    order = np.argsort(xa, kind="stable")
+    xa, ya = xa[order], ya[order]
+    keep = minmax_keep(ya, max_points)
     trace = {
         "type": "scatter",
         "mode": "markers",
@@ -497,7 +587,7 @@ def ttft_input_figure(
         inp,
         ttft_ms,
         title="TTFT against input length",
-        xtitle="input tokens",
+        xtitle="input length (tokens)",
         ytitle="TTFT (ms)",
         max_points=max_points,
         no_data_reason="no successful request with a known input length",
@@ -568,7 +658,10 @@ def request_events_figure(
                 + "</extra>",
             }
         )
-    layout = _layout(title, "ms since the request was sent", "output tokens received")
+    layout = _layout(
+        title, "time since the request was sent (ms)", "output tokens received (tokens)"
+    )
+    layout["yaxis"].update(int_axis(float(cum.max()) if cum.size else 1.0))
     layout["showlegend"] = True
     layout["legend"] = {"orientation": "h", "y": -0.2}
     if keep.shape[0] < total:

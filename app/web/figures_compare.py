@@ -30,11 +30,14 @@ def overlaid_cdf_figure(
     *,
     title: str,
     unit: str = "ms",
+    xtitle: str | None = None,
     max_points: int = MAX_POINTS,
 ) -> Figure:
     """One empirical CDF per (label, samples); NaN samples dropped."""
     traces: list[dict[str, Any]] = []
-    layout = _layout(title, unit, "fraction of samples", showlegend=True)
+    layout = _layout(
+        title, xtitle or f"value ({unit})", "fraction of samples (0–1)", showlegend=True
+    )
     layout["yaxis"]["range"] = [0, 1.02]
     layout["legend"] = {"orientation": "h", "y": -0.25}
     layout["height"] = 340
@@ -92,7 +95,7 @@ def delta_figure(pair: Mapping[str, Any], *, title: str) -> Figure:
         "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
         "hovertemplate": "%{x}: %{y:+.1f}%<extra></extra>",
     }
-    layout = _layout(title, "", "change vs baseline (%)")
+    layout = _layout(title, "metric and percentile", "change vs baseline (%)")
     return {"data": [trace], "layout": layout}
 
 
@@ -157,7 +160,8 @@ def sweep_latency_figure(
             )
     if not traces:
         return empty_figure(title, "no steps")
-    layout = _layout(title, "achieved output throughput (tok/s)", "ms", showlegend=True)
+    name = metric.removesuffix("_ms").upper().replace("E2EL", "E2E latency")
+    layout = _layout(title, "achieved output throughput (tok/s)", f"{name} (ms)", showlegend=True)
     layout["legend"] = {"orientation": "h", "y": -0.3}
     layout["height"] = 360
     if slo_ms is not None:
@@ -206,7 +210,7 @@ def sweep_throughput_figure(sweeps: Sequence[Mapping[str, Any]], *, title: str) 
             }
         )
     xt = "offered load (req/s or concurrency)"
-    layout = _layout(title, xt, "achieved req/s", showlegend=True)
+    layout = _layout(title, xt, "achieved rate (req/s)", showlegend=True)
     layout["legend"] = {"orientation": "h", "y": -0.3}
     layout["height"] = 360
     return {"data": traces, "layout": layout}

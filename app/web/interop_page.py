@@ -9,19 +9,30 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.domain import RunTrace
 from app.storage import interop as interop_repo
+from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web.interop_view import import_comparison, server_metrics_figure
+from app.web.interop_view import import_comparison, import_setup, server_metrics_figure
 
 
 def add_interop(
     ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str, trace: RunTrace
 ) -> None:
-    """Add ``imported`` (the file's figures beside ours, or None), ``server_status`` and the
-    ``server_metrics`` figure to a run page's context."""
+    """Add ``imported`` (the file's figures beside ours, or None), ``import_setup`` (what
+    an imported file says about its setup, or None for our own runs), ``server_status`` and
+    the ``server_metrics`` figure to a run page's context."""
     with session_scope(sessions) as s:
         info = interop_repo.get_import(s, run_id)
         group = interop_repo.group_runs(s, info.group_id) if info is not None else []
         series = interop_repo.load_server_metrics(s, run_id)
+        row = repo.find_run(s, run_id)
+        model = row.model if row is not None else None
+        target = row.target_url if row is not None else None
+    source = str((ctx.get("run") or {}).get("source") or "")
+    ctx["import_setup"] = (
+        import_setup(source, info, model=model, target=target)
+        if source.startswith("import")
+        else None
+    )
     load = (ctx.get("report") or {}).get("load") or {}
     status_block = load.get("server_metrics") if isinstance(load, dict) else None
     status = status_block.get("status") if isinstance(status_block, dict) else None

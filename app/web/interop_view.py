@@ -84,6 +84,55 @@ def import_comparison(info: ImportInfo, trace: RunTrace, group_runs: list[str]) 
     return ImportComparison(info.tool, info.profile, info.file_name, rows, note, group_runs)
 
 
+SETUP_LABELS = {
+    "strategy": "load strategy",
+    "load": "load",
+    "load_kind": "load kind",
+    "duration_s": "duration (s)",
+    "requests": "requests",
+    "start_time": "started",
+    "end_time": "ended",
+    "benchmark_index": "benchmark in the file",
+    "benchmark_id": "benchmark id",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ImportSetup:
+    """What an imported file says about the run it measured (imports have no spec of
+    ours, no schedule and no client of ours)."""
+
+    source: str  # "CSV log", "GuideLLM 0.8.1 file guidellm-benchmarks.json"
+    model: str | None
+    target: str | None
+    rows: list[tuple[str, str]]  # (setting, value) as the file states them
+
+
+def _setting(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def import_setup(
+    source: str, info: ImportInfo | None, *, model: str | None, target: str | None
+) -> ImportSetup:
+    """The header and settings table of an imported run: the tool and file it came from
+    and every setting the file states (its ``meta``), in a stable order."""
+    if info is None:
+        fmt = source.removeprefix("import:") or "file"
+        return ImportSetup(f"{fmt.upper() if fmt == 'csv' else fmt} log", model, target, [])
+    where = f"{info.tool} file {info.file_name}" if info.file_name else info.tool
+    meta = info.meta or {}
+    keys = [k for k in SETUP_LABELS if k in meta] + sorted(k for k in meta if k not in SETUP_LABELS)
+    rows = [
+        (SETUP_LABELS.get(k, k.replace("_", " ")), _setting(meta[k]))
+        for k in keys
+        if meta[k] is not None and not isinstance(meta[k], dict | list)
+    ]
+    return ImportSetup(where, model, target, rows)
+
+
 # --------------------------------------------------------------------------- server metrics
 
 ROW_DOMAINS = ((0.78, 1.0), (0.53, 0.74), (0.27, 0.49), (0.0, 0.23))
@@ -96,12 +145,15 @@ def _label(s: Series) -> str:
 
 
 def _line(name: str, x: Any, y: Any, axis: str, color: str, shape: str = "hv") -> dict[str, Any]:
+    """An SVG line, at most ``MAX_POINTS`` points (each bucket's min and max kept)."""
+    xa, ya = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    keep = fg.minmax_keep(ya, fg.MAX_POINTS)
     return {
         "type": "scatter",
         "mode": "lines",
         "name": name,
-        "x": fg.values(x, 3),
-        "y": fg.values(y, 3),
+        "x": fg.values(xa[keep], 3),
+        "y": fg.values(ya[keep], 3),
         "yaxis": axis,
         "line": {"shape": shape, "color": color},
         "hovertemplate": f"{name}<br>%{{x:.2f}} s: %{{y}}<extra></extra>",
@@ -146,25 +198,46 @@ def server_metrics_figure(series: list[Series], trace: RunTrace, status: str | N
     prm = per_request_metrics(trace)
     ok = np.isfinite(prm.ttft_ns) & np.isfinite(sent)
     if ok.any():
+        order = np.argsort(sent[ok], kind="stable")
         for name, arr in (("TTFT ms", prm.ttft_ns), ("E2E ms", prm.e2e_ns)):
+            when, lat_ms = sent[ok][order], arr[ok][order] / 1e6
+            keep = fg.minmax_keep(lat_ms, fg.MAX_POINTS)  # SVG: many browsers lack WebGL
             data.append(
                 {
-                    "type": "scattergl",
+                    "type": "scatter",
                     "mode": "markers",
                     "name": f"client {name}",
-                    "x": fg.values(sent[ok], 3),
-                    "y": fg.values(arr[ok] / 1e6, 2),
+                    "x": fg.values(when[keep], 3),
+                    "y": fg.values(lat_ms[keep], 2),
                     "yaxis": "y4",
                     "marker": {"size": 4, "color": next(color)},
                     "hovertemplate": f"sent %{{x:.2f}} s: {name} %{{y}}<extra></extra>",
                 }
             )
-    layout = fg._layout(title, "time since run start (s)", "requests")
+    empty = [str(tr["name"]) for tr in data if not tr["x"]]
+    data = [tr for tr in data if tr["x"]]  # a rate needs two scrapes: say so, draw no ghost
+    if not data:
+        return fg.empty_figure(title, "every scraped series has fewer than 2 samples")
+    for tr in data:
+        if tr["mode"] == "lines" and len(tr["x"]) < 3:
+            tr["mode"] = "lines+markers"  # one or two scrapes: a line alone is invisible
+    layout = fg._layout(title, "time since run start (s)", "requests (count)")
+    if empty:
+        layout["annotations"].append(
+            fg._note(
+                f"not drawn (fewer than 2 scrapes): {', '.join(empty)}", y=1.0, yanchor="bottom"
+            )
+        )
     layout["height"] = 640
     layout["showlegend"] = True
     layout["legend"] = {"orientation": "h", "y": -0.12}
     layout["xaxis"]["anchor"] = "y4"
-    titles = ("requests", "tokens/s (server)", "KV cache % / other", "latency ms (client)")
+    titles = (
+        "requests (count)",
+        "server throughput (tok/s)",
+        "KV cache (%) / other",
+        "client latency (ms)",
+    )
     for i, (dom, ytitle) in enumerate(zip(ROW_DOMAINS, titles, strict=True)):
         key = "yaxis" if i == 0 else f"yaxis{i + 1}"
         axis = layout.get(key, {})

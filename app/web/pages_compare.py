@@ -19,7 +19,9 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.web import figures_compare as fc
+from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.runpage import report_warnings
 
 router = APIRouter(include_in_schema=False)
 
@@ -47,9 +49,30 @@ def _label(run: dict[str, Any]) -> str:
     return str(run.get("name") or run["id"])
 
 
+def _created(rs: compare_svc.RunSamples) -> str:
+    return str(rs.run.get("created_at") or "")
+
+
+def order_baseline_first(
+    loaded: list[compare_svc.RunSamples], base: str | None
+) -> tuple[list[compare_svc.RunSamples], str]:
+    """The runs with the baseline first, and how it was chosen: the run the user picked
+    (``base``), else the oldest run, never whichever the table happened to list first."""
+    chosen = next((r for r in loaded if base and r.run["id"] == base), None)
+    how = "chosen"
+    if chosen is None:
+        chosen = min(loaded, key=_created)
+        how = "the oldest run; pick another below"
+    return [chosen, *[r for r in loaded if r is not chosen]], how
+
+
+def _warnings(rs: compare_svc.RunSamples) -> list[views.TrustWarning]:
+    return report_warnings(rs.report)
+
+
 def _runs_context(
     request: Request, wanted: list[str], threshold_pct: float, alpha: float,
-    variable: str | None, baseline: str | None,
+    variable: str | None, baseline: str | None, base: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     sessions = sessions_of(request)
     missing: list[str] = []
@@ -61,6 +84,9 @@ def _runs_context(
             raise Invalid(f"no run baseline named {baseline!r}", loc=("query", "baseline"))
         wanted = [b.run_id, *[w for w in wanted if w != b.run_id]]
         base_note = f"baseline {baseline!r} version {b.version}"
+        base = b.run_id
+    elif base and base not in wanted:
+        wanted = [base, *wanted]
     loaded = []
     for rid in wanted[:MAX_IDS]:
         try:
@@ -72,13 +98,20 @@ def _runs_context(
         ctx["too_many"] = f"only the first {MAX_IDS} runs are compared"
     if len(loaded) < 2:
         return ctx
+    loaded, how = order_baseline_first(loaded, base)
+    ctx["baseline_how"] = "saved baseline" if baseline else how
+    ctx["run_warnings"] = {r.run["id"]: _warnings(r) for r in loaded}
+    ctx["warned_ids"] = [rid for rid, w in ctx["run_warnings"].items() if w]
+    ctx["all_ids"] = [r.run["id"] for r in loaded]
     result = compare_svc.compare_loaded(
         loaded, threshold_pct=threshold_pct, alpha=alpha, variable=variable
     )
     figures = {
         f"cdf_{key}": _json(
             fc.overlaid_cdf_figure(
-                [(_label(r.run), r.samples_ms[key]) for r in loaded], title=f"{label} CDF"
+                [(_label(r.run), r.samples_ms[key]) for r in loaded],
+                title=f"{label} CDF",
+                xtitle=f"{label} (ms)",
             )
         )
         for key, label in CDF_METRICS.items()
@@ -98,11 +131,13 @@ async def compare_page(
     ids: Annotated[list[str] | None, Query()] = None,
     sweeps: Annotated[list[str] | None, Query()] = None,
     baseline: str | None = None,
+    base: str | None = None,
     threshold_pct: Annotated[float, Query(ge=0, le=1000)] = 5.0,
     alpha: Annotated[float, Query(gt=0, lt=1)] = 0.01,
     variable: str | None = None,
 ) -> Response:
-    """Statistical comparison of runs (first = baseline) or of two sweeps."""
+    """Statistical comparison of runs or of two sweeps. The baseline: ``base`` (a run the
+    user picked), a saved ``baseline`` (by name), else the oldest of the runs."""
     principal, redirect = _gate(request)
     if redirect is not None:
         return redirect
@@ -116,7 +151,9 @@ async def compare_page(
             )
         else:
             ctx = await anyio.to_thread.run_sync(
-                lambda: _runs_context(request, wanted, threshold_pct, alpha, variable, baseline)
+                lambda: _runs_context(
+                    request, wanted, threshold_pct, alpha, variable, baseline, base or None
+                )
             )
     except (Invalid, Conflict) as e:
         ctx = {"missing": [], "result": None, "error": e.detail}
@@ -127,6 +164,7 @@ async def compare_page(
         ids=wanted,
         sweep_ids=sweep_ids,
         baseline=baseline,
+        base=base,
         baselines=baselines,
         threshold_pct=threshold_pct,
         alpha=alpha,
@@ -221,13 +259,18 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
         raise HTTPException(404, f"no sweep with id {sweep_id!r}") from None
     summ = json_safe(summ | {"label": summ.get("name") or summ["id"]})
     with session_scope(sessions_of(request)) as s:
-        names = {
-            st["run_id"]: (repo.get_run(s, st["run_id"]).name or st["run_id"])
-            for st in summ["steps"]
-        }
+        rows = {st["run_id"]: repo.get_run(s, st["run_id"]) for st in summ["steps"]}
+        names = {rid: (row.name or rid) for rid, row in rows.items()}
+        warnings = {rid: views.run_warnings(row) for rid, row in rows.items()}
     return render(
         request,
         "sweep.html",
-        {"nav": "sweeps", "sweep": summ, "names": names, "figures": _sweep_figures([summ])},
+        {
+            "nav": "sweeps",
+            "sweep": summ,
+            "names": names,
+            "run_warnings": warnings,
+            "figures": _sweep_figures([summ]),
+        },
         principal=principal,
     )

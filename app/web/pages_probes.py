@@ -4,13 +4,16 @@ planner and a job's telemetry."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from pydantic import ValidationError
 
+from app.analysis import capacity as cap
 from app.analysis.device_presets import DEVICE_PRESETS, preset_for_device_name
-from app.analysis.model_presets import DTYPE_BYTES, MODEL_PRESETS
+from app.analysis.model_presets import DTYPE_BYTES, MODEL_PRESETS, ModelConfig
 from app.services import probes as svc
 from app.services.errors import ServiceError
 from app.storage.db import session_scope
@@ -165,59 +168,148 @@ def throughput_page(
     )
 
 
+CUSTOM_MODEL = "custom"
+CAPACITY_DEFAULTS: dict[str, str] = {
+    "model": "llama-3-8b",
+    "hf_config": "",
+    "params_b": "",
+    "device": "h100-sxm",
+    "memory_gib": "",
+    "tp": "1",
+    "weight_dtype": "bf16",
+    "kv_dtype": "bf16",
+    "utilization": "0.9",
+    "reserve_gib": "0",
+    "block_size": "16",
+    "context": "8192",
+    "concurrency": "16",
+}
+# form field -> (label, kind): "float" / "int"; blank means the default below
+NUMBERS: dict[str, tuple[str, str]] = {
+    "memory_gib": ("memory", "float"),
+    "tp": ("GPUs (tensor parallel)", "int"),
+    "utilization": ("memory utilization", "float"),
+    "reserve_gib": ("reserve", "float"),
+    "block_size": ("block size", "int"),
+    "context": ("context", "int"),
+    "concurrency": ("concurrency", "int"),
+    "params_b": ("parameters", "float"),
+}
+BLANK: dict[str, float | int | None] = {
+    "memory_gib": None,
+    "tp": 1,
+    "reserve_gib": 0.0,
+    "context": None,
+    "concurrency": None,
+    "params_b": None,
+}
+
+
+def _numbers(form: dict[str, str], errors: dict[str, str]) -> dict[str, float | int | None]:
+    """The numeric fields, each parsed on its own; a bad one gets a message in ``errors``."""
+    out: dict[str, float | int | None] = {}
+    for key, (label, kind) in NUMBERS.items():
+        raw = form[key].strip()
+        if not raw:
+            if key in BLANK:
+                out[key] = BLANK[key]
+            else:
+                errors[key] = f"{label}: give a value"
+            continue
+        try:
+            out[key] = int(raw) if kind == "int" else float(raw)
+        except ValueError:
+            what = "a whole number" if kind == "int" else "a number"
+            errors[key] = f"{label} must be {what}, not {raw[:40]!r}"
+            continue
+        if kind == "float" and not math.isfinite(float(raw)):
+            errors[key] = f"{label} must be a finite number"
+    return out
+
+
+def _custom_model(
+    raw: str, params_b: float | None, errors: dict[str, str]
+) -> tuple[ModelConfig | None, list[str]]:
+    """The model of a pasted config.json (``model_from_hf_config``) and its notes; None
+    with a message in ``errors`` when the paste or the parameter count is unusable."""
+    if not raw.strip():
+        errors["hf_config"] = "paste the model's config.json (from its Hugging Face page)"
+        return None, []
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as e:
+        errors["hf_config"] = f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})"
+        return None, []
+    if params_b is not None and params_b <= 0:
+        errors["params_b"] = "parameters must be positive (billions)"
+        return None, []
+    params = round(params_b * 1e9) if params_b is not None else None
+    try:
+        return cap.model_from_hf_config(cfg, name="custom", params=params)
+    except ValueError as e:
+        errors["params_b" if "parameter count" in str(e) else "hf_config"] = str(e)
+        return None, []
+
+
+def _pydantic_errors(e: ValidationError, errors: dict[str, str]) -> None:
+    for err in e.errors():
+        loc = [str(x) for x in err.get("loc") or ()]
+        key = loc[0] if loc else "form"
+        label = NUMBERS.get(key, (key.replace("_", " "), ""))[0]
+        msg = str(err.get("msg") or "invalid").replace("Input should be", "must be")
+        errors.setdefault(key if key in CAPACITY_DEFAULTS else "form", f"{label} {msg}")
+
+
 @router.get("/capacity")
-def capacity_page(
-    request: Request,
-    model: str = "llama-3-8b",
-    device: str = "h100-sxm",
-    memory_gib: str = "",
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
-    utilization: str = "0.9",
-    reserve_gib: str = "0",
-    block_size: str = "16",
-    context: str = "8192",
-    concurrency: str = "16",
-) -> Response:
+def capacity_page(request: Request) -> Response:
+    """The capacity planner. Each bad field gets its own message beside it; a model that
+    does not fit says so and by how much, instead of cards full of zeros."""
     principal, redirect = _gate(request)
     if redirect is not None:
         return redirect
-    form = dict(
-        model=model,
-        device=device,
-        memory_gib=memory_gib,
-        weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
-        utilization=utilization,
-        reserve_gib=reserve_gib,
-        block_size=block_size,
-        context=context,
-        concurrency=concurrency,
-    )
-    out, error = None, None
-    try:
-        q = svc.CapacityQuery(
-            model=model,
-            device=device or None,
-            memory_gib=float(memory_gib) if memory_gib else None,
-            weight_dtype=weight_dtype,
-            kv_dtype=kv_dtype,
-            utilization=float(utilization),
-            reserve_gib=float(reserve_gib or 0),
-            block_size=int(block_size),
-            context=int(context) if context else None,
-            concurrency=int(concurrency) if concurrency else None,
+    form = {k: str(request.query_params.get(k, v)) for k, v in CAPACITY_DEFAULTS.items()}
+    errors: dict[str, str] = {}
+    nums = _numbers(form, errors)
+    model: str | ModelConfig | None = form["model"]
+    notes: list[str] = []
+    if form["model"] == CUSTOM_MODEL:
+        pb = nums.get("params_b")
+        model, notes = _custom_model(
+            form["hf_config"], float(pb) if pb is not None else None, errors
         )
-        out = svc.capacity(q)
-    except ServiceError as e:
-        error = e.detail
-    except ValueError as e:
-        error = (
-            str(e).splitlines()[0]
-            if len(str(e).splitlines()) < 2
-            else " ".join(str(e).splitlines()[:3])
-        )
-    status = 422 if error else 200
+    elif form["model"] not in MODEL_PRESETS:
+        errors["model"] = f"unknown model {form['model']!r}"
+    if form["device"] and form["device"] not in DEVICE_PRESETS:
+        errors["device"] = f"unknown device {form['device']!r}"
+    for key in ("weight_dtype", "kv_dtype"):
+        if form[key] not in DTYPE_BYTES:
+            errors[key] = f"unknown dtype {form[key]!r} (known: {', '.join(DTYPE_BYTES)})"
+    out = None
+    if not errors and model is not None:
+        try:
+            q = svc.CapacityQuery(
+                model=model,
+                device=form["device"] or None,
+                memory_gib=nums["memory_gib"],
+                weight_dtype=form["weight_dtype"],
+                kv_dtype=form["kv_dtype"],
+                utilization=nums["utilization"],  # type: ignore[arg-type]
+                reserve_gib=nums["reserve_gib"],  # type: ignore[arg-type]
+                block_size=nums["block_size"],  # type: ignore[arg-type]
+                context=nums["context"],  # type: ignore[arg-type]
+                concurrency=nums["concurrency"],  # type: ignore[arg-type]
+                tp=nums["tp"],  # type: ignore[arg-type]
+            )
+            out = svc.capacity(q)
+        except ValidationError as e:
+            _pydantic_errors(e, errors)
+        except ServiceError as e:
+            loc = [str(x) for x in (e.loc or ())]
+            key = loc[-1] if loc else "form"
+            key = "weight_dtype" if key == "dtype" else key
+            errors[key if key in CAPACITY_DEFAULTS else "form"] = e.detail
+        except ValueError as e:
+            errors["form"] = str(e)
     return render(
         request,
         "capacity.html",
@@ -225,13 +317,15 @@ def capacity_page(
             "nav": "probes",
             "form": form,
             "out": out,
-            "error": error,
+            "errors": errors,
+            "model_notes": notes,
+            "custom": CUSTOM_MODEL,
             "models": MODEL_PRESETS,
             "devices": DEVICE_PRESETS,
             "dtypes": list(DTYPE_BYTES),
         },
         principal=principal,
-        status_code=status,
+        status_code=422 if errors else 200,
     )
 
 

@@ -57,7 +57,7 @@ def phase_breakdown_figure(trace: RunTrace, indexes: Any = None) -> Figure:
                 ),
             }
         )
-    layout = _layout(TITLE, "request index", "time (ms)", barmode="stack", showlegend=True)
+    layout = _layout(TITLE, "request index (count)", "time (ms)", barmode="stack", showlegend=True)
     layout["legend"] = {"orientation": "h", "y": -0.25}
     layout["height"] = 360
     layout["xaxis"]["tickformat"] = ",d"

@@ -38,6 +38,14 @@ DIST_PLOTS: dict[str, tuple[str, str]] = {
     "e2el_ms": ("E2E latency", "e2e_ns"),
 }
 
+DIST_AXES = {
+    "ttft_ms": "TTFT",
+    "ttfot_ms": "TTFOT",
+    "tpot_ms": "TPOT",
+    "itl_ms": "ITL",
+    "e2el_ms": "E2E latency",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class RunPlots:
@@ -106,9 +114,12 @@ def run_figures(
     for key, (title, _attr) in DIST_PLOTS.items():
         samples, reason = dist_samples(key, trace, prm, tokens)
         name = key.removesuffix("_ms")
-        figs[f"cdf_{name}"] = fg.cdf_figure(samples, title=f"{title}: CDF", no_data_reason=reason)
+        xtitle = f"{DIST_AXES[key]} (ms)"
+        figs[f"cdf_{name}"] = fg.cdf_figure(
+            samples, title=f"{title}: CDF", xtitle=xtitle, no_data_reason=reason
+        )
         figs[f"hist_{name}"] = fg.histogram_figure(
-            samples, title=f"{title}: histogram", no_data_reason=reason
+            samples, title=f"{title}: histogram", xtitle=xtitle, no_data_reason=reason
         )
     idx = indexes if indexes is not None else np.arange(trace.n_requests, dtype=np.int64)
     first = tokens.first_t()

@@ -32,6 +32,9 @@ def roofline_figure(
     probe_points: list[dict[str, Any]],
     operating: list[tuple[str, OperatingPoint]],
 ) -> Figure:
+    """Measured roofs (solid), datasheet roofs (dashed, named "datasheet"), linear-probe
+    points and runs' operating points. Without measured ceilings the title says the roofs
+    are the datasheet's."""
     data: list[dict[str, Any]] = []
     shapes: list[dict[str, Any]] = []
     if measured:
@@ -121,12 +124,15 @@ def roofline_figure(
                 "hovertemplate": "%{text}<extra></extra>",
             }
         )
+    title = "Roofline"
+    if not measured and datasheets:
+        title = f"Roofline: {', '.join(d.label for d in datasheets)} datasheet (not measured)"
     return {
         "data": data,
         "layout": {
-            "title": {"text": "Roofline"},
+            "title": {"text": title},
             "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
-            "yaxis": {"type": "log", "title": {"text": "FLOP/s"}},
+            "yaxis": {"type": "log", "title": {"text": "attained performance (FLOP/s)"}},
             "shapes": shapes,
             "hovermode": "closest",
             "margin": {"t": 40, "r": 10},
@@ -281,7 +287,7 @@ def scaling_figures(
     def layout(title: str, ytitle: str, y2: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "title": {"text": title},
-            "xaxis": {"type": "log", "title": {"text": "batch / concurrency"}},
+            "xaxis": {"type": "log", "title": {"text": "batch / concurrency (requests)"}},
             "yaxis": {"title": {"text": ytitle}},
             "shapes": shapes + regions,
             "annotations": notes,
@@ -297,7 +303,10 @@ def scaling_figures(
         return out
 
     return {
-        "throughput": {"data": tput, "layout": layout("Throughput vs batch", "tokens/s")},
+        "throughput": {
+            "data": tput,
+            "layout": layout("Throughput vs batch", "throughput (tok/s)"),
+        },
         "latency": {"data": lat, "layout": layout("TPOT and memory vs batch", "TPOT (ms)", True)},
     }
 
@@ -325,22 +334,22 @@ def telemetry_figure(samples: list[dict[str, Any]]) -> Figure:
         "data": data,
         "layout": {
             "title": {"text": "Device telemetry (about 1 Hz)"},
-            "xaxis": {"title": {"text": "seconds since job start"}, "domain": [0, 0.85]},
-            "yaxis": {"title": {"text": "util %"}, "range": [0, 100]},
-            "yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "W"}},
+            "xaxis": {"title": {"text": "time since job start (s)"}, "domain": [0, 0.85]},
+            "yaxis": {"title": {"text": "utilization (%)"}, "range": [0, 100]},
+            "yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "power (W)"}},
             "yaxis3": {
                 "overlaying": "y",
                 "side": "right",
                 "position": 0.92,
                 "anchor": "free",
-                "title": {"text": "MiB"},
+                "title": {"text": "memory (MiB)"},
             },
             "yaxis4": {
                 "overlaying": "y",
                 "side": "right",
                 "position": 1.0,
                 "anchor": "free",
-                "title": {"text": "MHz"},
+                "title": {"text": "SM clock (MHz)"},
             },
             "margin": {"t": 40},
             "legend": {"orientation": "h", "y": -0.2},

@@ -99,10 +99,27 @@ def figures_json(data: RunData) -> dict[str, str]:
         sent_sched_ns=data.sent_ns if data.trace.n_requests else None,
         indexes=data.indexes if data.indexes.shape[0] == data.trace.n_requests else None,
     )
+    imported = str(data.run.get("source") or "").startswith("import")
     return {
         key: json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
         for key, fig in plots.figures.items()
+        if not (imported and key == "send_lag")  # an import has no schedule to lag behind
     }
+
+
+def report_warnings(report: dict[str, Any]) -> list[views.TrustWarning]:
+    """``views.trust_warnings`` of a run's report (client-limited, errors over bound)."""
+    v = report.get("validity") or {}
+    m = report.get("metrics") or {}
+    failed = (m.get("requests") or {}).get("failed")
+    err = m.get("error_rate")
+    return views.trust_warnings(
+        client_limited=bool(v.get("client_limited")),
+        notes=[str(n) for n in v.get("notes") or []],
+        error_rate=float(err) if isinstance(err, int | float) else None,
+        failed=int(failed) if isinstance(failed, int) else None,
+        spec=report.get("spec"),
+    )
 
 
 def run_context(
@@ -124,11 +141,15 @@ def run_context(
         profile_notes = [str(n) for n in notes] if isinstance(notes, list) else []
     spec = report.get("spec") or {}
     metrics = report["metrics"]
+    active = data.job is not None or str(data.run.get("status")) in views.ACTIVE_RUN_STATES
     return {
         "run": data.run,
         "note": data.note,
         "report": report,
-        "cards": views.summary_cards(report),
+        "cards": views.summary_cards(
+            report, active=active, job_state=data.job.state if data.job else None
+        ),
+        "warnings": [] if active else report_warnings(report),
         "client_health": client_health(report),
         "rows": views.metric_rows(report),
         "pcts": views.PCTS,

@@ -53,6 +53,66 @@ def load_text(spec: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+DEFAULT_MAX_ERROR_RATE = 0.05  # a run's bound when its spec names none (as sweeps use)
+
+
+def error_bound(spec: dict[str, Any] | None) -> float:
+    """The error-rate bound of a run: its spec's ``max_error_rate``, else 5%."""
+    v = _f((spec or {}).get("max_error_rate"))
+    return v if v is not None and 0 <= v <= 1 else DEFAULT_MAX_ERROR_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class TrustWarning:
+    short: str  # for a table cell: "client-limited", "errors 10.0% > 5%"
+    text: str  # the whole sentence
+
+
+def trust_warnings(
+    *,
+    client_limited: bool,
+    notes: list[str] | None,
+    error_rate: float | None,
+    failed: int | None,
+    spec: dict[str, Any] | None,
+) -> list[TrustWarning]:
+    """Why a run's latencies cannot be taken at face value (empty when they can): the
+    client fell behind its schedule, or more requests failed than the run's bound."""
+    out: list[TrustWarning] = []
+    if client_limited:
+        why = [n for n in notes or [] if " > " in n]
+        out.append(
+            TrustWarning(
+                "client-limited",
+                "client-limited: the load generator fell behind its own schedule, so the "
+                "latencies may be inflated" + (f" ({'; '.join(why)})" if why else ""),
+            )
+        )
+    bound = error_bound(spec)
+    if error_rate is not None and error_rate > bound:
+        count = f"{failed} failed; " if failed is not None else ""
+        out.append(
+            TrustWarning(
+                f"errors {error_rate:.1%} > {bound:.0%}",
+                f"error rate {error_rate:.1%} ({count}bound {bound:.0%}): the latencies "
+                "describe only the requests that succeeded",
+            )
+        )
+    return out
+
+
+def run_warnings(run: Run) -> list[TrustWarning]:
+    s = run.summary or {}
+    failed = s.get("failed")
+    return trust_warnings(
+        client_limited=bool(run.client_limited),
+        notes=list(run.validity or []),
+        error_rate=_f(s.get("error_rate")),
+        failed=int(failed) if isinstance(failed, int) else None,
+        spec=run.spec,
+    )
+
+
 def validity_text(run: Run) -> str:
     status = str(run.status)
     if status in ACTIVE_RUN_STATES:
@@ -79,7 +139,8 @@ def job_view(job: Job | None) -> JobView | None:
     planned = int(prog.get("planned") or (job.spec or {}).get("num_prompts") or 0)
     done = int(prog.get("done") or 0)
     pct = 100.0 * done / planned if planned else 0.0
-    text = f"{job.state}: {done}/{planned}" if planned else str(job.state)
+    state = job_state_text(str(job.state))
+    text = f"{state}: {done}/{planned}" if planned else state
     return JobView(id=job.id, state=str(job.state), percent=min(pct, 100.0), text=text)
 
 
@@ -101,6 +162,7 @@ class RunRow:
     goodput: float | None
     error_rate: float | None
     job: JobView | None = None
+    warnings: list[TrustWarning] = field(default_factory=list)
 
 
 def run_row(run: Run, job: Job | None = None) -> RunRow:
@@ -122,6 +184,7 @@ def run_row(run: Run, job: Job | None = None) -> RunRow:
         goodput=_f(s.get("goodput_req_s")),
         error_rate=_f(s.get("error_rate")),
         job=job_view(job),
+        warnings=run_warnings(run) if str(run.status) not in ACTIVE_RUN_STATES else [],
     )
 
 
@@ -192,11 +255,40 @@ def _rate(v: Any, unit: str) -> str:
     return f"{f:,.0f} {unit}" if f >= 100 else f"{f:.2f} {unit}"
 
 
-def summary_cards(report: dict[str, Any]) -> list[Card]:
+JOB_STATE_TEXT = {"leased": "starting", "running": "running", "queued": "queued"}
+
+
+def job_state_text(state: str) -> str:
+    """A job's state as the run page's status card says it."""
+    return JOB_STATE_TEXT.get(state, state)
+
+
+def validity_card(report: dict[str, Any], *, active: bool) -> Card:
+    """Validity: "pending" while the run is queued or running (the client's verdict on its own
+    schedule comes at the end), "no data" when nothing was sent, else valid/client-limited."""
+    v = report.get("validity") or {}
+    sent = int(((report["metrics"].get("requests") or {}).get("sent")) or 0)
+    if active:
+        return Card("Validity", "pending", "decided when the run ends", "", id="validity")
+    if sent == 0 and not v.get("summary_only"):
+        return Card("Validity", "no data", "no request was sent", "", id="validity")
+    if v.get("client_limited"):
+        detail = "the client fell behind: latencies may be inflated"
+        return Card("Validity", "client-limited", detail, "bad", id="validity")
+    detail = "summary-only (imported)" if v.get("summary_only") else "client kept its schedule"
+    return Card("Validity", "valid", detail, "good", id="validity")
+
+
+def summary_cards(
+    report: dict[str, Any], *, active: bool = False, job_state: str | None = None
+) -> list[Card]:
+    """The run page's cards. While a job runs the run (``job_state``), the status card
+    shows the job's state: the same source the progress bar follows and updates."""
     m = report["metrics"]
     req = m.get("requests") or {}
-    v = report.get("validity") or {}
     status = str(report.get("status") or "")
+    if active and job_state:
+        status = job_state_text(job_state)
     tone = {"succeeded": "good", "failed": "bad", "partial": "warn", "cancelled": "warn"}
     err = _f(m.get("error_rate"))
     slos = m.get("slos_ms") or {}
@@ -205,18 +297,13 @@ def summary_cards(report: dict[str, Any]) -> list[Card]:
     window = m.get("window") or {}
     return [
         Card(
-            "Status", status or "—", f"source: {report.get('source') or '—'}", tone.get(status, "")
+            "Status",
+            status or "—",
+            f"source: {report.get('source') or '—'}",
+            tone.get(status, ""),
+            id="status",
         ),
-        Card(
-            "Validity",
-            "client-limited" if v.get("client_limited") else "valid",
-            "summary-only (imported)"
-            if v.get("summary_only")
-            else "client kept its schedule"
-            if not v.get("client_limited")
-            else "the client fell behind: latencies may be inflated",
-            "bad" if v.get("client_limited") else "good",
-        ),
+        validity_card(report, active=active),
         Card(
             "Error rate",
             "—" if err is None else f"{err * 100:.1f}%",
