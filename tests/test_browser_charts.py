@@ -179,7 +179,13 @@ def test_run_pages_of_every_kind_draw(page: Page, server: DashboardServer, lab: 
     for run_id in (s.all_errors, s.one, s.imported, lab.limited, lab.guidellm):
         con = _open(page, server, f"/runs/{run_id}")
         found = _ids(assert_drawn(page))
-        assert ("plot-send_lag" in found) == (run_id not in (s.imported, lab.guidellm))
+        if run_id == s.all_errors:  # nothing succeeded: its errors first, no empty charts
+            assert found == set() and page.locator("#errors-first").count() == 1
+        else:
+            assert ("plot-send_lag" in found) == (run_id not in (s.imported, lab.guidellm))
+            assert "plot-timeline" in found
+        if run_id == s.one:  # a run of this client: its phases are drawn stacked
+            assert "plot-phases" in found
         assert con.problems() == [], f"{run_id}: {con.problems()}"
 
 
