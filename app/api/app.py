@@ -37,6 +37,7 @@ from app.api.schemas import Health
 from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
+from app.services.exports import ExportLimiter
 from app.services.secretbox import SecretBox
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
@@ -148,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings or Settings()
     app.state.secretbox = SecretBox.from_settings(app.state.settings)
+    app.state.export_limiter = ExportLimiter()
     targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
     for module in (routes_runs, routes_jobs, routes_workers, routes_tokens):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, File, Form, UploadFile, status
-from fastapi.responses import Response
+from fastapi import APIRouter, File, Form, Request, UploadFile, status
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile as AnyUpload
 
 from app.api.deps import Reader, Runner, SessionsDep
+from app.api.downloads import export_response
 from app.importers.common import ImportFormatError
 from app.services import exports as export_svc
 from app.services import file_imports
@@ -86,25 +87,19 @@ async def import_file(
     return ImportResult(runs=await run_import(sessions, format, file, summary, name))
 
 
-@router.get("/runs/{run_id}/export/{what}")
-def export_run(run_id: str, what: str, sessions: SessionsDep, _: Reader) -> Response:
-    """``requests.csv|json|parquet``, ``events.csv|parquet`` or ``summary.json``."""
-    from app.storage import repository as repo
-
-    with session_scope(sessions) as s:
-        if repo.find_run(s, run_id) is None:
-            raise NotFound(f"no run with id {run_id!r}")
-    if what not in export_svc.FORMATS:
-        raise Invalid(f"choose from {', '.join(export_svc.FORMATS)}", loc=["path", "what"])
+@router.get("/runs/{run_id}/export/{what}", response_class=StreamingResponse)
+def export_run(
+    run_id: str, what: str, request: Request, sessions: SessionsDep, reader: Reader
+) -> StreamingResponse:
+    """``requests.csv|json|jsonl|parquet``, ``events.csv|jsonl|parquet`` or
+    ``summary.json``, streamed; 429 when this client already streams 2 exports."""
     try:
-        body = export_svc.export(sessions, run_id, what)
+        export_svc.check_run(sessions, run_id)
     except RunNotFound:
         raise NotFound(f"no run with id {run_id!r}") from None
-    return Response(
-        body,
-        media_type=export_svc.FORMATS[what],
-        headers={"Content-Disposition": f'attachment; filename="{run_id}-{what}"'},
-    )
+    if what not in export_svc.FORMATS:
+        raise Invalid(f"choose from {', '.join(export_svc.FORMATS)}", loc=["path", "what"])
+    return export_response(request, sessions, run_id, what, reader)
 
 
 @router.get("/runs/{run_id}/server-metrics")

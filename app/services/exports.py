@@ -1,15 +1,22 @@
-"""Exports of a stored run: per-request rows (CSV, JSON, Parquet), per-event rows (CSV,
-Parquet) and the run's summary JSON. Times are milliseconds on the run's axis; blank/null
-where unknown. Reads storage; builds bytes; no HTTP."""
+"""Exports of a stored run: per-request rows (CSV, JSON, JSON lines, Parquet), per-event
+rows (CSV, JSON lines, Parquet) and the run's summary JSON. Times are milliseconds on the
+run's axis; blank/null where unknown. Reads storage; builds bytes; no HTTP.
+
+Every export is a stream (``export_stream``): requests are read ``PAGE`` at a time, events
+``EVENT_PAGE`` requests at a time (keyset paging), and each page is written out before the
+next is read, so memory stays bounded however large the run (Parquet: one row group per
+page, the footer at the end)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.phases import user_ttft_ms_of_row
@@ -20,8 +27,10 @@ from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
+from app.storage.packing import unpack_many
 
 PAGE = 5000
+EVENT_PAGE = 200  # requests per page of an events export (x events each)
 KIND_NAMES = {int(k): k.name.lower() for k in EventKind}
 REQUEST_COLUMNS = (
     "idx",
@@ -56,8 +65,10 @@ EVENT_COLUMNS = ("idx", "event", "t_ms", "since_sent_ms", "kind", "tokens", "byt
 FORMATS = {
     "requests.csv": "text/csv; charset=utf-8",
     "requests.json": "application/json",
+    "requests.jsonl": "application/jsonl",
     "requests.parquet": "application/vnd.apache.parquet",
     "events.csv": "text/csv; charset=utf-8",
+    "events.jsonl": "application/jsonl",
     "events.parquet": "application/vnd.apache.parquet",
     "summary.json": "application/json",
 }
@@ -97,7 +108,6 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-
 def iter_request_pages(
     sessions: sessionmaker[Session], run_id: str
 ) -> Iterator[list[dict[str, Any]]]:
@@ -133,33 +143,44 @@ def _csv_cells(r: dict[str, Any], columns: tuple[str, ...]) -> list[Any]:
     return ["" if r[c] is None else r[c] for c in columns]
 
 
+def iter_event_columns(
+    sessions: sessionmaker[Session], run_id: str
+) -> Iterator[dict[str, list[Any]]]:
+    """The run's events (request then arrival order) as columns, a page of requests at a
+    time: ``EVENT_COLUMNS`` -> values (None where unknown)."""
+    after = -1
+    while True:
+        with session_scope(sessions) as s:
+            page = repo.request_event_page(s, run_id, after_idx=after, limit=EVENT_PAGE)
+        if not page:
+            return
+        idxs = np.fromiter((p[0] for p in page), np.int64, len(page))
+        sents = np.fromiter((-1 if p[1] is None else p[1] for p in page), np.int64, len(page))
+        offsets, ev = unpack_many([p[2] for p in page])
+        del page
+        counts = np.diff(offsets)
+        starts = np.repeat(offsets[:-1], counts)
+        sent = np.repeat(sents, counts)
+        since = np.where(sent >= 0, (ev.t_ns - sent) / 1e6, np.nan)
+        yield {
+            "idx": np.repeat(idxs, counts).tolist(),
+            "event": (np.arange(int(offsets[-1]), dtype=np.int64) - starts).tolist(),
+            "t_ms": (ev.t_ns / 1e6).tolist(),
+            "since_sent_ms": [None if v != v else v for v in since.tolist()],
+            "kind": [KIND_NAMES.get(k, str(k)) for k in ev.kind.tolist()],
+            "tokens": ev.tokens.tolist(),
+            "bytes": ev.nbytes.tolist(),
+        }
+        after = int(idxs[-1])
+
+
 def event_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
-    """One row per stored event (chunk) of every request, in request then arrival order."""
-    with session_scope(sessions) as s:
-        records = repo.load_records(s, run_id)
+    """Every event as a row (small runs and tests; exports stream ``iter_event_columns``)."""
     out: list[dict[str, Any]] = []
-    for rec in records:
-        sent = rec.sent_ns
-        for j, (t, kind, tok, nb) in enumerate(
-            zip(
-                rec.event_t_ns.tolist(),
-                rec.event_kind.tolist(),
-                rec.event_tokens.tolist(),
-                rec.event_bytes.tolist(),
-                strict=True,
-            )
-        ):
-            out.append(
-                {
-                    "idx": rec.index,
-                    "event": j,
-                    "t_ms": t / 1e6,
-                    "since_sent_ms": None if sent is None else (t - sent) / 1e6,
-                    "kind": KIND_NAMES.get(int(kind), str(kind)),
-                    "tokens": int(tok),
-                    "bytes": int(nb),
-                }
-            )
+    for cols in iter_event_columns(sessions, run_id):
+        out += [
+            dict(zip(EVENT_COLUMNS, vals, strict=True)) for vals in zip(*cols.values(), strict=True)
+        ]
     return out
 
 
@@ -211,6 +232,125 @@ def _event_types() -> dict[str, Any]:
     }
 
 
+class _Drain:
+    """A write-only file for pyarrow that hands out what was written since the last
+    ``take()`` (Parquet streamed a row group at a time)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._pos = 0
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        b = bytes(data)
+        self._parts.append(b)
+        self._pos += len(b)
+        return len(b)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def take(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+def _parquet_stream(
+    pages: Iterator[dict[str, list[Any]]], columns: tuple[str, ...], types: dict[str, Any]
+) -> Iterator[bytes]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(c, types[c]) for c in columns])
+    sink = _Drain()
+    with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema) as writer:
+        for cols in pages:
+            writer.write_table(pa.Table.from_pydict(cols, schema=schema))
+            chunk = sink.take()
+            if chunk:
+                yield chunk
+    yield sink.take()
+
+
+def _csv_stream(pages: Iterator[dict[str, list[Any]]], columns: tuple[str, ...]) -> Iterator[bytes]:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for cols in pages:
+        w.writerows(_csv_row(r) for r in zip(*(cols[c] for c in columns), strict=True))
+        yield buf.getvalue().encode("utf-8")
+        buf.seek(0)
+        buf.truncate()
+    tail = buf.getvalue()
+    if tail:
+        yield tail.encode("utf-8")
+
+
+def _csv_row(values: tuple[Any, ...]) -> list[Any]:
+    return ["" if v is None else v for v in values]
+
+
+def _jsonl_stream(
+    pages: Iterator[dict[str, list[Any]]], columns: tuple[str, ...]
+) -> Iterator[bytes]:
+    for cols in pages:
+        lines = [
+            json.dumps(json_safe(dict(zip(columns, r, strict=True))), allow_nan=False)
+            for r in zip(*(cols[c] for c in columns), strict=True)
+        ]
+        if lines:
+            yield ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _request_pages(sessions: sessionmaker[Session], run_id: str) -> Iterator[dict[str, list[Any]]]:
+    for rows in iter_request_pages(sessions, run_id):
+        if rows:
+            yield {c: [r[c] for r in rows] for c in REQUEST_COLUMNS}
+
+
+def _json_array_stream(sessions: sessionmaker[Session], run_id: str) -> Iterator[bytes]:
+    yield b"["
+    first = True
+    for rows in iter_request_pages(sessions, run_id):
+        for r in rows:
+            yield (b"" if first else b",") + json.dumps(json_safe(r), allow_nan=False).encode()
+            first = False
+    yield b"]"
+
+
+def export_stream(sessions: sessionmaker[Session], run_id: str, what: str) -> Iterator[bytes]:
+    """One export (``what`` in ``FORMATS``) as a stream of chunks; the run must exist
+    (``export`` checks)."""
+    if what == "summary.json":
+        body = json.dumps(json_safe(summary(sessions, run_id)), indent=2, allow_nan=False)
+        return iter([body.encode("utf-8")])
+    if what == "requests.csv":
+        return (chunk.encode("utf-8") for chunk in iter_requests_csv(sessions, run_id))
+    if what == "requests.json":
+        return _json_array_stream(sessions, run_id)
+    if what == "requests.jsonl":
+        return _jsonl_stream(_request_pages(sessions, run_id), REQUEST_COLUMNS)
+    if what == "requests.parquet":
+        return _parquet_stream(_request_pages(sessions, run_id), REQUEST_COLUMNS, _request_types())
+    if what == "events.csv":
+        return _csv_stream(iter_event_columns(sessions, run_id), EVENT_COLUMNS)
+    if what == "events.jsonl":
+        return _jsonl_stream(iter_event_columns(sessions, run_id), EVENT_COLUMNS)
+    if what == "events.parquet":
+        return _parquet_stream(iter_event_columns(sessions, run_id), EVENT_COLUMNS, _event_types())
+    raise ValueError(f"unknown export {what!r}")
+
+
 def summary(sessions: sessionmaker[Session], run_id: str) -> dict[str, Any]:
     """The run's report plus, where present, the imported file's own figures and the server
     metrics that were scraped (series names and sample counts)."""
@@ -236,26 +376,55 @@ def summary(sessions: sessionmaker[Session], run_id: str) -> dict[str, Any]:
     return out
 
 
-def export(sessions: sessionmaker[Session], run_id: str, what: str) -> bytes:
-    """The bytes of one export (``what`` in ``FORMATS``). Raises ``run_svc.RunNotFound``."""
+class ExportLimiter:
+    """At most ``per_client`` exports streaming at once per client, ``total`` in all: a big
+    export holds a database read and a connection for as long as it streams."""
+
+    def __init__(self, *, per_client: int = 2, total: int = 8) -> None:
+        self.per_client = per_client
+        self.total = total
+        self._lock = threading.Lock()
+        self._by_client: dict[str, int] = {}
+        self._n = 0
+
+    def acquire(self, client: str) -> bool:
+        with self._lock:
+            if self._n >= self.total or self._by_client.get(client, 0) >= self.per_client:
+                return False
+            self._by_client[client] = self._by_client.get(client, 0) + 1
+            self._n += 1
+            return True
+
+    def release(self, client: str) -> None:
+        with self._lock:
+            left = self._by_client.get(client, 0) - 1
+            if left > 0:
+                self._by_client[client] = left
+            else:
+                self._by_client.pop(client, None)
+            self._n = max(0, self._n - 1)
+
+    def busy(self, client: str) -> int:
+        with self._lock:
+            return self._by_client.get(client, 0)
+
+
+def limited(stream: Iterator[bytes], limiter: ExportLimiter, client: str) -> Iterator[bytes]:
+    """``stream``, giving the client's export slot back when it ends (or is abandoned)."""
+    try:
+        yield from stream
+    finally:
+        limiter.release(client)
+
+
+def check_run(sessions: sessionmaker[Session], run_id: str) -> None:
+    """Raises ``run_svc.RunNotFound`` unless the run exists."""
     with session_scope(sessions) as s:
         if repo.find_run(s, run_id) is None:
             raise run_svc.RunNotFound(run_id)
-    if what == "summary.json":
-        body = json.dumps(json_safe(summary(sessions, run_id)), indent=2, allow_nan=False)
-        return body.encode("utf-8")
-    if what.startswith("requests."):
-        rows = request_rows(sessions, run_id)
-        if what == "requests.csv":
-            return to_csv(rows, REQUEST_COLUMNS)
-        if what == "requests.json":
-            return json.dumps(json_safe(rows), allow_nan=False).encode("utf-8")
-        if what == "requests.parquet":
-            return to_parquet(rows, REQUEST_COLUMNS, _request_types())
-    if what.startswith("events."):
-        rows = event_rows(sessions, run_id)
-        if what == "events.csv":
-            return to_csv(rows, EVENT_COLUMNS)
-        if what == "events.parquet":
-            return to_parquet(rows, EVENT_COLUMNS, _event_types())
-    raise ValueError(f"unknown export {what!r}; choose from {', '.join(FORMATS)}")
+
+
+def export(sessions: sessionmaker[Session], run_id: str, what: str) -> bytes:
+    """The bytes of one export, whole (tests, small runs). Raises ``run_svc.RunNotFound``."""
+    check_run(sessions, run_id)
+    return b"".join(export_stream(sessions, run_id, what))

@@ -615,6 +615,21 @@ def load_records(
     return [_record_from_row(row) for row in rows]
 
 
+def request_event_page(
+    session: Session, run_id: str, *, after_idx: int, limit: int
+) -> list[tuple[int, int | None, bytes]]:
+    """``(idx, sent_ns, packed events)`` of up to ``limit`` requests with index above
+    ``after_idx``, in index order (keyset paging: each page is one indexed range scan)."""
+    t = Request.__table__
+    stmt = (
+        select(t.c.idx, t.c.sent_ns, t.c.events)
+        .where(t.c.run_id == run_id, t.c.idx > after_idx)
+        .order_by(t.c.idx)
+        .limit(limit)
+    )
+    return [(int(r[0]), r[1], bytes(r[2])) for r in session.execute(stmt)]
+
+
 def count_requests(session: Session, run_id: str, *, include_warmup: bool = True) -> int:
     """Number of stored requests of a run."""
     stmt = select(func.count()).select_from(Request).where(Request.run_id == run_id)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.services import exports as export_svc
+from app.api.downloads import export_response
 from app.services import runs as run_svc
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -32,11 +32,7 @@ def _check(request: Request, run_id: str) -> sessionmaker[Session]:
 @router.get("/runs/{run_id}/requests.csv")
 def requests_csv(request: Request, run_id: str) -> StreamingResponse:
     sessions = _check(request, run_id)
-    return StreamingResponse(
-        export_svc.iter_requests_csv(sessions, run_id),
-        media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition": f'attachment; filename="{run_id}-requests.csv"'},
-    )
+    return export_response(request, sessions, run_id, "requests.csv", principal_of(request))
 
 
 @router.get("/runs/{run_id}/report.json")

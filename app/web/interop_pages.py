@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import UploadFile
 
+from app.api.downloads import export_response
 from app.api.routes_interop import run_import
 from app.services import auth
 from app.services import exports as export_svc
@@ -70,17 +71,14 @@ async def import_submit(request: Request) -> Response:
 
 
 def _download(request: Request, run_id: str, what: str) -> Response:
-    if not reads_allowed(request, principal_of(request)):
+    principal = principal_of(request)
+    if not reads_allowed(request, principal):
         raise HTTPException(401, "sign in to read runs")
     try:
-        body = export_svc.export(sessions_of(request), run_id, what)
+        export_svc.check_run(sessions_of(request), run_id)
     except RunNotFound:
         raise HTTPException(404, f"no run with id {run_id!r}") from None
-    return Response(
-        body,
-        media_type=export_svc.FORMATS[what],
-        headers={"Content-Disposition": f'attachment; filename="{run_id}-{what}"'},
-    )
+    return export_response(request, sessions_of(request), run_id, what, principal)
 
 
 def _route(what: str) -> None:
@@ -92,5 +90,13 @@ def _route(what: str) -> None:
 
 
 # requests.csv and report.json are served by app.web.exports
-for _what in ("requests.json", "requests.parquet", "events.csv", "events.parquet", "summary.json"):
+for _what in (
+    "requests.json",
+    "requests.jsonl",
+    "requests.parquet",
+    "events.csv",
+    "events.jsonl",
+    "events.parquet",
+    "summary.json",
+):
     _route(_what)
