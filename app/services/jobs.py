@@ -233,7 +233,8 @@ def ingest_batch(
     if run_id is None:
         raise Conflict(f"job {job_id!r} has no run to store results in")
     records = _records(job, batch)
-    if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records)):
+    indices = [r.index for r in records]
+    if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records), indices):
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
     before = job_repo.stored_requests(session, run_id)
     try:
@@ -256,7 +257,49 @@ class Outcome:
 
 
 def _decide(session: Session, job: Job, req: CompleteRequest) -> Outcome:
-    return decide(session, job, job.run_id, req.status, req.error, req.run_meta)
+    outcome = decide(session, job, job.run_id, req.status, req.error, req.run_meta)
+    if job.run_id is None:
+        return outcome
+    return with_arrival_check(outcome, arrival_notes(session, job, job.run_id, req.total_batches))
+
+
+MAX_NAMED = 20  # indices or batch numbers named in a note; the rest are counted
+
+
+def _named(numbers: list[int]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:MAX_NAMED])
+    more = len(numbers) - MAX_NAMED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def arrival_notes(session: Session, job: Job, run_id: str, total_batches: int | None) -> list[str]:
+    """What did not arrive: batches 0..n-1 (``total_batches`` as the worker said; else up
+    to the highest batch number stored) and every request index a stored batch declared.
+    Empty when everything arrived (exactly once: requests are unique per run and index).
+    E.g. "2 of 40 requests missing: indices 7, 9; batch 3 never arrived"."""
+    declared = job_repo.batch_indices(session, job.id)
+    if total_batches is None:
+        total_batches = max(declared) + 1 if declared else 0
+    parts: list[str] = []
+    expected = {i for idx in declared.values() if idx is not None for i in idx}
+    missing = sorted(expected - job_repo.stored_indices(session, run_id))
+    if missing:
+        parts.append(
+            f"{len(missing)} of {len(expected)} requests missing: indices {_named(missing)}"
+        )
+    lost = sorted(set(range(total_batches)) - set(declared))
+    if lost:
+        word = "batch" if len(lost) == 1 else "batches"
+        parts.append(f"{word} {_named(lost)} never arrived")
+    return ["; ".join(parts)] if parts else []
+
+
+def with_arrival_check(outcome: Outcome, notes: list[str]) -> Outcome:
+    """A run that lost uploaded data is ``partial`` (a failed one stays failed)."""
+    if not notes:
+        return outcome
+    status = RunStatus.PARTIAL if outcome.run_status is RunStatus.SUCCEEDED else outcome.run_status
+    return Outcome(outcome.job_state, status, outcome.error, outcome.notes + notes)
 
 
 def decide(
@@ -474,7 +517,10 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
             f"(lease expired on attempt {job.attempt})"
         )
         state: JobState = "cancelled" if job.cancel_requested else "failed"
-        outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", [note])
+        notes = [note]
+        if job.kind == "bench" and job.run_id is not None:
+            notes += arrival_notes(session, job, job.run_id, None)
+        outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", notes)
         return (
             Expiry(job.id, job.run_id, "partial"),
             ended | {"state": state, "error": "worker lost"},
