@@ -39,13 +39,21 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.domain import RequestRecord, RequestStatus
+from app.domain import MAX_JSON_DEPTH, ClockSource, RequestRecord, RequestStatus, json_depth
 from app.storage.packing import pack_events, unpack_events
+
+# Integers as the columns that store them hold them: a larger one is a 422 naming the field,
+# not an OverflowError (500) in numpy or the database.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]  # nanosecond times
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]  # token counts (BIGINT, migration 0009)
+Number32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # request indices, batch numbers
 
 JobKind = Literal["bench", "probe", "sweep"]
 JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
@@ -122,12 +130,12 @@ class LeaseResponse(_Model):
 
 class JobProgress(_Model):
     phase: str = "starting"
-    planned: int = 0
-    sent: int = 0
-    done: int = 0
-    errors: int = 0
-    in_flight: int = 0
-    output_tokens: int = 0
+    planned: Count = 0
+    sent: Count = 0
+    done: Count = 0
+    errors: Count = 0
+    in_flight: Count = 0
+    output_tokens: Count = 0
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0
     step: int | None = None  # sweeps: the step running now (0-based)
@@ -148,20 +156,20 @@ class HeartbeatResponse(_Model):
 class WireRequest(_Model):
     """One ``RequestRecord``; its event arrays travel packed and base64-encoded."""
 
-    index: int = Field(ge=0)
-    scheduled_ns: int
-    sent_ns: int | None
-    end_ns: int | None
+    index: Number32
+    scheduled_ns: Int64
+    sent_ns: Int64 | None
+    end_ns: Int64 | None
     status: RequestStatus
     error: str | None = None
-    http_status: int | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    tokenizer_output_tokens: int | None = None
-    usage_prompt_tokens: int | None = None
-    usage_completion_tokens: int | None = None
+    http_status: int | None = Field(None, ge=0, le=999)
+    input_tokens: Count | None = None
+    output_tokens: Count | None = None
+    tokenizer_output_tokens: Count | None = None
+    usage_prompt_tokens: Count | None = None
+    usage_completion_tokens: Count | None = None
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
-    done_ns: int | None = None
+    done_ns: Int64 | None = None
     warmup: bool = False
     events_b64: str = ""
 
@@ -225,7 +233,7 @@ class WireRequest(_Model):
 
 class ResultBatch(_Model):
     lease_id: str
-    batch_no: int = Field(ge=0)
+    batch_no: Number32
     requests: list[WireRequest]
     run_id: str | None = None  # sweeps: the step's run (bench jobs: the job's run)
 
@@ -239,14 +247,21 @@ class BatchAck(_Model):
 class RunMeta(_Model):
     """What the worker measured about the run as a whole (from ``LoadResult``)."""
 
-    start_mono_ns: int | None = None
+    start_mono_ns: Int64 | None = None
     started_at: datetime | None = None
-    clock_source: str | None = None
+    clock_source: ClockSource | None = None  # unknown: 422 before anything is stored
     client_limited: bool = False
     validity: list[str] = Field(default_factory=list)
     load_stats: dict[str, Any] = Field(default_factory=dict)
     client_host: str | None = None
     client_version: str | None = None
+
+    @field_validator("load_stats")
+    @classmethod
+    def _shallow(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if json_depth(v) > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        return v
 
 
 class ServerMetricSeries(_Model):
@@ -255,7 +270,7 @@ class ServerMetricSeries(_Model):
     name: str = Field(min_length=1, max_length=200)
     labels: dict[str, str] = Field(default_factory=dict)
     kind: str | None = None
-    t_ns: list[int]
+    t_ns: list[Int64]
     values: list[float]
 
 
@@ -263,7 +278,7 @@ class CompleteRequest(_Model):
     lease_id: str
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
-    total_batches: int = Field(ge=0)
+    total_batches: Number32
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None  # stored with the run (replaces)
     stop_reason: str | None = Field(None, max_length=2000)  # sweeps: why they stopped early
@@ -303,7 +318,7 @@ class StepComplete(_Model):
     lease_id: str
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
-    total_batches: int = Field(ge=0)
+    total_batches: Number32
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None
 
@@ -333,7 +348,7 @@ class SweepResume(_Model):
     unique per job)."""
 
     completed: list[ResumedStep] = Field(default_factory=list, max_length=MAX_SWEEP_STEPS)
-    first_batch_no: int = Field(0, ge=0)
+    first_batch_no: Number32 = 0
 
 
 LeasedJob.model_rebuild()

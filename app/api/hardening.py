@@ -1,5 +1,6 @@
 """Defences around the app: request body limits (413), security headers on every response
-(a Content-Security-Policy on pages), opt-in CORS, and 503 for a lost database connection.
+(a Content-Security-Policy on pages), opt-in CORS, 503 for a lost database connection, and
+422 answers that can always be written (the input they echo made JSON-safe).
 
 ``harden(app, settings)`` installs them all; each piece is a plain ASGI middleware or an
 exception handler so streaming responses pass through untouched.
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -187,9 +190,59 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
     )
 
 
+MAX_ECHO_CHARS = 200  # of a bad input echoed in a 422
+MAX_ECHO_INT = 10**30  # larger integers are echoed as a note (str() of 4300+ digits fails)
+
+
+def _echo(value: Any) -> tuple[bool, Any]:
+    """(whether to echo, what) for a bad input: scalars as JSON can write them; containers
+    (a whole body, a 900-deep list, a secret beside the bad field) are not echoed."""
+    if value is None or isinstance(value, bool):
+        return True, value
+    if isinstance(value, int):
+        return True, value if abs(value) < MAX_ECHO_INT else "an integer of 31 or more digits"
+    if isinstance(value, float):
+        return True, value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return True, value[:MAX_ECHO_CHARS]
+    return False, None
+
+
+def _ctx_value(value: Any) -> Any:
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return _echo(value)[1]
+    return str(value)[:MAX_ECHO_CHARS]
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 shape (``detail``: ``loc``, ``msg``, ``type``, ``input``, ``ctx``), but
+    writable for any input: ``1e999`` (infinity) or a deeply nested value made FastAPI's own
+    handler fail with a 500."""
+    assert isinstance(exc, RequestValidationError)
+    detail: list[dict[str, Any]] = []
+    for err in exc.errors():
+        out: dict[str, Any] = {
+            "type": str(err.get("type", "value_error")),
+            "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
+            "msg": str(err.get("msg", "")),
+        }
+        if "input" in err:
+            keep, shown = _echo(err["input"])
+            if keep:
+                out["input"] = shown
+        ctx = err.get("ctx")
+        if isinstance(ctx, dict):
+            out["ctx"] = {str(k): _ctx_value(v) for k, v in ctx.items()}
+        detail.append(out)
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
 def harden(app: FastAPI, settings: Settings) -> None:
     """Install the body limits, security headers, CORS (only with ``cors_origins``) and the
-    503 handler for database connection loss."""
+    503 handler for database connection loss, and the always-writable 422."""
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DBAPIError, _database_unavailable)
     app.add_exception_handler(PoolTimeout, _database_unavailable)

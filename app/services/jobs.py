@@ -264,6 +264,7 @@ def _decide(session: Session, job: Job, req: CompleteRequest) -> Outcome:
 
 
 MAX_NAMED = 20  # indices or batch numbers named in a note; the rest are counted
+MAX_MISSING_NAMED = 1000  # batch numbers a "batches missing" 409 names (the worker resends)
 
 
 def _named(numbers: list[int]) -> str:
@@ -287,10 +288,12 @@ def arrival_notes(session: Session, job: Job, run_id: str, total_batches: int | 
         parts.append(
             f"{len(missing)} of {len(expected)} requests missing: indices {_named(missing)}"
         )
-    lost = sorted(set(range(total_batches)) - set(declared))
-    if lost:
-        word = "batch" if len(lost) == 1 else "batches"
-        parts.append(f"{word} {_named(lost)} never arrived")
+    n_lost = job_repo.count_missing(0, total_batches, declared)
+    if n_lost:
+        lost = job_repo.missing_numbers(0, total_batches, declared, MAX_NAMED)
+        word = "batch" if n_lost == 1 else "batches"
+        more = f" and {n_lost - len(lost)} more" if n_lost > len(lost) else ""
+        parts.append(f"{word} {_named(lost)}{more} never arrived")
     return ["; ".join(parts)] if parts else []
 
 
@@ -373,7 +376,8 @@ def complete(
 
         missing = sweep_jobs.missing_batches(session, job, req.total_batches)
     else:
-        missing = sorted(set(range(req.total_batches)) - job_repo.batch_numbers(session, job_id))
+        present = job_repo.batch_numbers(session, job_id)
+        missing = job_repo.missing_numbers(0, req.total_batches, present, MAX_MISSING_NAMED)
     if missing:
         raise Conflict(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "

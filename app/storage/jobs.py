@@ -213,6 +213,23 @@ def batch_numbers(session: Session, job_id: str) -> set[int]:
     return set(session.scalars(select(JobBatch.batch_no).where(JobBatch.job_id == job_id)))
 
 
+def missing_numbers(first: int, end: int, present: Collection[int], limit: int) -> list[int]:
+    """The first ``limit`` numbers of ``first..end-1`` not in ``present``, found without
+    materializing the range (``end`` comes from a client: it may be 2^31)."""
+    out: list[int] = []
+    n = first
+    while n < end and len(out) < limit:
+        if n not in present:
+            out.append(n)
+        n += 1
+    return out
+
+
+def count_missing(first: int, end: int, present: Collection[int]) -> int:
+    """How many numbers of ``first..end-1`` are not in ``present``."""
+    return max(0, end - first) - sum(1 for p in set(present) if first <= p < end)
+
+
 def batch_indices(session: Session, job_id: str) -> dict[int, list[int] | None]:
     """batch_no -> the request indices that batch declared (None: stored before 0009)."""
     stmt = select(JobBatch.batch_no, JobBatch.request_indices).where(JobBatch.job_id == job_id)
