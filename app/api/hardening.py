@@ -1,6 +1,7 @@
 """Defences around the app: request body limits (413), security headers on every response
-(a Content-Security-Policy on pages), opt-in CORS, 503 for a lost database connection, and
-422 answers that can always be written (the input they echo made JSON-safe).
+(a Content-Security-Policy on pages), opt-in CORS, 503 for a lost database connection,
+422 answers that can always be written (the input they echo made JSON-safe), and with
+``auth_reads`` a read token (bearer or sign-in cookie) for ``/metrics`` and the API docs.
 
 ``harden(app, settings)`` installs them all; each piece is a plain ASGI middleware or an
 exception handler so streaming responses pass through untouched.
@@ -15,6 +16,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -22,6 +24,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.services import auth
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,7 +66,9 @@ def _too_large(limit: int) -> tuple[int, bytes]:
     return 413, json.dumps(detail).encode()
 
 
-async def _send_json(send: Send, status: int, body: bytes) -> None:
+async def _send_json(
+    send: Send, status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -72,6 +77,7 @@ async def _send_json(send: Send, status: int, body: bytes) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *extra,
             ],
         }
     )
@@ -139,6 +145,53 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if k.lower() == name:
             return bytes(v).decode("latin-1")
     return None
+
+
+READ_GATE_DETAIL = json.dumps(
+    {"detail": "reads are protected: send 'Authorization: Bearer <token>' with the 'read' scope"}
+).encode()
+
+
+class ReadGate:
+    """With ``auth_reads``: 401 for ``paths`` (``/metrics``, the OpenAPI document, ``/docs``,
+    ``/redoc``) unless the request carries a token with the read scope, as a bearer token
+    (a Prometheus scraper) or the dashboard's sign-in cookie (a browser on ``/docs``)."""
+
+    def __init__(self, app: ASGIApp, *, paths: frozenset[str], cookie: str) -> None:
+        self.app = app
+        self.paths = paths
+        self.cookie = cookie
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        secret = _bearer(scope) or _cookie(scope, self.cookie)
+        allowed = False
+        if secret is not None:
+            allowed = await anyio.to_thread.run_sync(_may_read, scope["app"], secret)
+        if allowed:
+            await self.app(scope, receive, send)
+            return
+        await _send_json(send, 401, READ_GATE_DETAIL, ((b"www-authenticate", b"Bearer"),))
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization") or ""
+    scheme, _, token = value.partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    from starlette.requests import cookie_parser
+
+    return cookie_parser(_header(scope, b"cookie") or "").get(name) or None
+
+
+def _may_read(app: Any, secret: str) -> bool:
+    with app.state.sessions() as s:
+        principal = auth.authenticate(s, secret)
+    return principal is not None and principal.has("read")
 
 
 class SecurityHeaders:
@@ -240,8 +293,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def harden(app: FastAPI, settings: Settings) -> None:
-    """Install the body limits, security headers, CORS (only with ``cors_origins``) and the
-    503 handler for database connection loss, and the always-writable 422."""
+    """Install the body limits, security headers, CORS (only with ``cors_origins``), the
+    read gate on metrics and API docs (only with ``auth_reads``), the 503 handler for
+    database connection loss, and the always-writable 422."""
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DBAPIError, _database_unavailable)
@@ -254,6 +308,12 @@ def harden(app: FastAPI, settings: Settings) -> None:
             allow_headers=["Authorization", "Content-Type"],
             allow_credentials=False,
         )
+    if settings.auth_reads:
+        from app.web.context import COOKIE
+
+        docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+        gated = frozenset({"/metrics", *(p for p in docs if p)})
+        app.add_middleware(ReadGate, paths=gated, cookie=COOKIE)  # type: ignore[arg-type]
     app.add_middleware(SecurityHeaders)  # type: ignore[arg-type]
     app.add_middleware(
         BodyLimit,  # type: ignore[arg-type]
