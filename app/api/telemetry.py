@@ -37,6 +37,8 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 def method_label(method: str) -> str:
     """The method as a label value: a standard one as is, anything else ``other``."""
     return method if method in METHODS else "other"
+
+
 RESULTS_ROUTE = "/api/v1/jobs/{job_id}/results"
 
 
