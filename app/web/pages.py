@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import anyio
@@ -23,6 +22,7 @@ from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.interop_page import add_interop
 from app.web.runpage import PROFILE_NAMES, load_run, run_context
+from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -220,7 +220,7 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "events": events,
             "n_events": n,
             "summary_only": summary_only,
-            "figure": json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/"),
+            "figure": plotly_json(fig),
         },
         principal=principal,
     )

@@ -3,7 +3,6 @@ baseline) and the sweep page (/sweeps/{id}); diagnosis notes on both."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import anyio
@@ -20,6 +19,7 @@ from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.web import figures_compare as fc
 from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -36,7 +36,7 @@ def _gate(request: Request) -> tuple[Any, Response | None]:
 
 
 def _json(fig: dict[str, Any]) -> str:
-    return json.dumps(json_safe(fig), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return plotly_json(json_safe(fig))
 
 
 def _split(ids: list[str] | None) -> list[str]:

@@ -3,7 +3,6 @@ planner and a job's telemetry."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -16,6 +15,7 @@ from app.services.errors import ServiceError
 from app.storage.db import session_scope
 from app.web import probe_figures as pf
 from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -28,9 +28,7 @@ def _gate(request: Request) -> tuple[Any, Response | None]:
 
 
 def _js(fig: dict[str, Any]) -> str:
-    return json.dumps(fig, separators=(",", ":"), allow_nan=False, default=str).replace(
-        "</", "<\\/"
-    )
+    return plotly_json(fig, default=str)
 
 
 @router.get("/probes")

@@ -22,6 +22,7 @@ from app.storage import views as view_repo
 from app.storage.db import session_scope
 from app.web import views
 from app.web.plotdata import run_figures
+from app.web.scriptjson import plotly_json
 
 PROFILE_NAMES = ("tokentrace", "vllm", "guidellm", "aiperf")
 
@@ -99,10 +100,7 @@ def figures_json(data: RunData) -> dict[str, str]:
         sent_sched_ns=data.sent_ns if data.trace.n_requests else None,
         indexes=data.indexes if data.indexes.shape[0] == data.trace.n_requests else None,
     )
-    return {
-        key: json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-        for key, fig in plots.figures.items()
-    }
+    return {key: plotly_json(fig) for key, fig in plots.figures.items()}
 
 
 def run_context(
