@@ -1,7 +1,8 @@
 """Defences around the app: request body limits (413), security headers on every response
 (a Content-Security-Policy on pages), opt-in CORS, 503 for a lost database connection,
-422 answers that can always be written (the input they echo made JSON-safe), and with
-``auth_reads`` a read token (bearer or sign-in cookie) for ``/metrics`` and the API docs.
+422 answers that can always be written (the input they echo made JSON-safe), with
+``auth_reads`` a read token (bearer or sign-in cookie) for ``/metrics`` and the API docs,
+and 400 for a ``Host`` header outside ``allowed_hosts`` (DNS rebinding).
 
 ``harden(app, settings)`` installs them all; each piece is a plain ASGI middleware or an
 exception handler so streaming responses pass through untouched.
@@ -13,7 +14,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import anyio
@@ -145,6 +146,55 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if k.lower() == name:
             return bytes(v).decode("latin-1")
     return None
+
+
+def host_of(header: str) -> str:
+    """The host name of a ``Host`` header: lower case, without port, brackets or a final
+    dot (``[::1]:8000`` -> ``::1``)."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        h = h[1 : h.find("]")] if "]" in h else h[1:]
+    elif h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """``host`` is listed, or matches a ``*.domain`` pattern (sub-domains only), or ``*``."""
+    for pattern in allowed:
+        if pattern == "*" or pattern == host:
+            return True
+        if pattern.startswith("*.") and host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
+            return True
+    return False
+
+
+class AllowedHosts:
+    """400 for a request whose ``Host`` header (missing counts) names no allowed host:
+    a DNS-rebinding page cannot reach the dashboard or the API through a name of its own."""
+
+    def __init__(self, app: ASGIApp, *, allowed: Sequence[str]) -> None:
+        self.app = app
+        self.allowed = tuple(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = _header(scope, b"host")
+        host = host_of(header) if header is not None else ""
+        if host and host_allowed(host, self.allowed):
+            await self.app(scope, receive, send)
+            return
+        shown = (header or "")[:100]
+        detail = (
+            f"Host header {shown!r} is not served here; add the name to "
+            "TOKENTRACE_ALLOWED_HOSTS (or set TOKENTRACE_PUBLIC_URL)"
+        )
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _send_json(send, 400, json.dumps({"detail": detail}).encode())
 
 
 READ_GATE_DETAIL = json.dumps(
@@ -293,9 +343,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def harden(app: FastAPI, settings: Settings) -> None:
-    """Install the body limits, security headers, CORS (only with ``cors_origins``), the
-    read gate on metrics and API docs (only with ``auth_reads``), the 503 handler for
-    database connection loss, and the always-writable 422."""
+    """Install the Host allow-list, the body limits, security headers, CORS (only with
+    ``cors_origins``), the read gate on metrics and API docs (only with ``auth_reads``),
+    the 503 handler for database connection loss, and the always-writable 422."""
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DBAPIError, _database_unavailable)
@@ -321,3 +371,5 @@ def harden(app: FastAPI, settings: Settings) -> None:
         max_upload_bytes=settings.max_upload_bytes,
         max_import_bytes=settings.max_import_bytes,
     )
+    # outermost: a foreign Host is refused before anything else runs
+    app.add_middleware(AllowedHosts, allowed=settings.host_allowlist())  # type: ignore[arg-type]
