@@ -51,8 +51,9 @@ from app.storage.packing import pack_events, unpack_events
 # not an OverflowError (500) in numpy or the database.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]  # nanosecond times
-Count = Annotated[int, Field(ge=0, le=INT64_MAX)]  # token counts (BIGINT, migration 0009)
+# Nanosecond times and token counts (BIGINT, migration 0009). Counts may come from the
+# target's usage object, so their sign is not checked here: what fits is stored as reported.
+Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
 Number32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # request indices, batch numbers
 
 JobKind = Literal["bench", "probe", "sweep"]
@@ -130,12 +131,12 @@ class LeaseResponse(_Model):
 
 class JobProgress(_Model):
     phase: str = "starting"
-    planned: Count = 0
-    sent: Count = 0
-    done: Count = 0
-    errors: Count = 0
-    in_flight: Count = 0
-    output_tokens: Count = 0
+    planned: Int64 = 0
+    sent: Int64 = 0
+    done: Int64 = 0
+    errors: Int64 = 0
+    in_flight: Int64 = 0
+    output_tokens: Int64 = 0
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0
     step: int | None = None  # sweeps: the step running now (0-based)
@@ -163,11 +164,11 @@ class WireRequest(_Model):
     status: RequestStatus
     error: str | None = None
     http_status: int | None = Field(None, ge=0, le=999)
-    input_tokens: Count | None = None
-    output_tokens: Count | None = None
-    tokenizer_output_tokens: Count | None = None
-    usage_prompt_tokens: Count | None = None
-    usage_completion_tokens: Count | None = None
+    input_tokens: Int64 | None = None
+    output_tokens: Int64 | None = None
+    tokenizer_output_tokens: Int64 | None = None
+    usage_prompt_tokens: Int64 | None = None
+    usage_completion_tokens: Int64 | None = None
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: Int64 | None = None
     warmup: bool = False
@@ -175,6 +176,9 @@ class WireRequest(_Model):
 
     @classmethod
     def from_record(cls, r: RequestRecord) -> WireRequest:
+        """The record for upload. A token count past 64 bits (a target's usage object can
+        report anything) is sent as unknown (None): it fits no column, and refusing the
+        batch would lose every request in it."""
         blob = pack_events(r.event_t_ns, r.event_bytes, r.event_kind, r.event_tokens)
         return cls(
             index=r.index,
@@ -184,11 +188,11 @@ class WireRequest(_Model):
             status=r.status,
             error=r.error,
             http_status=r.http_status,
-            input_tokens=r.input_tokens,
-            output_tokens=r.output_tokens,
-            tokenizer_output_tokens=r.tokenizer_output_tokens,
-            usage_prompt_tokens=r.usage_prompt_tokens,
-            usage_completion_tokens=r.usage_completion_tokens,
+            input_tokens=_int64_or_none(r.input_tokens),
+            output_tokens=_int64_or_none(r.output_tokens),
+            tokenizer_output_tokens=_int64_or_none(r.tokenizer_output_tokens),
+            usage_prompt_tokens=_int64_or_none(r.usage_prompt_tokens),
+            usage_completion_tokens=_int64_or_none(r.usage_completion_tokens),
             token_source=r.token_source,
             done_ns=r.done_ns,
             warmup=r.warmup,
@@ -229,6 +233,10 @@ class WireRequest(_Model):
             event_kind=kind,
             event_tokens=tok,
         )
+
+
+def _int64_or_none(v: int | None) -> int | None:
+    return v if v is not None and -(2**63) <= v <= INT64_MAX else None
 
 
 class ResultBatch(_Model):

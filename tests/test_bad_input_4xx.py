@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.storage.models import JobBatch, Request, Run
-from tests.api_support import SPEC, Api, api_client, wire
+from app.wire import WireRequest
+from tests.api_support import SPEC, Api, api_client, record, wire
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,7 +64,7 @@ def _leased(api: Api, **spec: Any) -> tuple[str, str, str]:
     [
         ("input_tokens", BIG),
         ("output_tokens", BIG),
-        ("usage_completion_tokens", -1),
+        ("usage_completion_tokens", 2**63),
         ("scheduled_ns", BIG),
         ("sent_ns", -BIG),
         ("end_ns", BIG),
@@ -103,6 +104,22 @@ def test_token_counts_past_int32_are_stored(api: Api) -> None:
     with api.sessions() as s:
         row = s.scalars(select(Request).where(Request.run_id == rid)).one()
         assert (row.input_tokens, row.usage_prompt_tokens) == (3_000_000_000, 2**40)
+
+
+def test_counts_a_target_reported_are_kept_when_they_fit(api: Api) -> None:
+    """Usage counts come from the target: a negative one fits and is stored as reported (it
+    was before); one past 64 bits is sent by the worker as unknown, so its batch lands."""
+    rid, jid, lid = _leased(api)
+    rec = record(0)
+    rec.usage_completion_tokens = -1
+    rec.usage_prompt_tokens = 10**30
+    w = WireRequest.from_record(rec)
+    assert w.usage_prompt_tokens is None and w.usage_completion_tokens == -1
+    body = {"lease_id": lid, "batch_no": 0, "requests": [w.model_dump(mode="json")]}
+    assert api.post_job(jid, "results", body).json()["accepted"] == 1
+    with api.sessions() as s:
+        row = s.scalars(select(Request).where(Request.run_id == rid)).one()
+        assert (row.usage_completion_tokens, row.usage_prompt_tokens) == (-1, None)
 
 
 def test_invalid_clock_source_at_complete_is_422_and_commits_nothing(

@@ -258,7 +258,7 @@ class Outcome:
 
 def _decide(session: Session, job: Job, req: CompleteRequest) -> Outcome:
     outcome = decide(session, job, job.run_id, req.status, req.error, req.run_meta)
-    if job.run_id is None:
+    if job.run_id is None or job.kind != "bench":  # a sweep's batches span its step runs
         return outcome
     return with_arrival_check(outcome, arrival_notes(session, job, job.run_id, req.total_batches))
 
