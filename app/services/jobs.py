@@ -283,7 +283,11 @@ def arrival_notes(session: Session, job: Job, run_id: str, total_batches: int | 
         total_batches = max(declared) + 1 if declared else 0
     parts: list[str] = []
     expected = {i for idx in declared.values() if idx is not None for i in idx}
-    missing = sorted(expected - job_repo.stored_indices(session, run_id))
+    missing: list[int] = []
+    # stored requests all came in batches: as many stored as declared means none is missing
+    unknown = any(idx is None for idx in declared.values())  # batches stored before 0009
+    if unknown or job_repo.stored_requests(session, run_id) < len(expected):
+        missing = sorted(expected - job_repo.stored_indices(session, run_id))
     if missing:
         parts.append(
             f"{len(missing)} of {len(expected)} requests missing: indices {_named(missing)}"
