@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.services import auth
@@ -219,7 +219,12 @@ class ReadGate:
         secret = _bearer(scope) or _cookie(scope, self.cookie)
         allowed = False
         if secret is not None:
-            allowed = await anyio.to_thread.run_sync(_may_read, scope["app"], secret)
+            try:
+                allowed = await anyio.to_thread.run_sync(_may_read, scope["app"], secret)
+            except SQLAlchemyError:  # as the routes answer a lost database: retryable
+                body = json.dumps({"detail": "the database is unavailable; retry shortly"})
+                await _send_json(send, 503, body.encode(), ((b"retry-after", b"1"),))
+                return
         if allowed:
             await self.app(scope, receive, send)
             return
