@@ -62,6 +62,28 @@ class ClockSource(enum.StrEnum):
     IMPORTED = "imported"  # times came from a file
 
 
+MAX_JSON_DEPTH = 32  # nesting accepted in free-form JSON fields (extra_body, load_stats)
+
+
+def json_depth(value: object) -> int:
+    """How deeply ``value`` nests lists and dicts (a scalar: 0), counted without recursion
+    so a hostile value cannot exhaust the stack."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: list[object] = list(v.values())
+        elif isinstance(v, list | tuple):
+            children = list(v)
+        else:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((c, depth + 1) for c in children)
+    return deepest
+
+
 SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
 Endpoint = Literal["chat", "completions"]
 Arrival = Literal["poisson", "gamma", "constant"]
@@ -157,6 +179,13 @@ class RunSpec(BaseModel):
         for k, ms in v.items():
             if not (ms > 0 and math.isfinite(ms)):
                 raise ValueError(f"goodput SLO {k} must be a positive number of ms")
+        return v
+
+    @field_validator("extra_body")
+    @classmethod
+    def _extra_body(cls, v: dict[str, object]) -> dict[str, object]:
+        if json_depth(v) > MAX_JSON_DEPTH:
+            raise ValueError(f"extra_body is nested deeper than {MAX_JSON_DEPTH} levels")
         return v
 
     @model_validator(mode="after")

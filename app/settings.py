@@ -88,13 +88,22 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed cross-origin (empty: CORS off)"
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header values served (names, *.sub-domain patterns, IPs; * any); "
+        "others get 400. Empty: the bind host, the public URL's host, localhost, 127.0.0.1, "
+        "::1 (and this machine's name when bound to every interface). Env: comma-separated "
+        "or a JSON list",
+    )
     db_pool_size: int = Field(10, ge=1, description="database connections kept open")
     db_max_overflow: int = Field(
         70, ge=0, description="extra connections under load (pool_size + this >= 2 x 40 threads)"
     )
     db_pool_timeout_s: float = Field(30.0, gt=0, description="wait for a free connection")
 
-    @field_validator("target_allowlist", "cors_origins", "dataset_dirs", mode="before")
+    @field_validator(
+        "target_allowlist", "cors_origins", "dataset_dirs", "allowed_hosts", mode="before"
+    )
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         """``a,b`` or ``["a", "b"]`` (from the environment) -> a list of stripped entries."""
@@ -108,6 +117,33 @@ class Settings(BaseSettings):
         if self.secret_key_file:
             return Path(self.secret_key_file)
         return Path(platformdirs.user_data_dir("tokentrace")) / "secret.key"
+
+    def host_allowlist(self) -> list[str]:
+        """The Host names (lower case, no port or brackets; ``*.`` patterns) this server
+        answers: ``allowed_hosts`` plus the server's own URL's host, else the default."""
+        from urllib.parse import urlsplit
+
+        own = urlsplit(self.server_url()).hostname or ""
+        if self.allowed_hosts:
+            names = [*self.allowed_hosts, own]
+        else:
+            names = ["localhost", "127.0.0.1", "::1", own]
+            if self.public_url:
+                names.append(urlsplit(self.public_url).hostname or "")
+            if self.host in ("0.0.0.0", "::", ""):  # every interface: this machine's names
+                import socket
+
+                names += [socket.gethostname(), socket.getfqdn()]
+            else:
+                names.append(self.host)
+        out: list[str] = []
+        for n in names:
+            n = n.strip().lower().rstrip(".")
+            if n.startswith("[") and n.endswith("]"):
+                n = n[1:-1]
+            if n and n not in out:
+                out.append(n)
+        return out
 
     def server_url(self) -> str:
         """Where a worker on this machine reaches the server."""

@@ -39,13 +39,29 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.domain import PHASES, RequestRecord, RequestStatus
+from app.domain import (
+    MAX_JSON_DEPTH,
+    PHASES,
+    ClockSource,
+    RequestRecord,
+    RequestStatus,
+    json_depth,
+)
 from app.storage.packing import pack_events, unpack_events
+
+# Integers as the columns that store them hold them: a larger one is a 422 naming the field,
+# not an OverflowError (500) in numpy or the database.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# Nanosecond times and token counts (BIGINT, migration 0009). Counts may come from the
+# target's usage object, so their sign is not checked here: what fits is stored as reported.
+Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
+Number32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # request indices, batch numbers
 
 JobKind = Literal["bench", "probe", "sweep"]
 JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
@@ -122,12 +138,12 @@ class LeaseResponse(_Model):
 
 class JobProgress(_Model):
     phase: str = "starting"
-    planned: int = 0
-    sent: int = 0
-    done: int = 0
-    errors: int = 0
-    in_flight: int = 0
-    output_tokens: int = 0
+    planned: Int64 = 0
+    sent: Int64 = 0
+    done: Int64 = 0
+    errors: Int64 = 0
+    in_flight: Int64 = 0
+    output_tokens: Int64 = 0
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0
     step: int | None = None  # sweeps: the step running now (0-based)
@@ -148,20 +164,20 @@ class HeartbeatResponse(_Model):
 class WireRequest(_Model):
     """One ``RequestRecord``; its event arrays travel packed and base64-encoded."""
 
-    index: int = Field(ge=0)
-    scheduled_ns: int
-    sent_ns: int | None
-    end_ns: int | None
+    index: Number32
+    scheduled_ns: Int64
+    sent_ns: Int64 | None
+    end_ns: Int64 | None
     status: RequestStatus
     error: str | None = None
-    http_status: int | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    tokenizer_output_tokens: int | None = None
-    usage_prompt_tokens: int | None = None
-    usage_completion_tokens: int | None = None
+    http_status: int | None = Field(None, ge=0, le=999)
+    input_tokens: Int64 | None = None
+    output_tokens: Int64 | None = None
+    tokenizer_output_tokens: Int64 | None = None
+    usage_prompt_tokens: Int64 | None = None
+    usage_completion_tokens: Int64 | None = None
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
-    done_ns: int | None = None
+    done_ns: Int64 | None = None
     warmup: bool = False
     queued_ns: int | None = None
     connect_ns: int | None = None
@@ -176,6 +192,9 @@ class WireRequest(_Model):
 
     @classmethod
     def from_record(cls, r: RequestRecord) -> WireRequest:
+        """The record for upload. A token count past 64 bits (a target's usage object can
+        report anything) is sent as unknown (None): it fits no column, and refusing the
+        batch would lose every request in it."""
         blob = pack_events(r.event_t_ns, r.event_bytes, r.event_kind, r.event_tokens)
         return cls(
             index=r.index,
@@ -185,11 +204,11 @@ class WireRequest(_Model):
             status=r.status,
             error=r.error,
             http_status=r.http_status,
-            input_tokens=r.input_tokens,
-            output_tokens=r.output_tokens,
-            tokenizer_output_tokens=r.tokenizer_output_tokens,
-            usage_prompt_tokens=r.usage_prompt_tokens,
-            usage_completion_tokens=r.usage_completion_tokens,
+            input_tokens=_int64_or_none(r.input_tokens),
+            output_tokens=_int64_or_none(r.output_tokens),
+            tokenizer_output_tokens=_int64_or_none(r.tokenizer_output_tokens),
+            usage_prompt_tokens=_int64_or_none(r.usage_prompt_tokens),
+            usage_completion_tokens=_int64_or_none(r.usage_completion_tokens),
             token_source=r.token_source,
             done_ns=r.done_ns,
             warmup=r.warmup,
@@ -245,9 +264,13 @@ class WireRequest(_Model):
         )
 
 
+def _int64_or_none(v: int | None) -> int | None:
+    return v if v is not None and -(2**63) <= v <= INT64_MAX else None
+
+
 class ResultBatch(_Model):
     lease_id: str
-    batch_no: int = Field(ge=0)
+    batch_no: Number32
     requests: list[WireRequest]
     run_id: str | None = None  # sweeps: the step's run (bench jobs: the job's run)
 
@@ -261,14 +284,21 @@ class BatchAck(_Model):
 class RunMeta(_Model):
     """What the worker measured about the run as a whole (from ``LoadResult``)."""
 
-    start_mono_ns: int | None = None
+    start_mono_ns: Int64 | None = None
     started_at: datetime | None = None
-    clock_source: str | None = None
+    clock_source: ClockSource | None = None  # unknown: 422 before anything is stored
     client_limited: bool = False
     validity: list[str] = Field(default_factory=list)
     load_stats: dict[str, Any] = Field(default_factory=dict)
     client_host: str | None = None
     client_version: str | None = None
+
+    @field_validator("load_stats")
+    @classmethod
+    def _shallow(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if json_depth(v) > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        return v
 
 
 class ServerMetricSeries(_Model):
@@ -277,7 +307,7 @@ class ServerMetricSeries(_Model):
     name: str = Field(min_length=1, max_length=200)
     labels: dict[str, str] = Field(default_factory=dict)
     kind: str | None = None
-    t_ns: list[int]
+    t_ns: list[Int64]
     values: list[float]
 
 
@@ -285,7 +315,7 @@ class CompleteRequest(_Model):
     lease_id: str
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
-    total_batches: int = Field(ge=0)
+    total_batches: Number32
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None  # stored with the run (replaces)
     stop_reason: str | None = Field(None, max_length=2000)  # sweeps: why they stopped early
@@ -325,7 +355,7 @@ class StepComplete(_Model):
     lease_id: str
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
-    total_batches: int = Field(ge=0)
+    total_batches: Number32
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None
 
@@ -355,7 +385,7 @@ class SweepResume(_Model):
     unique per job)."""
 
     completed: list[ResumedStep] = Field(default_factory=list, max_length=MAX_SWEEP_STEPS)
-    first_batch_no: int = Field(0, ge=0)
+    first_batch_no: Number32 = 0
 
 
 LeasedJob.model_rebuild()

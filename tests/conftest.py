@@ -25,6 +25,10 @@ from app.storage.db import make_engine, session_factory, upgrade_database
 
 pytest_plugins = ["tests.live_server"]  # the `live_server` fixture
 
+# TestClient sends ``Host: testserver``: allowed in tests (as Django's test runner does), with
+# the loopback names the live servers use. tests/test_allowed_hosts.py sets its own lists.
+os.environ.setdefault("TOKENTRACE_ALLOWED_HOSTS", "testserver,localhost,127.0.0.1,::1")
+
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 

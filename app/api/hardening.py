@@ -1,5 +1,8 @@
 """Defences around the app: request body limits (413), security headers on every response
-(a Content-Security-Policy on pages), opt-in CORS, and 503 for a lost database connection.
+(a Content-Security-Policy on pages), opt-in CORS, 503 for a lost database connection,
+422 answers that can always be written (the input they echo made JSON-safe), with
+``auth_reads`` a read token (bearer or sign-in cookie) for ``/metrics`` and the API docs,
+and 400 for a ``Host`` header outside ``allowed_hosts`` (DNS rebinding).
 
 ``harden(app, settings)`` installs them all; each piece is a plain ASGI middleware or an
 exception handler so streaming responses pass through untouched.
@@ -9,16 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.services import auth
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,7 +67,9 @@ def _too_large(limit: int) -> tuple[int, bytes]:
     return 413, json.dumps(detail).encode()
 
 
-async def _send_json(send: Send, status: int, body: bytes) -> None:
+async def _send_json(
+    send: Send, status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -69,6 +78,7 @@ async def _send_json(send: Send, status: int, body: bytes) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *extra,
             ],
         }
     )
@@ -138,6 +148,107 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def host_of(header: str) -> str:
+    """The host name of a ``Host`` header: lower case, without port, brackets or a final
+    dot (``[::1]:8000`` -> ``::1``)."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        h = h[1 : h.find("]")] if "]" in h else h[1:]
+    elif h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """``host`` is listed, or matches a ``*.domain`` pattern (sub-domains only), or ``*``."""
+    for pattern in allowed:
+        if pattern == "*" or pattern == host:
+            return True
+        if pattern.startswith("*.") and host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
+            return True
+    return False
+
+
+class AllowedHosts:
+    """400 for a request whose ``Host`` header (missing counts) names no allowed host:
+    a DNS-rebinding page cannot reach the dashboard or the API through a name of its own."""
+
+    def __init__(self, app: ASGIApp, *, allowed: Sequence[str]) -> None:
+        self.app = app
+        self.allowed = tuple(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = _header(scope, b"host")
+        host = host_of(header) if header is not None else ""
+        if host and host_allowed(host, self.allowed):
+            await self.app(scope, receive, send)
+            return
+        shown = (header or "")[:100]
+        detail = (
+            f"Host header {shown!r} is not served here; add the name to "
+            "TOKENTRACE_ALLOWED_HOSTS (or set TOKENTRACE_PUBLIC_URL)"
+        )
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _send_json(send, 400, json.dumps({"detail": detail}).encode())
+
+
+READ_GATE_DETAIL = json.dumps(
+    {"detail": "reads are protected: send 'Authorization: Bearer <token>' with the 'read' scope"}
+).encode()
+
+
+class ReadGate:
+    """With ``auth_reads``: 401 for ``paths`` (``/metrics``, the OpenAPI document, ``/docs``,
+    ``/redoc``) unless the request carries a token with the read scope, as a bearer token
+    (a Prometheus scraper) or the dashboard's sign-in cookie (a browser on ``/docs``)."""
+
+    def __init__(self, app: ASGIApp, *, paths: frozenset[str], cookie: str) -> None:
+        self.app = app
+        self.paths = paths
+        self.cookie = cookie
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        secret = _bearer(scope) or _cookie(scope, self.cookie)
+        allowed = False
+        if secret is not None:
+            try:
+                allowed = await anyio.to_thread.run_sync(_may_read, scope["app"], secret)
+            except SQLAlchemyError:  # as the routes answer a lost database: retryable
+                body = json.dumps({"detail": "the database is unavailable; retry shortly"})
+                await _send_json(send, 503, body.encode(), ((b"retry-after", b"1"),))
+                return
+        if allowed:
+            await self.app(scope, receive, send)
+            return
+        await _send_json(send, 401, READ_GATE_DETAIL, ((b"www-authenticate", b"Bearer"),))
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization") or ""
+    scheme, _, token = value.partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    from starlette.requests import cookie_parser
+
+    return cookie_parser(_header(scope, b"cookie") or "").get(name) or None
+
+
+def _may_read(app: Any, secret: str) -> bool:
+    with app.state.sessions() as s:
+        principal = auth.authenticate(s, secret)
+    return principal is not None and principal.has("read")
+
+
 class SecurityHeaders:
     """nosniff, a same-origin referrer policy and no framing on every response; a
     Content-Security-Policy (no inline script) on HTML pages."""
@@ -187,9 +298,60 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
     )
 
 
+MAX_ECHO_CHARS = 200  # of a bad input echoed in a 422
+MAX_ECHO_INT = 10**30  # larger integers are echoed as a note (str() of 4300+ digits fails)
+
+
+def _echo(value: Any) -> tuple[bool, Any]:
+    """(whether to echo, what) for a bad input: scalars as JSON can write them; containers
+    (a whole body, a 900-deep list, a secret beside the bad field) are not echoed."""
+    if value is None or isinstance(value, bool):
+        return True, value
+    if isinstance(value, int):
+        return True, value if abs(value) < MAX_ECHO_INT else "an integer of 31 or more digits"
+    if isinstance(value, float):
+        return True, value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return True, value[:MAX_ECHO_CHARS]
+    return False, None
+
+
+def _ctx_value(value: Any) -> Any:
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return _echo(value)[1]
+    return str(value)[:MAX_ECHO_CHARS]
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 shape (``detail``: ``loc``, ``msg``, ``type``, ``input``, ``ctx``), but
+    writable for any input: ``1e999`` (infinity) or a deeply nested value made FastAPI's own
+    handler fail with a 500."""
+    assert isinstance(exc, RequestValidationError)
+    detail: list[dict[str, Any]] = []
+    for err in exc.errors():
+        out: dict[str, Any] = {
+            "type": str(err.get("type", "value_error")),
+            "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
+            "msg": str(err.get("msg", "")),
+        }
+        if "input" in err:
+            keep, shown = _echo(err["input"])
+            if keep:
+                out["input"] = shown
+        ctx = err.get("ctx")
+        if isinstance(ctx, dict):
+            out["ctx"] = {str(k): _ctx_value(v) for k, v in ctx.items()}
+        detail.append(out)
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
 def harden(app: FastAPI, settings: Settings) -> None:
-    """Install the body limits, security headers, CORS (only with ``cors_origins``) and the
-    503 handler for database connection loss."""
+    """Install the Host allow-list, the body limits, security headers, CORS (only with
+    ``cors_origins``), the read gate on metrics and API docs (only with ``auth_reads``),
+    the 503 handler for database connection loss, and the always-writable 422."""
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DBAPIError, _database_unavailable)
     app.add_exception_handler(PoolTimeout, _database_unavailable)
@@ -201,6 +363,12 @@ def harden(app: FastAPI, settings: Settings) -> None:
             allow_headers=["Authorization", "Content-Type"],
             allow_credentials=False,
         )
+    if settings.auth_reads:
+        from app.web.context import COOKIE
+
+        docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+        gated = frozenset({"/metrics", *(p for p in docs if p)})
+        app.add_middleware(ReadGate, paths=gated, cookie=COOKIE)  # type: ignore[arg-type]
     app.add_middleware(SecurityHeaders)  # type: ignore[arg-type]
     app.add_middleware(
         BodyLimit,  # type: ignore[arg-type]
@@ -208,3 +376,5 @@ def harden(app: FastAPI, settings: Settings) -> None:
         max_upload_bytes=settings.max_upload_bytes,
         max_import_bytes=settings.max_import_bytes,
     )
+    # outermost: a foreign Host is refused before anything else runs
+    app.add_middleware(AllowedHosts, allowed=settings.host_allowlist())  # type: ignore[arg-type]

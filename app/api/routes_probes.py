@@ -138,14 +138,14 @@ def capacity_get(
     _: Reader,
     model: str = "llama-3-8b",
     device: str | None = "h100-sxm",
-    memory_gib: Annotated[float | None, Query(gt=0)] = None,
+    memory_gib: Annotated[float | None, Query(gt=0, le=svc.MAX_MEMORY_GIB)] = None,
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     utilization: Annotated[float, Query(gt=0, le=1)] = 0.9,
-    reserve_gib: Annotated[float, Query(ge=0)] = 0.0,
+    reserve_gib: Annotated[float, Query(ge=0, le=svc.MAX_MEMORY_GIB)] = 0.0,
     block_size: Annotated[int, Query(ge=1, le=1024)] = 16,
-    context: Annotated[int | None, Query(ge=1)] = None,
-    concurrency: Annotated[int | None, Query(ge=1)] = None,
+    context: Annotated[int | None, Query(ge=1, le=svc.MAX_TOKENS)] = None,
+    concurrency: Annotated[int | None, Query(ge=1, le=svc.MAX_TOKENS)] = None,
     tp: Annotated[int, Query(ge=1, le=64)] = 1,
 ) -> dict[str, Any]:
     """How many requests of ``context`` fit, and what context fits at ``concurrency``, on

@@ -4,7 +4,8 @@ Each app owns its ``CollectorRegistry`` (nothing goes to prometheus_client's glo
 registry, so test apps never share state). Exposed:
 
 - ``tokentrace_http_request_duration_seconds{method,route,status}``: API/page latencies by
-  route template;
+  route template (``unmatched`` for paths no route serves) and method (one of
+  ``METHODS``, any other ``other``), so clients cannot grow the label set;
 - ``tokentrace_ingest_batches_total`` / ``tokentrace_ingest_bytes_total``: result batches
   workers uploaded (rate() gives the ingest rate);
 - ``tokentrace_jobs{state}``, ``tokentrace_workers{state}`` (registered, busy, seen within
@@ -30,6 +31,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.storage.models import Job, JobBatch, Worker
 
 JOB_STATES = ("queued", "leased", "running", "succeeded", "failed", "cancelled")
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """The method as a label value: a standard one as is, anything else ``other``."""
+    return method if method in METHODS else "other"
+
+
 RESULTS_ROUTE = "/api/v1/jobs/{job_id}/results"
 
 
@@ -128,7 +137,8 @@ def install(app: FastAPI) -> Telemetry:
         template = getattr(route, "path", None) or "unmatched"
         if template.startswith("/static"):
             return response
-        tel.latency.labels(request.method, template, str(response.status_code)).observe(
+        method = method_label(request.method)
+        tel.latency.labels(method, template, str(response.status_code)).observe(
             time.perf_counter() - start
         )
         if template == RESULTS_ROUTE and request.method == "POST" and response.status_code < 300:

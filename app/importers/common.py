@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from app.domain import EventKind, RequestRecord, RequestStatus
-from app.importers.csv_log import ImportFormatError
+from app.importers.csv_log import MAX_COUNT, ImportFormatError
 
 __all__ = [
+    "MAX_COUNT",
     "FileFigures",
     "ImportFormatError",
     "ImportedRun",
@@ -75,6 +76,8 @@ def json_objects(text: str, *, what: str = "file") -> list[Any]:
             ) from None
         except RecursionError:
             raise ImportFormatError(f"the {what} is nested too deeply") from None
+        except ValueError as e:  # an integer past Python's 4300-digit conversion limit
+            raise ImportFormatError(f"the {what} holds a number out of range ({e})") from None
         out.append(obj)
     if not out:
         raise ImportFormatError(f"the {what} is empty")
@@ -96,8 +99,11 @@ def as_list(value: Any, where: str) -> list[Any]:
 def number(value: Any, where: str, *, minimum: float | None = None) -> float:
     """A finite number (bools refused); ``minimum`` inclusive."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ImportFormatError(f"{where}: expected a number, got {value!r}")
-    v = float(value)
+        raise ImportFormatError(f"{where}: expected a number, got {_shown(value)}")
+    try:
+        v = float(value)
+    except OverflowError:  # an integer of 309 or more digits
+        raise ImportFormatError(f"{where}: number out of range, got {_shown(value)}") from None
     if not math.isfinite(v):
         raise ImportFormatError(f"{where}: expected a finite number, got {value!r}")
     if minimum is not None and v < minimum:
@@ -105,16 +111,29 @@ def number(value: Any, where: str, *, minimum: float | None = None) -> float:
     return v
 
 
+def _shown(value: Any) -> str:
+    """``repr`` of a bad value, shortened (a 4000-digit number is not echoed whole)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def opt_number(value: Any, where: str, *, minimum: float | None = None) -> float | None:
     return None if value is None else number(value, where, minimum=minimum)
 
 
-def integer(value: Any, where: str, *, minimum: int | None = None) -> int:
+def integer(
+    value: Any, where: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """A whole number (``2.0`` is fine, ``2.5`` is not); ``minimum``/``maximum`` inclusive."""
     v = number(value, where)
     if v != int(v):
-        raise ImportFormatError(f"{where}: expected an integer, got {value!r}")
+        raise ImportFormatError(f"{where}: expected an integer, got {_shown(value)}")
     if minimum is not None and v < minimum:
-        raise ImportFormatError(f"{where}: must be >= {minimum}, got {value!r}")
+        raise ImportFormatError(f"{where}: must be >= {minimum}, got {_shown(value)}")
+    if maximum is not None and v > maximum:
+        raise ImportFormatError(f"{where}: must be <= {maximum}, got {_shown(value)}")
     return int(v)
 
 

@@ -54,8 +54,37 @@ def _number(row_no: int, name: str, raw: str | None, *, integer: bool) -> float:
 
 def parse_csv_log(text: str) -> CsvLog:
     """Parse the whole file or raise ``ImportFormatError`` naming the first bad row."""
-    reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
+    try:
+        return _parse(text)
+    except csv.Error as e:  # e.g. a field over the csv module's 128 KiB field limit
+        raise ImportFormatError(f"{_where(e)}: not valid CSV ({e})") from None
+
+
+def _where(e: csv.Error) -> str:
+    """The data row (1 = the first after the header) the csv module stopped at."""
+    line = getattr(e, "line_num", None)
+    return f"row {line - 1}" if isinstance(line, int) and line > 1 else "header"
+
+
+class _Rows(csv.DictReader):  # type: ignore[type-arg]
+    """``csv.DictReader`` whose errors carry the line they happened on."""
+
+    def __next__(self) -> dict[str, str]:
+        try:
+            row: dict[str, str] = super().__next__()
+        except csv.Error as e:
+            e.line_num = self.reader.line_num  # type: ignore[attr-defined]
+            raise
+        return row
+
+
+def _parse(text: str) -> CsvLog:
+    reader = _Rows(io.StringIO(text))
+    try:
+        header = reader.fieldnames or []
+    except csv.Error as e:
+        e.line_num = 1  # type: ignore[attr-defined]
+        raise
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise ImportFormatError(f"header: missing column(s) {', '.join(missing)}")

@@ -17,6 +17,7 @@ from typing import Any
 from app.analysis.percentiles import percentile_key
 from app.domain import RequestRecord
 from app.importers.common import (
+    MAX_COUNT,
     FileFigures,
     ImportedRun,
     ImportFormatError,
@@ -109,7 +110,7 @@ def _records(obj: dict[str, Any], where: str, notes: list[str]) -> list[RequestR
     for i in range(n):
         at = f"{where} request {i}"
         sent = ns(start_s[i] - origin)
-        n_in = integer(arrays["input_lens"][i], f"{at}: input_lens", minimum=0)
+        n_in = integer(arrays["input_lens"][i], f"{at}: input_lens", minimum=0, maximum=MAX_COUNT)
         err = errors[i]
         if err is not None and not isinstance(err, str):
             raise ImportFormatError(f"{at}: errors must be strings, got {err!r}")
@@ -126,7 +127,9 @@ def _records(obj: dict[str, Any], where: str, notes: list[str]) -> list[RequestR
                 )
             )
             continue
-        n_out = integer(arrays["output_lens"][i], f"{at}: output_lens", minimum=0)
+        n_out = integer(
+            arrays["output_lens"][i], f"{at}: output_lens", minimum=0, maximum=MAX_COUNT
+        )
         t = sent + ns(ttft)
         chunk_t = [t]
         for j, gap in enumerate(itls):

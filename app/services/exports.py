@@ -139,8 +139,24 @@ def iter_requests_csv(sessions: sessionmaker[Session], run_id: str) -> Iterator[
         buf.truncate()
 
 
+# A text cell starting with one of these is a formula to a spreadsheet (CSV injection):
+# ``=HYPERLINK(...)`` in an error message from the target would run when the file is opened.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell: None blank; text that a spreadsheet would read as a formula
+    gets a leading ``'`` (shown as text, the quote hidden); numbers, negative ones included,
+    stay numbers."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _csv_cells(r: dict[str, Any], columns: tuple[str, ...]) -> list[Any]:
-    return ["" if r[c] is None else r[c] for c in columns]
+    return [csv_cell(r[c]) for c in columns]
 
 
 def iter_event_columns(

@@ -238,7 +238,8 @@ def ingest_batch(
     if run_id is None:
         raise Conflict(f"job {job_id!r} has no run to store results in")
     records = _records(job, batch)
-    if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records)):
+    indices = [r.index for r in records]
+    if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records), indices):
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
     before = job_repo.stored_requests(session, run_id)
     try:
@@ -261,7 +262,56 @@ class Outcome:
 
 
 def _decide(session: Session, job: Job, req: CompleteRequest) -> Outcome:
-    return decide(session, job, job.run_id, req.status, req.error, req.run_meta)
+    outcome = decide(session, job, job.run_id, req.status, req.error, req.run_meta)
+    if job.run_id is None or job.kind != "bench":  # a sweep's batches span its step runs
+        return outcome
+    return with_arrival_check(outcome, arrival_notes(session, job, job.run_id, req.total_batches))
+
+
+MAX_NAMED = 20  # indices or batch numbers named in a note; the rest are counted
+MAX_MISSING_NAMED = 1000  # batch numbers a "batches missing" 409 names (the worker resends)
+
+
+def _named(numbers: list[int]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:MAX_NAMED])
+    more = len(numbers) - MAX_NAMED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def arrival_notes(session: Session, job: Job, run_id: str, total_batches: int | None) -> list[str]:
+    """What did not arrive: batches 0..n-1 (``total_batches`` as the worker said; else up
+    to the highest batch number stored) and every request index a stored batch declared.
+    Empty when everything arrived (exactly once: requests are unique per run and index).
+    E.g. "2 of 40 requests missing: indices 7, 9; batch 3 never arrived"."""
+    declared = job_repo.batch_indices(session, job.id)
+    if total_batches is None:
+        total_batches = max(declared) + 1 if declared else 0
+    parts: list[str] = []
+    expected = {i for idx in declared.values() if idx is not None for i in idx}
+    missing: list[int] = []
+    # stored requests all came in batches: as many stored as declared means none is missing
+    unknown = any(idx is None for idx in declared.values())  # batches stored before 0009
+    if unknown or job_repo.stored_requests(session, run_id) < len(expected):
+        missing = sorted(expected - job_repo.stored_indices(session, run_id))
+    if missing:
+        parts.append(
+            f"{len(missing)} of {len(expected)} requests missing: indices {_named(missing)}"
+        )
+    n_lost = job_repo.count_missing(0, total_batches, declared)
+    if n_lost:
+        lost = job_repo.missing_numbers(0, total_batches, declared, MAX_NAMED)
+        word = "batch" if n_lost == 1 else "batches"
+        more = f" and {n_lost - len(lost)} more" if n_lost > len(lost) else ""
+        parts.append(f"{word} {_named(lost)}{more} never arrived")
+    return ["; ".join(parts)] if parts else []
+
+
+def with_arrival_check(outcome: Outcome, notes: list[str]) -> Outcome:
+    """A run that lost uploaded data is ``partial`` (a failed one stays failed)."""
+    if not notes:
+        return outcome
+    status = RunStatus.PARTIAL if outcome.run_status is RunStatus.SUCCEEDED else outcome.run_status
+    return Outcome(outcome.job_state, status, outcome.error, outcome.notes + notes)
 
 
 def decide(
@@ -333,7 +383,8 @@ def complete(
 
         missing = sweep_jobs.missing_batches(session, job, req.total_batches)
     else:
-        missing = sorted(set(range(req.total_batches)) - job_repo.batch_numbers(session, job_id))
+        present = job_repo.batch_numbers(session, job_id)
+        missing = job_repo.missing_numbers(0, req.total_batches, present, MAX_MISSING_NAMED)
     if missing:
         raise Conflict(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "
@@ -477,7 +528,10 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
             f"(lease expired on attempt {job.attempt})"
         )
         state: JobState = "cancelled" if job.cancel_requested else "failed"
-        outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", [note])
+        notes = [note]
+        if job.kind == "bench" and job.run_id is not None:
+            notes += arrival_notes(session, job, job.run_id, None)
+        outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", notes)
         return (
             Expiry(job.id, job.run_id, "partial"),
             ended | {"state": state, "error": "worker lost"},

@@ -599,19 +599,25 @@ def scaling_data(
 # ---------------------------------------------------------------------------- capacity
 
 
+MAX_MEMORY_GIB = 1024.0**2  # 1 PiB: beyond it the arithmetic overflows to inf (a 500)
+MAX_TOKENS = 2**31 - 1  # context lengths and concurrencies
+
+
 class CapacityQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | ModelConfig = "llama-3-8b"
     device: str | None = "h100-sxm"
-    memory_gib: float | None = Field(None, gt=0, description="overrides the device's memory")
+    memory_gib: float | None = Field(
+        None, gt=0, le=MAX_MEMORY_GIB, description="overrides the device's memory"
+    )
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     utilization: float = Field(0.9, gt=0, le=1)
-    reserve_gib: float = Field(0.0, ge=0)
+    reserve_gib: float = Field(0.0, ge=0, le=MAX_MEMORY_GIB)
     block_size: int = Field(16, ge=1, le=1024)
-    context: int | None = Field(None, ge=1)
-    concurrency: int | None = Field(None, ge=1)
+    context: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    concurrency: int | None = Field(None, ge=1, le=MAX_TOKENS)
     tp: int = Field(1, ge=1, le=64, description="tensor-parallel size: GPUs the model spans")
 
 

@@ -176,7 +176,8 @@ def missing_batches(session: Session, job: Job, total_batches: int) -> list[int]
     """Batch numbers this attempt sent (``first_batch_no..total_batches-1``) that have not
     arrived; earlier attempts' numbers are theirs."""
     first = compare_repo.first_batch_no(session, job.id, job.attempt)
-    return sorted(set(range(first, total_batches)) - job_repo.batch_numbers(session, job.id))
+    present = job_repo.batch_numbers(session, job.id)
+    return job_repo.missing_numbers(first, total_batches, present, job_svc.MAX_MISSING_NAMED)
 
 
 # ------------------------------------------------------------------------------ steps

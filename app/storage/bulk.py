@@ -106,16 +106,26 @@ def _pg_type(type_: TypeEngine[Any]) -> str:
     raise TypeError(f"no COPY type for {type_!r}")
 
 
+def _column_default(column: Any) -> Any:
+    """What ``INSERT`` would store for a column a row leaves out: its scalar default, else
+    NULL (COPY has no defaults of its own for the columns it names)."""
+    default = column.default
+    if default is not None and getattr(default, "is_scalar", False):
+        return default.arg
+    return None
+
+
 def _pg_copy(conn: Connection, rows: list[dict[str, Any]]) -> None:
     cols = [c for c in _table().columns if c.name != "id"]
     names = [c.name for c in cols]
+    defaults = {c.name: _column_default(c) for c in cols}
     raw: Any = conn.connection.dbapi_connection
     with raw.cursor() as cur:
         sql = f"COPY requests ({', '.join(names)}) FROM STDIN (FORMAT BINARY)"
         with cur.copy(sql) as copy:
             copy.set_types([_pg_type(c.type) for c in cols])
             for r in rows:
-                copy.write_row([r[n] for n in names])
+                copy.write_row([r[n] if n in r else defaults[n] for n in names])
 
 
 def fetch_rows(

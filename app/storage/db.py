@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -46,8 +46,9 @@ def make_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engine:
 
     SQLite: creates the file's parent directory, enables WAL, ``foreign_keys=ON``,
     ``synchronous=NORMAL`` (durable across application crashes; the WAL default) and a busy
-    timeout. PostgreSQL: ``pool_pre_ping``. Both: strict JSON (``jsonsafe.dumps``).
-    Extra keyword arguments go to ``create_engine``.
+    timeout, and makes savepoints real (``_sqlite_begin_before_savepoint``). PostgreSQL:
+    ``pool_pre_ping``. Both: strict JSON (``jsonsafe.dumps``). Extra keyword arguments go
+    to ``create_engine``.
     """
     u = make_url(url)
     backend = u.get_backend_name()
@@ -60,6 +61,7 @@ def make_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engine:
         connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
         engine = create_engine(u, echo=echo, connect_args=connect_args, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "savepoint", _sqlite_begin_before_savepoint)
         return engine
     if backend == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
@@ -77,6 +79,29 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
         cur.execute("PRAGMA synchronous=NORMAL")
     finally:
         cur.close()
+
+
+def _sqlite_begin_before_savepoint(conn: Connection, _name: str | None) -> None:
+    """Open the transaction a savepoint belongs to.
+
+    pysqlite (Python < 3.12, its default "legacy" transaction control) sends ``BEGIN`` only
+    before the first INSERT/UPDATE/DELETE, so a ``SAVEPOINT`` issued by ``begin_nested()``
+    before any write *started* the transaction and its ``RELEASE`` *committed* it: the rows
+    written inside the savepoint (a result batch's row) stayed even when the session rolled
+    back afterwards (its requests failed). Emitting ``BEGIN IMMEDIATE`` first makes the
+    savepoint nest inside a transaction that commits or rolls back as a whole.
+
+    Why not SQLAlchemy's pysqlite recipe (``isolation_level=None`` and ``BEGIN`` at every
+    transaction start): a deferred transaction that reads and then writes fails at once
+    with "database is locked" when another connection committed in between (WAL: the
+    stale snapshot cannot be upgraded, the busy timeout does not apply), and almost every
+    route reads before it writes; ``BEGIN IMMEDIATE`` everywhere would serialize readers and
+    deadlock a request's second session (``run_report``) behind its first. Keeping the
+    legacy mode keeps writes taking the lock at their first statement, waiting with the
+    busy timeout, as before; ``BEGIN IMMEDIATE`` takes it the same way."""
+    raw: Any = conn.connection.dbapi_connection
+    if raw is not None and not raw.in_transaction:
+        raw.execute("BEGIN IMMEDIATE")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -175,15 +175,30 @@ def delete_jobs_of_run(session: Session, run_id: str) -> int:
 # ------------------------------------------------------------------------------ batches
 
 
-def add_batch(session: Session, job_id: str, batch_no: int, attempt: int, n_requests: int) -> bool:
-    """Record an uploaded batch; False (and nothing changed) when it was already recorded."""
+def add_batch(
+    session: Session,
+    job_id: str,
+    batch_no: int,
+    attempt: int,
+    n_requests: int,
+    request_indices: Sequence[int] | None = None,
+) -> bool:
+    """Record an uploaded batch (and the request indices it carries) in the caller's
+    transaction; False (and nothing changed) when it was already recorded. The row commits
+    or rolls back with whatever else the caller writes (the batch's requests)."""
     if batch_exists(session, job_id, batch_no):
         return False
+    indices = [int(i) for i in request_indices] if request_indices is not None else None
+    row = JobBatch(
+        job_id=job_id,
+        batch_no=batch_no,
+        attempt=attempt,
+        n_requests=n_requests,
+        request_indices=indices,
+    )
     try:
         with session.begin_nested():
-            session.add(
-                JobBatch(job_id=job_id, batch_no=batch_no, attempt=attempt, n_requests=n_requests)
-            )
+            session.add(row)
     except IntegrityError:  # a concurrent retry of the same batch won the race
         return False
     return True
@@ -196,6 +211,34 @@ def batch_exists(session: Session, job_id: str, batch_no: int) -> bool:
 
 def batch_numbers(session: Session, job_id: str) -> set[int]:
     return set(session.scalars(select(JobBatch.batch_no).where(JobBatch.job_id == job_id)))
+
+
+def missing_numbers(first: int, end: int, present: Collection[int], limit: int) -> list[int]:
+    """The first ``limit`` numbers of ``first..end-1`` not in ``present``, found without
+    materializing the range (``end`` comes from a client: it may be 2^31)."""
+    out: list[int] = []
+    n = first
+    while n < end and len(out) < limit:
+        if n not in present:
+            out.append(n)
+        n += 1
+    return out
+
+
+def count_missing(first: int, end: int, present: Collection[int]) -> int:
+    """How many numbers of ``first..end-1`` are not in ``present``."""
+    return max(0, end - first) - sum(1 for p in set(present) if first <= p < end)
+
+
+def batch_indices(session: Session, job_id: str) -> dict[int, list[int] | None]:
+    """batch_no -> the request indices that batch declared (None: stored before 0009)."""
+    stmt = select(JobBatch.batch_no, JobBatch.request_indices).where(JobBatch.job_id == job_id)
+    return {int(no): (list(idx) if idx is not None else None) for no, idx in session.execute(stmt)}
+
+
+def stored_indices(session: Session, run_id: str) -> set[int]:
+    """The request indices stored for a run."""
+    return set(session.scalars(select(Request.idx).where(Request.run_id == run_id)))
 
 
 def count_batches(session: Session, job_id: str) -> int:

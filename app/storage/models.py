@@ -100,6 +100,8 @@ def utcnow() -> dt.datetime:
 
 # BIGINT identity on PostgreSQL; INTEGER PRIMARY KEY (the rowid) on SQLite.
 RowId = BigInteger().with_variant(Integer(), "sqlite")
+# Token counts: BIGINT on PostgreSQL (migration 0009); SQLite's INTEGER is 64-bit already.
+TokenCount = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -164,17 +166,17 @@ class Request(Base):
     status: Mapped[RequestStatus] = mapped_column(EnumText(RequestStatus))
     error: Mapped[str | None] = mapped_column(Text)
     http_status: Mapped[int | None] = mapped_column(Integer)
-    input_tokens: Mapped[int | None] = mapped_column(Integer)
-    output_tokens: Mapped[int | None] = mapped_column(Integer)
-    tokenizer_output_tokens: Mapped[int | None] = mapped_column(Integer)
-    usage_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
-    usage_completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    input_tokens: Mapped[int | None] = mapped_column(TokenCount)
+    output_tokens: Mapped[int | None] = mapped_column(TokenCount)
+    tokenizer_output_tokens: Mapped[int | None] = mapped_column(TokenCount)
+    usage_prompt_tokens: Mapped[int | None] = mapped_column(TokenCount)
+    usage_completion_tokens: Mapped[int | None] = mapped_column(TokenCount)
     token_source: Mapped[str | None] = mapped_column(String(16))
     ttft_ns: Mapped[int | None] = mapped_column(BigInteger)
     ttfot_ns: Mapped[int | None] = mapped_column(BigInteger)
     e2e_ns: Mapped[int | None] = mapped_column(BigInteger)
     tpot_ns: Mapped[float | None] = mapped_column(Float)
-    n_events: Mapped[int] = mapped_column(Integer, default=0)
+    n_events: Mapped[int] = mapped_column(TokenCount, default=0)
     events: Mapped[bytes] = mapped_column(LargeBinary)
     # phases (SPEC 1b), durations in ns; None where the phase did not happen (migration 0008)
     queued_ns: Mapped[int | None] = mapped_column(BigInteger)
@@ -274,6 +276,8 @@ class JobBatch(Base):
     batch_no: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer)
     n_requests: Mapped[int] = mapped_column(Integer)
+    # the request indices the batch carried (migration 0009; None for older batches)
+    request_indices: Mapped[list[int] | None] = mapped_column(JSON)
     received_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     __table_args__ = (

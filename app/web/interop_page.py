@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -12,6 +11,7 @@ from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.web.interop_view import import_comparison, import_setup, server_metrics_figure
+from app.web.scriptjson import plotly_json
 
 
 def add_interop(
@@ -40,7 +40,5 @@ def add_interop(
     ctx["server_status"] = status_block if isinstance(status_block, dict) else None
     fig = server_metrics_figure(series, trace, status)
     figures = ctx.setdefault("figures", {})
-    figures["server_metrics"] = json.dumps(fig, separators=(",", ":"), allow_nan=False).replace(
-        "</", "<\\/"
-    )
+    figures["server_metrics"] = plotly_json(fig)
     ctx["has_server_metrics"] = bool(series)

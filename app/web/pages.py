@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import anyio
@@ -24,12 +23,14 @@ from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.interop_page import add_interop
 from app.web.runpage import PROFILE_NAMES, load_run, run_context
+from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
 
 KIND_NAMES = fg.KIND_NAMES
 REQUESTS_PAGE = 100
 EVENTS_TABLE_MAX = 2000
+MAX_INDEX = 2**31 - 1  # requests.idx is a 32-bit column: larger indexes exist nowhere
 
 
 def _gate(request: Request) -> tuple[Any, Response | None]:
@@ -210,7 +211,7 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
     with session_scope(sessions_of(request)) as s:
         if repo.find_run(s, run_id) is None:
             raise HTTPException(404, f"no run with id {run_id!r}")
-        summary = view_repo.request_row(s, run_id, idx)
+        summary = view_repo.request_row(s, run_id, idx) if 0 <= idx <= MAX_INDEX else None
         if summary is None:
             raise HTTPException(404, f"run {run_id!r} has no request {idx}")
         ev = repo.get_request_events(s, run_id, idx)
@@ -245,7 +246,7 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "events": events,
             "n_events": n,
             "summary_only": summary_only,
-            "figure": json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/"),
+            "figure": plotly_json(fig),
         },
         principal=principal,
     )

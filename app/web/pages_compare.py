@@ -3,7 +3,6 @@ baseline) and the sweep page (/sweeps/{id}); diagnosis notes on both."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import anyio
@@ -22,6 +21,7 @@ from app.web import figures_compare as fc
 from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.runpage import report_warnings
+from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -38,7 +38,7 @@ def _gate(request: Request) -> tuple[Any, Response | None]:
 
 
 def _json(fig: dict[str, Any]) -> str:
-    return json.dumps(json_safe(fig), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return plotly_json(json_safe(fig))
 
 
 def _split(ids: list[str] | None) -> list[str]:

@@ -19,6 +19,7 @@ from app.services.errors import ServiceError
 from app.storage.db import session_scope
 from app.web import probe_figures as pf
 from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -31,9 +32,7 @@ def _gate(request: Request) -> tuple[Any, Response | None]:
 
 
 def _js(fig: dict[str, Any]) -> str:
-    return json.dumps(fig, separators=(",", ":"), allow_nan=False, default=str).replace(
-        "</", "<\\/"
-    )
+    return plotly_json(fig, default=str)
 
 
 @router.get("/probes")

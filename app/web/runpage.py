@@ -22,6 +22,7 @@ from app.storage import views as view_repo
 from app.storage.db import session_scope
 from app.web import views
 from app.web.plotdata import run_figures
+from app.web.scriptjson import plotly_json
 
 PROFILE_NAMES = ("tokentrace", "vllm", "guidellm", "aiperf")
 
@@ -101,7 +102,7 @@ def figures_json(data: RunData) -> dict[str, str]:
     )
     imported = str(data.run.get("source") or "").startswith("import")
     return {
-        key: json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+        key: plotly_json(fig)
         for key, fig in plots.figures.items()
         if not (imported and key == "send_lag")  # an import has no schedule to lag behind
     }
