@@ -95,7 +95,7 @@ def test_csv_import_is_all_or_nothing(sqlite_url: str, tmp_path: Path) -> None:
 def test_csv_import_has_a_size_cap(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(imports, "MAX_IMPORT_BYTES", 10_000)
+    monkeypatch.setenv("TOKENTRACE_MAX_IMPORT_BYTES", "10000")  # the one limit, from settings
     big = tmp_path / "big.csv"
     big.write_text(HEADER + "".join(f"r{i},{i},{i + 0.1},{i + 0.5},1,2\n" for i in range(1000)))
     assert big.stat().st_size > 10_000
@@ -217,3 +217,25 @@ def test_aiperf_truncated_and_mutated_records_are_rejected() -> None:
             node = node[k]
         node[path[-1]] = value
         _rejected(_aiperf, "\n".join([json.dumps(bad), *lines[1:]]), path[-2])
+
+
+def test_the_import_limit_is_one_setting_for_cli_and_api(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TOKENTRACE_MAX_IMPORT_BYTES bounds the CLI's file and the API's upload alike."""
+    from tests.api_support import api_client
+
+    body = HEADER + "".join(f"r{i},{i},{i + 0.1},{i + 0.5},1,2\n" for i in range(1000))
+    big = tmp_path / "big.csv"
+    big.write_text(body)
+    monkeypatch.setenv("TOKENTRACE_MAX_IMPORT_BYTES", str(len(body) - 1))
+    with pytest.raises(ImportFormatError, match=f"{len(body) - 1}-byte import limit"):
+        imports.import_csv(open_database(sqlite_url), big)
+    with api_client(sqlite_url, max_import_bytes=len(body) - 1) as api:
+        r = api.client.post(
+            "/api/v1/imports",
+            data={"format": "csv"},
+            files={"file": ("big.csv", body.encode())},
+            headers=api.h(api.run),
+        )
+        assert r.status_code in (413, 422) and str(len(body) - 1) in r.text

@@ -195,12 +195,16 @@ def test_sqlite_savepoint_rolls_back_with_its_transaction(sqlite_url: str) -> No
     try:
         sessions = session_factory(engine)
         with sessions() as s:
+            from cryptography.fernet import Fernet
+
             from app.domain import RunSpec
+            from app.services.secretbox import SecretBox
             from app.wire import JobRequirements
 
             spec = RunSpec.model_validate({"base_url": "http://127.0.0.1:9", "model": "m"})
+            box = SecretBox(Fernet.generate_key())
             _, job_id = job_svc.create_bench_run(
-                s, spec, requirements=JobRequirements(), name=None, max_attempts=1
+                s, spec, requirements=JobRequirements(), name=None, max_attempts=1, box=box
             )
             s.commit()
         with sessions() as s:

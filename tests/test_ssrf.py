@@ -75,11 +75,9 @@ def test_api_refuses_a_metrics_url_the_base_url_check_would_refuse(sqlite_url: s
         assert api.client.post("/api/v1/runs", json=SPEC, headers=api.h(api.run)).status_code == 201
 
 
-@pytest.fixture
-def html_server() -> Iterator[str]:
-    """Answers every request with an HTML 403 page holding a "secret"."""
+def _serve(head: bytes, page: bytes) -> Iterator[str]:
+    """A server answering every request with ``head`` and ``page`` (a "secret" in it)."""
     srv = socket.create_server(("127.0.0.1", 0))
-    page = b"<html><body>internal admin console: secret-token-123</body></html>"
     stop = threading.Event()
 
     def serve() -> None:
@@ -91,10 +89,7 @@ def html_server() -> Iterator[str]:
                 continue
             with conn:
                 conn.recv(65536)
-                conn.sendall(
-                    b"HTTP/1.1 403 Forbidden\r\ncontent-type: text/html\r\n"
-                    b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(page), page)
-                )
+                conn.sendall(head + b"content-length: %d\r\n\r\n%b" % (len(page), page))
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
@@ -102,6 +97,24 @@ def html_server() -> Iterator[str]:
     stop.set()
     srv.close()
     t.join(2)
+
+
+@pytest.fixture
+def html_server() -> Iterator[str]:
+    """Answers every request with an HTML 403 page holding a "secret"."""
+    yield from _serve(
+        b"HTTP/1.1 403 Forbidden\r\ncontent-type: text/html\r\nconnection: close\r\n",
+        b"<html><body>internal admin console: secret-token-123</body></html>",
+    )
+
+
+@pytest.fixture
+def page_server() -> Iterator[str]:
+    """Answers 200 with an HTML page holding a "secret" (not Prometheus text)."""
+    yield from _serve(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\nconnection: close\r\n",
+        b"<html>\nadmin console secret-token-123\n</html>\n",
+    )
 
 
 def test_a_non_target_answer_is_not_kept_in_request_errors(html_server: str) -> None:
@@ -114,35 +127,6 @@ def test_a_non_target_answer_is_not_kept_in_request_errors(html_server: str) -> 
         assert r.status is RequestStatus.ERROR and r.http_status == 403
         assert "secret" not in (r.error or "") and "403" in (r.error or "")
         assert "text/html" in (r.error or "")
-
-
-@pytest.fixture
-def page_server() -> Iterator[str]:
-    """Answers 200 with an HTML page holding a "secret" (not Prometheus text)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    page = b"<html>\nadmin console secret-token-123\n</html>\n"
-    stop = threading.Event()
-
-    def serve() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except (TimeoutError, OSError):
-                continue
-            with conn:
-                conn.recv(65536)
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\nconnection: close\r\n"
-                    b"content-length: %d\r\n\r\n%b" % (len(page), page)
-                )
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    srv.close()
-    t.join(2)
 
 
 def test_scraper_keeps_a_status_line_not_the_body(page_server: str) -> None:

@@ -10,13 +10,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile as AnyUpload
 
-from app.api.deps import Reader, Runner, SessionsDep
+from app.api.deps import Reader, Runner, SessionsDep, SettingsDep
 from app.api.downloads import export_response
 from app.importers.common import ImportFormatError
 from app.services import exports as export_svc
 from app.services import file_imports
 from app.services.errors import Invalid, NotFound
-from app.services.imports import MAX_IMPORT_BYTES
 from app.services.runs import RunNotFound
 from app.storage import interop as interop_repo
 from app.storage.db import session_scope
@@ -36,10 +35,13 @@ class SeriesOut(BaseModel):
     values: list[float]
 
 
-async def _text(upload: AnyUpload, field: str) -> str:
-    data = await upload.read(MAX_IMPORT_BYTES + 1)
-    if len(data) > MAX_IMPORT_BYTES:
-        raise Invalid(f"larger than the {MAX_IMPORT_BYTES}-byte import limit", loc=["body", field])
+async def _text(upload: AnyUpload, field: str, limit: int) -> str:
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise Invalid(
+            f"larger than the {limit}-byte import limit (TOKENTRACE_MAX_IMPORT_BYTES)",
+            loc=["body", field],
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -52,12 +54,14 @@ async def run_import(
     file: AnyUpload,
     summary: AnyUpload | None,
     name: str | None,
+    limit: int,
 ) -> list[str]:
-    """Shared by the API and the import page: parse and store, or raise ``Invalid``."""
+    """Shared by the API and the import page: parse and store, or raise ``Invalid``.
+    ``limit``: ``Settings.max_import_bytes``."""
     if fmt not in file_imports.FORMATS:
         raise Invalid(f"choose from {', '.join(file_imports.FORMATS)}", loc=["body", "format"])
-    text = await _text(file, "file")
-    summary_text = await _text(summary, "summary") if summary is not None else None
+    text = await _text(file, "file", limit)
+    summary_text = await _text(summary, "summary", limit) if summary is not None else None
     file_name = file.filename or None
     try:
         return await anyio.to_thread.run_sync(
@@ -77,6 +81,7 @@ async def run_import(
 @router.post("/imports", status_code=status.HTTP_201_CREATED)
 async def import_file(
     sessions: SessionsDep,
+    settings: SettingsDep,
     _: Runner,
     format: Annotated[str, Form(description="csv | vllm | guidellm | aiperf")],
     file: Annotated[UploadFile, File(description="the tool's result file")],
@@ -84,7 +89,8 @@ async def import_file(
     name: Annotated[str | None, Form()] = None,
 ) -> ImportResult:
     """Import a result file (all or nothing); 422 names the first bad field or line."""
-    return ImportResult(runs=await run_import(sessions, format, file, summary, name))
+    limit = settings.max_import_bytes
+    return ImportResult(runs=await run_import(sessions, format, file, summary, name, limit))
 
 
 @router.get("/runs/{run_id}/export/{what}", response_class=StreamingResponse)

@@ -13,19 +13,26 @@ from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, run_status, tally
 from app.domain import ClockSource, RunStatus, trace_from_records
 from app.importers.csv_log import ImportFormatError, parse_csv_log
 from app.services.runs import headline, run_report
+from app.settings import get_settings
 from app.storage import repository as repo
 from app.storage.db import session_scope
 
-MAX_IMPORT_BYTES = 512 * 1024 * 1024  # a bigger import file is refused before it is read
+
+def import_limit() -> int:
+    """The largest import file, in bytes: ``Settings.max_import_bytes``, the one limit the
+    CLI, the API and the import page all apply."""
+    return get_settings().max_import_bytes
 
 
-def read_import_text(path: Path) -> str:
-    """The file as UTF-8 text; ``ImportFormatError`` when it is over ``MAX_IMPORT_BYTES``
-    or not UTF-8."""
+def read_import_text(path: Path, max_bytes: int | None = None) -> str:
+    """The file as UTF-8 text; ``ImportFormatError`` when it is over ``max_bytes`` (default
+    ``import_limit()``) or not UTF-8."""
+    limit = import_limit() if max_bytes is None else max_bytes
     size = path.stat().st_size
-    if size > MAX_IMPORT_BYTES:
+    if size > limit:
         raise ImportFormatError(
-            f"{path.name}: {size} bytes is larger than the {MAX_IMPORT_BYTES}-byte import limit"
+            f"{path.name}: {size} bytes is larger than the {limit}-byte import limit "
+            "(TOKENTRACE_MAX_IMPORT_BYTES)"
         )
     try:
         return path.read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from app.services import exports as export_svc
 from app.services.errors import ServiceError
 from app.services.file_imports import FORMATS
 from app.services.runs import RunNotFound
-from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.context import principal_of, reads_allowed, render, sessions_of, settings_of
 
 router = APIRouter(include_in_schema=False)
 
@@ -61,7 +61,8 @@ async def import_submit(request: Request) -> Response:
         return _page(request, "file: choose a file to import", 422)
     summary_file = summary if isinstance(summary, UploadFile) and summary.filename else None
     try:
-        ids = await run_import(sessions_of(request), fmt, file, summary_file, name)
+        limit = settings_of(request).max_import_bytes
+        ids = await run_import(sessions_of(request), fmt, file, summary_file, name, limit)
     except ServiceError as e:
         return _page(request, f"{file.filename}: {e.detail}", e.status_code)
     auth.touch(sessions_of(request), principal)
