@@ -294,3 +294,15 @@ def test_capacity_form_says_what_is_wrong_beside_the_field(
     # Chromium logs the 422 of a form with errors as a failed resource: nothing else
     assert [e for e in con.problems() if "status of 422" not in e] == []
     assert_drawn(page, expect=0)
+
+
+def test_api_docs_work_offline_under_the_csp(page: Page, server: DashboardServer) -> None:
+    """/docs is Swagger UI from the package's local files (no CDN), started by a static
+    script under the strict CSP: it lists the API's operations and logs no problem."""
+    requested: list[str] = []
+    page.on("request", lambda req: requested.append(req.url))
+    con = _open(page, server, "/docs")
+    page.wait_for_selector(".opblock", timeout=20_000)
+    assert page.locator(".opblock").count() >= 20
+    assert all(u.startswith(server.url) for u in requested), requested  # nothing off-box
+    assert con.problems() == [], con.problems()

@@ -19,6 +19,7 @@ from app.settings import Settings
 from app.storage.models import Job, Run
 from tests.api_support import SPEC, Api, api_client, wire
 from tests.live_server import make_token
+from tests.web_support import post_form, sign_in
 
 SMALL = 4096  # max_body_bytes in these tests
 UPLOAD = 64 * 1024  # max_upload_bytes in these tests
@@ -115,7 +116,10 @@ def test_pages_carry_security_headers_and_a_csp_without_inline_script(api: Api) 
     api_r = api.client.get("/api/v1/runs")
     assert api_r.headers["x-content-type-options"] == "nosniff"
     assert "content-security-policy" not in api_r.headers  # JSON: no CSP needed
-    assert "content-security-policy" not in api.client.get("/docs").headers  # Swagger UI
+    docs = api.client.get("/docs")  # Swagger UI from local files, under the same CSP
+    assert "script-src 'self';" in docs.headers["content-security-policy"]
+    assert all("src=" in tag for tag in re.findall(r"<script\b[^>]*>", docs.text))
+    assert "cdn" not in docs.text.lower()
 
 
 def _preflight(api: Api, origin: str) -> Any:
@@ -192,9 +196,9 @@ def test_launch_api_and_form_refuse_targets_outside_the_allowlist(sqlite_url: st
         body = SPEC | {"base_url": "http://vllm.gpu.example:8000"}
         assert api.client.post("/api/v1/runs", json=body, headers=api.h(api.run)).status_code == 201
         # the dashboard's launch form: the message beside base_url, nothing queued
-        api.client.cookies.set("tt_token", api.run)
+        sign_in(api.client, api.run)
         form = {"base_url": "http://192.168.1.1:8000", "model": "m", "num_prompts": "2"}
-        r = api.client.post("/launch", data=form, follow_redirects=False)
+        r = post_form(api.client, "/launch", form, follow_redirects=False)
         assert r.status_code == 422 and "allow-list" in r.text
         assert _count(api, Run) == 1
 
@@ -267,7 +271,7 @@ def test_a_worker_token_cannot_see_other_jobs_or_act_as_a_user(sqlite_url: str) 
             f"/runs/{theirs['run_id']}", headers=api.h(api.worker), follow_redirects=False
         )
         assert r.status_code in (303, 401, 403)  # bearer headers do not sign pages in
-        api.client.cookies.set("tt_token", api.worker)
+        sign_in(api.client, api.worker)
         r = api.client.get(f"/runs/{theirs['run_id']}", follow_redirects=False)
         assert r.status_code in (303, 401, 403), r.status_code
         assert _stored(api, theirs["run_id"]) == 0

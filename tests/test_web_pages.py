@@ -16,7 +16,7 @@ from app.services import auth
 from app.services.runs import open_database
 from app.storage import workers as worker_repo
 from app.storage.db import session_scope
-from tests.web_support import Seeded, seed, web_app
+from tests.web_support import Seeded, post_form, seed, sign_in, web_app
 
 
 @pytest.fixture(scope="module")
@@ -216,27 +216,29 @@ def test_launch_needs_sign_in_then_validates_then_queues(
     denied = client.post("/launch", data=data)
     assert denied.status_code == 403 and "run" in denied.text
 
-    assert client.post("/signin", data={"token": "tt_wrong"}).status_code == 401
+    assert post_form(client, "/signin", {"token": "tt_wrong"}).status_code == 401
     read_only = _token(seeded, "read")
-    client.post("/signin", data={"token": read_only, "next": "/launch"}, follow_redirects=False)
-    assert client.post("/launch", data=data).status_code == 403
+    sign_in(client, read_only, "/launch")
+    assert post_form(client, "/launch", data).status_code == 403
 
     secret = _token(seeded, "run")
-    r = client.post("/signin", data={"token": secret, "next": "/launch"}, follow_redirects=False)
+    r = sign_in(client, secret, "/launch")
     assert r.status_code == 303 and r.headers["location"] == "/launch"
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
+    assert secret.lower() not in cookie  # the cookie holds a session, not the token
     assert 'id="signin-needed"' not in client.get("/launch").text
 
-    bad = client.post("/launch", data=data | {"num_prompts": "0", "base_url": "ftp://x"})
+    bad = post_form(client, "/launch", data | {"num_prompts": "0", "base_url": "ftp://x"})
     assert bad.status_code == 200 and 'id="form-error"' in bad.text
     assert 'id="err-num_prompts"' in bad.text and 'id="err-base_url"' in bad.text
-    bad_slo = client.post("/launch", data=data | {"goodput_ttft": "-1", "extra_body": "[1]"})
+    bad_slo = post_form(client, "/launch", data | {"goodput_ttft": "-1", "extra_body": "[1]"})
     assert 'id="err-goodput_ttft"' in bad_slo.text and 'id="err-extra_body"' in bad_slo.text
 
-    ok = client.post(
+    ok = post_form(
+        client,
         "/launch",
-        data=data | {"name": "from the form", "tags": "ui, web", "goodput_ttft": "200"},
+        data | {"name": "from the form", "tags": "ui, web", "goodput_ttft": "200"},
         follow_redirects=False,
     )
     assert ok.status_code == 303, ok.text[:1000]
@@ -250,7 +252,7 @@ def test_launch_needs_sign_in_then_validates_then_queues(
     assert run_id in listing and "from the form" in listing
     again = client.get(f"/launch?again={run_id}").text
     assert 'value="from the form (again)"' in again and 'value="200"' in again
-    client.post("/signout")
+    post_form(client, "/signout", {})
     assert 'id="signin-needed"' in client.get("/launch").text
 
 
@@ -282,7 +284,7 @@ def test_protected_reads_redirect_to_sign_in(seeded: Seeded) -> None:
         r = c.get(f"/runs/{seeded.normal}", follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/signin?next=/runs/")
         assert c.get(f"/runs/{seeded.normal}/report.json").status_code == 401
-        c.post("/signin", data={"token": _token(seeded, "read")})
+        sign_in(c, _token(seeded, "read"))
         assert c.get(f"/runs/{seeded.normal}").status_code == 200
         assert c.get(f"/runs/{seeded.normal}/progress.json").status_code == 200
 

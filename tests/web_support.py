@@ -3,8 +3,10 @@ empty database; plus the app with the pages mounted."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
@@ -74,3 +76,25 @@ def seed(tmp: Path) -> Seeded:
 
 def web_app(url: str) -> FastAPI:
     return create_app(Settings(database_url=url, local_worker=False))
+
+
+CSRF_FIELD = re.compile(r'name="csrf" value="([^"]*)"')
+
+
+def csrf_of(client: Any, page: str = "/signin") -> str:
+    """The CSRF token the dashboard's forms carry for this client (``page`` renders one; the
+    sign-in page also sets its cookie)."""
+    m = CSRF_FIELD.search(client.get(page).text)
+    return m.group(1) if m else ""
+
+
+def post_form(client: Any, path: str, data: dict[str, Any], **kw: Any) -> Any:
+    """A form post as the dashboard's own page sends it: its CSRF token and this site's
+    ``Origin``."""
+    page = "/signin" if path == "/signin" else "/launch"
+    headers = {"Origin": str(client.base_url).rstrip("/")} | kw.pop("headers", {})
+    return client.post(path, data=data | {"csrf": csrf_of(client, page)}, headers=headers, **kw)
+
+
+def sign_in(client: Any, token: str, next_path: str = "/") -> Any:
+    return post_form(client, "/signin", {"token": token, "next": next_path}, follow_redirects=False)

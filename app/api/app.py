@@ -32,6 +32,7 @@ from app.api import (
     routes_workers,
     telemetry,
 )
+from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
 from app.services import auth, targets
@@ -146,7 +147,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Benchmark runs, jobs and workers. Writes need a bearer token "
         "(docs/api.md); the worker protocol is described in app/wire.py.",
         lifespan=lifespan,
+        docs_url=None,  # served from local files instead (app.api.docs_ui)
+        redoc_url=None,  # ReDoc loads from a CDN: not offered
     )
+    mount_docs(app)
     app.state.settings = settings or Settings()
     app.state.secretbox = SecretBox.from_settings(app.state.settings)
     app.state.export_limiter = ExportLimiter()

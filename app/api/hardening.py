@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.services import auth
+from app.services import auth, web_sessions
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,7 @@ CSP = (
     "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
     "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
 )
-# FastAPI's interactive docs load Swagger UI / ReDoc with inline code: no CSP there.
-NO_CSP_PATHS = ("/docs", "/redoc")
+NO_CSP_PATHS: tuple[str, ...] = ()  # every page keeps the CSP, /docs included (docs_ui.py)
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"same-origin"),
@@ -244,8 +243,12 @@ def _cookie(scope: Scope, name: str) -> str | None:
 
 
 def _may_read(app: Any, secret: str) -> bool:
+    """A read-scope API token, or a sign-in session whose token has the read scope."""
     with app.state.sessions() as s:
         principal = auth.authenticate(s, secret)
+        if principal is None:
+            found = web_sessions.signed_in(s, secret)
+            principal = found.principal if found is not None else None
     return principal is not None and principal.has("read")
 
 
@@ -366,7 +369,7 @@ def harden(app: FastAPI, settings: Settings) -> None:
     if settings.auth_reads:
         from app.web.context import COOKIE
 
-        docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+        docs = (app.openapi_url, "/docs", app.swagger_ui_oauth2_redirect_url)
         gated = frozenset({"/metrics", *(p for p in docs if p)})
         app.add_middleware(ReadGate, paths=gated, cookie=COOKIE)  # type: ignore[arg-type]
     app.add_middleware(SecurityHeaders)  # type: ignore[arg-type]

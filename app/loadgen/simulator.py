@@ -362,17 +362,23 @@ class StampSocket(socket.socket):
     they returned: asyncio's transports read through ``recv`` / ``recv_into``, and the
     listening socket's ``accept`` hands out sockets of this class."""
 
-    __slots__ = ("rx_real_ns",)
+    __slots__ = ("rx_real_ns", "stamp_rx")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rx_real_ns = 0  # CLOCK_REALTIME stamp of the last read's data (0: none)
+        self.stamp_rx = False  # (listening socket) turn stamps on for accepted sockets
 
     def accept(self) -> tuple[socket.socket, Any]:
+        """Accepted sockets stamp from their first read on: a TLS connection's first request
+        arrives with the handshake's last flight, before the protocol sees the connection."""
         fd, addr = self._accept()  # type: ignore[attr-defined]
         sock = StampSocket(self.family, self.type, self.proto, fileno=fd)
         if socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
+        if self.stamp_rx:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         return sock, addr
 
     def _note(self, anc: list[tuple[int, int, bytes]]) -> None:
@@ -430,11 +436,7 @@ class _HttpProtocol(asyncio.Protocol):
         ts = transport.get_extra_info("socket")
         raw = getattr(ts, "_sock", ts)
         if isinstance(raw, StampSocket) and self._srv.config.kernel_rx_stamps:
-            try:
-                raw.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-                self._sock = raw
-            except OSError:
-                self._sock = None
+            self._sock = raw  # stamping since accept (StampSocket.accept)
 
     def data_received(self, data: bytes) -> None:
         received_ns = monotonic_ns()
@@ -1051,7 +1053,7 @@ class SimServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._accepted,
-            sock=_listen_socket(self.config.host, self.config.port),
+            sock=_listen_socket(self.config.host, self.config.port, self.config.kernel_rx_stamps),
             backlog=4096,
             ssl=server_ssl_context(self.config),
         )
@@ -1308,13 +1310,14 @@ def _clock_offset() -> int:
     return offset
 
 
-def _listen_socket(host: str, port: int) -> StampSocket:
-    """The listening socket (its accepted sockets stamp what they read)."""
+def _listen_socket(host: str, port: int, stamps: bool = True) -> StampSocket:
+    """The listening socket (with ``stamps``, its accepted sockets stamp what they read)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     if not infos:
         raise OSError(f"cannot resolve {host}")
     family, stype, proto, _canon, addr = infos[0]
     sock = StampSocket(family, stype, proto)
+    sock.stamp_rx = stamps
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:

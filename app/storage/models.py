@@ -264,6 +264,23 @@ class ApiToken(Base):
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
 
+class WebSession(Base):
+    """A dashboard sign-in (migration 0010): the cookie's secret is stored as its SHA-256."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("api_tokens.id", ondelete="CASCADE"), nullable=False
+    )
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_web_sessions_token_id", "token_id"),)
+
+
 class JobBatch(Base):
     """One uploaded result batch; the unique (job_id, batch_no) makes uploads idempotent."""
 

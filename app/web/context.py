@@ -13,12 +13,13 @@ from jinja2 import Environment, FileSystemLoader
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
-from app.services import auth
+from app.services import web_sessions
 from app.services.auth import Principal
 from app.settings import Settings
 from app.storage.db import session_scope
 
-COOKIE = "tt_token"
+COOKIE = "tt_session"  # a sign-in session's secret (app.services.web_sessions)
+CSRF_COOKIE = "tt_csrf"  # the sign-in form's CSRF token (there is no session yet)
 ROOT = Path(__file__).resolve().parents[2]
 _PACKAGED = Path(__file__).resolve().parent / "_assets"
 
@@ -101,13 +102,55 @@ def settings_of(request: Request) -> Settings:
     return settings if isinstance(settings, Settings) else Settings()
 
 
-def principal_of(request: Request) -> Principal | None:
-    """The principal of the token in the sign-in cookie, if it is valid."""
+_UNKNOWN = object()
+
+
+def _signed_in(request: Request) -> web_sessions.SignedIn | None:
+    """The live session of the sign-in cookie (looked up once per request)."""
+    cached = getattr(request.state, "signed_in", _UNKNOWN)
+    if cached is not _UNKNOWN:
+        return cached if isinstance(cached, web_sessions.SignedIn) else None
     secret = request.cookies.get(COOKIE)
-    if not secret:
-        return None
-    with session_scope(sessions_of(request)) as s:
-        return auth.authenticate(s, secret)
+    found = None
+    if secret:
+        with session_scope(sessions_of(request)) as s:
+            found = web_sessions.signed_in(s, secret)
+    request.state.signed_in = found
+    return found
+
+
+def principal_of(request: Request) -> Principal | None:
+    """The principal of the sign-in session in the cookie, if it is live."""
+    found = _signed_in(request)
+    return found.principal if found is not None else None
+
+
+def csrf_token(request: Request) -> str:
+    """The CSRF token forms on this page carry: the session's, or (signed out) the sign-in
+    form's from its cookie (``signin_page`` sets it)."""
+    found = _signed_in(request)
+    if found is not None:
+        return found.csrf
+    return request.cookies.get(CSRF_COOKIE) or str(getattr(request.state, "new_csrf", ""))
+
+
+def same_origin(request: Request) -> bool:
+    """A state-changing form post must come from this site's own pages: its ``Origin`` (or,
+    without one, its ``Referer``) names this server's scheme and host."""
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}".lower()
+    origin = request.headers.get("origin")
+    if origin is not None:
+        return origin.lower() == own
+    referer = (request.headers.get("referer") or "").lower()
+    return referer == own or referer.startswith(own + "/")
+
+
+def csrf_ok(request: Request, values: dict[str, str]) -> bool:
+    """Same origin, and the form's ``csrf`` field is this session's (or the sign-in
+    cookie's) token."""
+    return same_origin(request) and web_sessions.same_token(
+        values.get("csrf") or "", csrf_token(request)
+    )
 
 
 def reads_allowed(request: Request, principal: Principal | None) -> bool:
@@ -125,6 +168,6 @@ def render(
     principal: Principal | None = None,
     status_code: int = 200,
 ) -> Response:
-    base = {"principal": principal, "nav": ctx.pop("nav", "")}
+    base = {"principal": principal, "nav": ctx.pop("nav", ""), "csrf": csrf_token(request)}
     resp: Response = templates.TemplateResponse(request, name, base | ctx, status_code=status_code)
     return resp

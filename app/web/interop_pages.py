@@ -15,7 +15,14 @@ from app.services import exports as export_svc
 from app.services.errors import ServiceError
 from app.services.file_imports import FORMATS
 from app.services.runs import RunNotFound
-from app.web.context import principal_of, reads_allowed, render, sessions_of, settings_of
+from app.web.context import (
+    csrf_ok,
+    principal_of,
+    reads_allowed,
+    render,
+    sessions_of,
+    settings_of,
+)
 
 router = APIRouter(include_in_schema=False)
 
@@ -51,6 +58,8 @@ async def import_submit(request: Request) -> Response:
     if principal is None or not principal.has("run"):
         return _page(request, "sign in with a token that has the 'run' scope to import", 403)
     form = await request.form()
+    if not csrf_ok(request, {"csrf": str(form.get("csrf") or "")}):
+        return _page(request, "this form did not come from this dashboard's own page", 403)
     fmt = str(form.get("format") or "")
     file = form.get("file")
     summary = form.get("summary")

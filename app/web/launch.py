@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.services import auth, targets
+from app.services import auth, targets, web_sessions
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.web import launch_form
-from app.web.context import COOKIE, principal_of, reads_allowed, render, sessions_of, settings_of
+from app.web.context import (
+    COOKIE,
+    CSRF_COOKIE,
+    csrf_ok,
+    principal_of,
+    reads_allowed,
+    render,
+    sessions_of,
+    settings_of,
+)
 
 router = APIRouter(include_in_schema=False)
 
-COOKIE_MAX_AGE_S = 30 * 24 * 3600
+SIGNIN_CSRF_MAX_AGE_S = 3600
+CSRF_REFUSED = (
+    "this form did not come from this dashboard's own page (missing or stale CSRF token, or "
+    "another origin): reload the page and send it again"
+)
 MAX_FORM_BYTES = 256 * 1024
 
 
@@ -80,6 +94,8 @@ async def launch_submit(request: Request) -> Response:
     if principal is None or not principal.has("run"):
         msg = "sign in with a token that has the 'run' scope to launch runs"
         return _launch(request, values, {"__all__": msg}, principal, 403)
+    if not csrf_ok(request, values):  # a signed-in browser's cookie, sent by another site
+        return _launch(request, values, {"__all__": CSRF_REFUSED}, principal, 403)
     created, errors = launch_form.parse(values)
     if created is None:  # 200: the form is shown again, messages beside the fields
         return _launch(request, values, errors, principal)
@@ -105,12 +121,20 @@ async def launch_submit(request: Request) -> Response:
 
 @router.get("/signin")
 def signin_page(request: Request, next: str | None = None) -> Response:
-    return render(
+    """The sign-in form; a fresh CSRF cookie goes with it (login CSRF: a page elsewhere must
+    not sign a victim in with the attacker's token)."""
+    fresh = None if request.cookies.get(CSRF_COOKIE) else secrets.token_urlsafe(32)
+    if fresh is not None:
+        request.state.new_csrf = fresh
+    resp = render(
         request,
         "signin.html",
         {"nav": "signin", "next": _safe_next(next), "error": None},
         principal=principal_of(request),
     )
+    if fresh is not None:
+        resp.set_cookie(CSRF_COOKIE, fresh, **_cookie_flags(request, SIGNIN_CSRF_MAX_AGE_S))
+    return resp
 
 
 @router.post("/signin")
@@ -118,9 +142,13 @@ async def signin_submit(request: Request) -> Response:
     values = await form_values(request)
     secret = (values.get("token") or "").strip()
     nxt = _safe_next(values.get("next"))
+    if not csrf_ok(request, values):
+        ctx = {"nav": "signin", "next": nxt, "error": CSRF_REFUSED}
+        return render(request, "signin.html", ctx, status_code=403)
     with session_scope(sessions_of(request)) as s:
         principal = auth.authenticate(s, secret) if secret else None
-    if principal is None:
+        opened = web_sessions.open_session(s, principal) if principal is not None else None
+    if opened is None:
         return render(
             request,
             "signin.html",
@@ -128,20 +156,31 @@ async def signin_submit(request: Request) -> Response:
             status_code=401,
         )
     resp = RedirectResponse(nxt, status_code=303)
-    resp.set_cookie(
-        COOKIE,
-        secret,
-        max_age=COOKIE_MAX_AGE_S,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path="/",
-    )
+    max_age = int(web_sessions.SESSION_TTL.total_seconds())
+    resp.set_cookie(COOKIE, opened[0], **_cookie_flags(request, max_age))
+    resp.delete_cookie(CSRF_COOKIE, path="/", httponly=True, samesite="strict")
     return resp
 
 
 @router.post("/signout")
-def signout(request: Request) -> Response:
+async def signout(request: Request) -> Response:
+    values = await form_values(request)
+    if not csrf_ok(request, values):
+        return Response(CSRF_REFUSED, status_code=403, media_type="text/plain")
+    secret = request.cookies.get(COOKIE)
+    if secret:
+        with session_scope(sessions_of(request)) as s:
+            web_sessions.close_session(s, secret)  # the cookie no longer works anywhere
     resp = RedirectResponse("/", status_code=303)
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return resp
+
+
+def _cookie_flags(request: Request, max_age: int) -> dict[str, Any]:
+    return {
+        "max_age": max_age,
+        "httponly": True,
+        "samesite": "strict",
+        "secure": request.url.scheme == "https",
+        "path": "/",
+    }
