@@ -137,6 +137,8 @@ def main() -> int:
     tokens = sum(r.output_tokens or 0 for r in res.records if r.status is RequestStatus.OK)
 
     ttft_err: list[int] = []
+    ttft_err_warm: list[int] = []  # requests on a connection an earlier request had opened
+    ttft_err_end: list[int] = []  # against the server's first content write having returned
     delivery: list[int] = []
     gap_err: list[int] = []
     offset: list[int] = []
@@ -156,6 +158,12 @@ def main() -> int:
         client_ttft = int(client[0]) - (r.sent_ns + res.start_mono_ns)
         server_ttft = int(server[0]) - int(g["first_byte_rx_ns"])
         ttft_err.append(client_ttft - server_ttft)
+        if r.conn_reused:
+            ttft_err_warm.append(client_ttft - server_ttft)
+        if g.get("first_content_written_ns"):
+            ttft_err_end.append(
+                client_ttft - (int(g["first_content_written_ns"]) - int(g["first_byte_rx_ns"]))
+            )
         delivery.append(int(client[0] - server[0]))
         gap_err.extend((np.diff(client) - np.diff(server)).tolist())
         offset.extend((client - server).tolist())
@@ -188,6 +196,11 @@ def main() -> int:
         "server_rx_clock": sorted({str(g.get("rx_clock")) for g in gt.values()}),
         "ttft_error": summary(ttft_err),
         "ttft_bias_ms": float(np.mean(ttft_err)) / 1e6 if ttft_err else None,
+        "ttft_error_warm": summary(ttft_err_warm),
+        # the server's send lies between its stamp before the write and the write's return:
+        # this is the error's other bound (negative: the client saw it before write returned)
+        "ttft_bias_vs_write_end_ms": float(np.mean(ttft_err_end)) / 1e6 if ttft_err_end else None,
+        "ttft_bias_warm_ms": float(np.mean(ttft_err_warm)) / 1e6 if ttft_err_warm else None,
         "first_token_delivery_lag": summary(delivery),
         "client_cpu_us_per_token": client_cpu_s * 1e6 / tokens if tokens else None,
         "chunk_gap_error": summary(gap_err),

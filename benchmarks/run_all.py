@@ -70,11 +70,16 @@ def worst_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's worst over the repetitions (we report the worst, not the best), plus every
     repetition's p99s so the spread shows."""
     row = dict(runs[0])
-    for key in ("ttft_error", "first_token_delivery_lag", "chunk_gap_error", "event_offset"):
+    keys = ("ttft_error", "ttft_error_warm", "first_token_delivery_lag", "chunk_gap_error")
+    for key in (*keys, "event_offset"):
         row[key] = {
             k: max((r[key][k] or 0.0) for r in runs) for k in ("p50_ms", "p99_ms", "max_ms")
         }
     row["ttft_bias_ms"] = max((r["ttft_bias_ms"] or 0.0 for r in runs), key=abs)
+    row["ttft_bias_warm_ms"] = max((r["ttft_bias_warm_ms"] or 0.0 for r in runs), key=abs)
+    row["ttft_bias_vs_write_end_ms"] = max(
+        (r["ttft_bias_vs_write_end_ms"] or 0.0 for r in runs), key=abs
+    )
     row["client_cpu_us_per_token"] = max(r["client_cpu_us_per_token"] or 0.0 for r in runs)
     row["connections_server"] = sorted({r["connections_server"] for r in runs})
     row["all_streams_active_together"] = all(r["all_streams_active_together"] for r in runs)
@@ -104,7 +109,21 @@ def realtime_allowed() -> bool:
     return True
 
 
-def fidelity(reps: int) -> list[dict[str, Any]]:
+def case_label(userspace: bool, tls: bool, realtime: bool, mode: str) -> str:
+    clock = "userspace" if userspace else "kernel"
+    return f"{clock}/{'https' if tls else 'http'}/{'realtime' if realtime else 'normal'}/{mode}"
+
+
+def row_label(r: dict[str, Any]) -> str:
+    return (
+        f"{r['clock_source']}/{'https' if r.get('tls') else 'http'}/"
+        f"{r.get('scheduling', 'normal')}/{r.get('connection_mode', 'new')}"
+    )
+
+
+def fidelity(
+    reps: int, only: str | None = None, earlier: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     # (user-space stamps, real-time priority, https, connection mode, stream counts)
     sizes = (1, 64, 256, 1024)
     cases = [(False, False, False, "keep-alive", sizes), (True, False, False, "keep-alive", sizes)]
@@ -113,8 +132,13 @@ def fidelity(reps: int) -> list[dict[str, Any]]:
     cases.append((False, False, True, "keep-alive", (1, 64, 256)))
     cases.append((False, False, False, "new", (256,)))
     rows = []
+    kept = {(row_label(r), r["streams"]): r for r in earlier or []}
     for userspace, realtime, tls, mode, counts in cases:
         for streams in counts:
+            label = case_label(userspace, tls, realtime, mode)
+            if only is not None and only not in label and (label, streams) in kept:
+                rows.append(kept[(label, streams)])
+                continue
             runs = [
                 fidelity_case(streams, userspace, realtime=realtime, tls=tls, connection_mode=mode)
                 for _ in range(reps)
@@ -180,16 +204,21 @@ def summary_md(
         "TTFT error = client TTFT - the server's TTFT of the same request (its first content "
         "write - its kernel receive stamp of the request's first byte); bias is its mean "
         "(signed), the others are of its absolute value. Delivery lag = the first token's "
-        "arrival at the client - the server's write of it (not TTFT error). 4 requests per "
+        "arrival at the client - the server's write of it (not TTFT error). The server's send "
+        "of the first content lies between its stamp before the write call and the call's "
+        "return: 'bias vs write end' is the error against the latter, so the client's true "
+        "error lies between the two biases. 4 requests per "
         "stream; `server conns` is how many connections the simulator accepted. Scheduling: "
         "`normal` is the default; `realtime` runs the load thread at SCHED_FIFO "
         "(`--realtime`). CPU wait: the longest time within one 5 ms tick that the load thread "
         "was runnable while another task held its CPU.",
         "",
         "| clock | scheme | scheduling | connections | streams | requests | server conns "
-        "| TTFT err bias | p50 | p99 | max | delivery lag p99 | chunk-gap err p50 | p99 | max "
-        "| gap p99 per repetition | CPU wait max | client CPU µs/token | all streams active |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT err bias | p50 | p99 | max | warm conns: bias | p99 | bias vs write end "
+        "| delivery lag p99 "
+        "| chunk-gap err p50 | p99 | max | gap p99 per repetition | CPU wait max "
+        "| client CPU µs/token | all streams active |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in fid:
         t, g = r["ttft_error"], r["chunk_gap_error"]
@@ -202,6 +231,9 @@ def summary_md(
             f"{r['streams']} | {r.get('requests', r['streams'])} | {conns} | "
             f"{fmt(r.get('ttft_bias_ms'))} | "
             f"{fmt(t['p50_ms'])} | {fmt(t['p99_ms'])} | {fmt(t['max_ms'])} | "
+            f"{fmt(r.get('ttft_bias_warm_ms'))} | "
+            f"{fmt((r.get('ttft_error_warm') or {}).get('p99_ms'))} | "
+            f"{fmt(r.get('ttft_bias_vs_write_end_ms'))} | "
             f"{fmt(lag.get('p99_ms'))} | "
             f"{fmt(g['p50_ms'])} | {fmt(g['p99_ms'])} | {fmt(g['max_ms'])} | {reps} | "
             f"{fmt(r.get('cpu_wait_max_ms'))} | {fmt(r.get('client_cpu_us_per_token'))} | "
@@ -254,10 +286,16 @@ def main() -> int:
     ap.add_argument(
         "--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run again"
     )
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help="fidelity: run again only the rows whose 'clock/scheme/scheduling/connections' "
+        "label contains this (e.g. kernel/https); the other rows are kept from earlier results",
+    )
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if "fidelity" in args.only:
-        fid = fidelity(1 if args.quick else 3)
+        fid = fidelity(1 if args.quick else 3, args.cases, _earlier("fidelity.json") or [])
         (RESULTS / "fidelity.json").write_text(json.dumps(fid, indent=2))
     else:
         fid = _earlier("fidelity.json") or []

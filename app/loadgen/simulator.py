@@ -278,6 +278,7 @@ class _Record:
         "fault_after_tokens",
         "fault_ns",
         "first_byte_rx_ns",
+        "first_content_written_ns",
         "headers_ns",
         "input_tokens",
         "kind",
@@ -300,6 +301,7 @@ class _Record:
         self.fault = fault
         self.received_ns = received_ns
         self.first_byte_rx_ns = received_ns  # the request's first byte (see _HttpProtocol)
+        self.first_content_written_ns: int | None = None  # when that write call returned
         self.rx_clock = "userspace"
         self.conn = 0
         self.conn_request = 0
@@ -334,6 +336,7 @@ class _Record:
             "stream": self.stream,
             "received_ns": self.received_ns,
             "first_byte_rx_ns": self.first_byte_rx_ns,
+            "first_content_written_ns": self.first_content_written_ns,
             "rx_clock": self.rx_clock,
             "conn": self.conn,
             "conn_request": self.conn_request,
@@ -829,6 +832,9 @@ class _Gen:
         transport = proto.transport
         assert transport is not None
         transport.write(data)
+        rec = self.rec
+        if rec is not None and rec.first_content_written_ns is None and _K_CONTENT in marks[1::3]:
+            rec.first_content_written_ns = monotonic_ns()  # the send (TLS: encrypted) is done
         if self.state == _WAITING:
             self.state = _RUNNING
             self.srv.waiting -= 1
