@@ -64,7 +64,11 @@ def seed(url: str, n: int, tokens: int) -> str:
             r.index = start + i
         with session_scope(sessions) as s:
             repo.insert_requests(s, run_id, recs)
+    with session_scope(sessions) as s:
+        stored = repo.count_requests(s, run_id)
     engine.dispose()
+    if stored != n:
+        raise SystemExit(f"seeding stored {stored} of {n} requests")
     return run_id
 
 
@@ -82,7 +86,8 @@ def download(url: str, pid: int) -> dict[str, Any]:
     t.start()
     n = 0
     t0 = time.monotonic()
-    with httpx.stream("GET", url, timeout=600) as r:
+    # as a download tool asks (curl, a browser saving a file): the bytes as they are
+    with httpx.stream("GET", url, timeout=600, headers={"Accept-Encoding": "identity"}) as r:
         r.raise_for_status()
         for chunk in r.iter_raw():
             n += len(chunk)

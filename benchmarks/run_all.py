@@ -73,10 +73,12 @@ def worst_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("ttft_error", "ttft_error_warm", "first_token_delivery_lag", "chunk_gap_error")
     for key in (*keys, "event_offset"):
         row[key] = {
-            k: max((r[key][k] or 0.0) for r in runs) for k in ("p50_ms", "p99_ms", "max_ms")
+            k: max((r[key][k] for r in runs if r[key][k] is not None), default=None)
+            for k in ("p50_ms", "p99_ms", "max_ms")
         }
     row["ttft_bias_ms"] = max((r["ttft_bias_ms"] or 0.0 for r in runs), key=abs)
-    row["ttft_bias_warm_ms"] = max((r["ttft_bias_warm_ms"] or 0.0 for r in runs), key=abs)
+    warm = [r["ttft_bias_warm_ms"] for r in runs if r["ttft_bias_warm_ms"] is not None]
+    row["ttft_bias_warm_ms"] = max(warm, key=abs) if warm else None
     row["ttft_bias_vs_write_end_ms"] = max(
         (r["ttft_bias_vs_write_end_ms"] or 0.0 for r in runs), key=abs
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
 from app.api import (
@@ -139,6 +141,27 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": body}, status_code=exc.status_code)
 
 
+EXPORT_PATH = re.compile(
+    r"^/(api/v1/runs/[^/]+/export/[^/]+|runs/[^/]+/(requests|events)\.(csv|json|jsonl|parquet))$"
+)
+
+
+class CompressPages:
+    """gzip (level 6) for pages and API answers; not for exports, which stream at the
+    database's pace and would spend the server's CPU compressing hundreds of MB (Parquet
+    is compressed already)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.gzip = GZipMiddleware(app, minimum_size=1024, compresslevel=6)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and EXPORT_PATH.match(scope.get("path", "")):
+            await self.app(scope, receive, send)
+        else:
+            await self.gzip(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The tokentrace server. ``settings`` default: ``Settings()`` from the environment."""
     app = FastAPI(
@@ -169,7 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         backend = make_url(request.app.state.settings.database_url).get_backend_name()
         return Health(status="ok", version=__version__, database=backend)
 
-    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    app.add_middleware(CompressPages)  # type: ignore[arg-type]
     harden(app, app.state.settings)  # body limits, security headers, CORS, DB loss -> 503
     mount(app)
     return app

@@ -159,11 +159,14 @@ def _csv_cells(r: dict[str, Any], columns: tuple[str, ...]) -> list[Any]:
     return [csv_cell(r[c]) for c in columns]
 
 
-def iter_event_columns(
-    sessions: sessionmaker[Session], run_id: str
-) -> Iterator[dict[str, list[Any]]]:
-    """The run's events (request then arrival order) as columns, a page of requests at a
-    time: ``EVENT_COLUMNS`` -> values (None where unknown)."""
+def iter_event_tables(sessions: sessionmaker[Session], run_id: str) -> Iterator[Any]:
+    """The run's events (request then arrival order) as Arrow tables (``EVENT_COLUMNS``),
+    a page of ``EVENT_PAGE`` requests at a time; columns built with numpy, nulls where
+    unknown (``since_sent_ms`` of a request never sent)."""
+    import pyarrow as pa
+
+    schema = pa.schema([(c, t) for c, t in _event_types().items()])
+    names = np.array([KIND_NAMES.get(k, str(k)) for k in range(128)], dtype=object)
     after = -1
     while True:
         with session_scope(sessions) as s:
@@ -175,19 +178,32 @@ def iter_event_columns(
         offsets, ev = unpack_many([p[2] for p in page])
         del page
         counts = np.diff(offsets)
-        starts = np.repeat(offsets[:-1], counts)
         sent = np.repeat(sents, counts)
-        since = np.where(sent >= 0, (ev.t_ns - sent) / 1e6, np.nan)
-        yield {
-            "idx": np.repeat(idxs, counts).tolist(),
-            "event": (np.arange(int(offsets[-1]), dtype=np.int64) - starts).tolist(),
-            "t_ms": (ev.t_ns / 1e6).tolist(),
-            "since_sent_ms": [None if v != v else v for v in since.tolist()],
-            "kind": [KIND_NAMES.get(k, str(k)) for k in ev.kind.tolist()],
-            "tokens": ev.tokens.tolist(),
-            "bytes": ev.nbytes.tolist(),
-        }
+        unknown = sent < 0
+        kinds = pa.array(names[np.clip(ev.kind.astype(np.int64), 0, 127)], pa.string())
+        yield pa.Table.from_arrays(
+            [
+                pa.array(np.repeat(idxs, counts)),
+                pa.array(
+                    np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+                ),
+                pa.array(ev.t_ns / 1e6),
+                pa.array((ev.t_ns - sent) / 1e6, mask=unknown),
+                kinds,
+                pa.array(ev.tokens.astype(np.int64)),
+                pa.array(ev.nbytes.astype(np.int64)),
+            ],
+            schema=schema,
+        )
         after = int(idxs[-1])
+
+
+def iter_event_columns(
+    sessions: sessionmaker[Session], run_id: str
+) -> Iterator[dict[str, list[Any]]]:
+    """The same pages as Python columns (``EVENT_COLUMNS`` -> values, None where unknown)."""
+    for table in iter_event_tables(sessions, run_id):
+        yield {c: table.column(c).to_pylist() for c in EVENT_COLUMNS}
 
 
 def event_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
@@ -282,7 +298,7 @@ class _Drain:
 
 
 def _parquet_stream(
-    pages: Iterator[dict[str, list[Any]]], columns: tuple[str, ...], types: dict[str, Any]
+    pages: Iterator[Any], columns: tuple[str, ...], types: dict[str, Any]
 ) -> Iterator[bytes]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -291,7 +307,10 @@ def _parquet_stream(
     sink = _Drain()
     with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema) as writer:
         for cols in pages:
-            writer.write_table(pa.Table.from_pydict(cols, schema=schema))
+            table = (
+                cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema)
+            )
+            writer.write_table(table)
             chunk = sink.take()
             if chunk:
                 yield chunk
@@ -310,6 +329,33 @@ def _csv_stream(pages: Iterator[dict[str, list[Any]]], columns: tuple[str, ...])
     tail = buf.getvalue()
     if tail:
         yield tail.encode("utf-8")
+
+
+def _arrow_csv_stream(tables: Iterator[Any]) -> Iterator[bytes]:
+    """CSV from Arrow tables (its C++ writer: no Python per row); the header once."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    first = True
+    for table in tables:
+        sink = pa.BufferOutputStream()
+        opts = pacsv.WriteOptions(include_header=first, quoting_style="needed")
+        pacsv.write_csv(table, sink, write_options=opts)
+        first = False
+        yield sink.getvalue().to_pybytes()
+
+
+def _events_jsonl_stream(tables: Iterator[Any]) -> Iterator[bytes]:
+    """JSON lines of the event tables, one f-string per row (no dict or json.dumps)."""
+    for table in tables:
+        cols = [table.column(c).to_pylist() for c in EVENT_COLUMNS]
+        lines = [
+            f'{{"idx":{i},"event":{e},"t_ms":{t!r},"since_sent_ms":'
+            f'{"null" if ss is None else repr(ss)},"kind":"{k}","tokens":{tok},"bytes":{nb}}}'
+            for i, e, t, ss, k, tok, nb in zip(*cols, strict=True)
+        ]
+        if lines:
+            yield ("\n".join(lines) + "\n").encode("utf-8")
 
 
 def _csv_row(values: tuple[Any, ...]) -> list[Any]:
@@ -359,11 +405,11 @@ def export_stream(sessions: sessionmaker[Session], run_id: str, what: str) -> It
     if what == "requests.parquet":
         return _parquet_stream(_request_pages(sessions, run_id), REQUEST_COLUMNS, _request_types())
     if what == "events.csv":
-        return _csv_stream(iter_event_columns(sessions, run_id), EVENT_COLUMNS)
+        return _arrow_csv_stream(iter_event_tables(sessions, run_id))
     if what == "events.jsonl":
-        return _jsonl_stream(iter_event_columns(sessions, run_id), EVENT_COLUMNS)
+        return _events_jsonl_stream(iter_event_tables(sessions, run_id))
     if what == "events.parquet":
-        return _parquet_stream(iter_event_columns(sessions, run_id), EVENT_COLUMNS, _event_types())
+        return _parquet_stream(iter_event_tables(sessions, run_id), EVENT_COLUMNS, _event_types())
     raise ValueError(f"unknown export {what!r}")
 
 
