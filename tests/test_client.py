@@ -670,7 +670,7 @@ def test_run_load_max_duration_cancels_and_keeps_measurements() -> None:
 
     t = time.monotonic()
     res = run(main())
-    assert time.monotonic() - t < 2.0
+    assert time.monotonic() - t < 5.0  # not the 10 s the streams would take
     assert res.stopped == "max_duration"
     assert res.counts["sent"] == 4 and res.counts["unsent"] == 16
     assert all(r.status is RequestStatus.CANCELLED for r in res.records)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,12 +96,19 @@ def test_run_trust_issues() -> None:
 def test_target_killed_mid_run_ends_partial_exit_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The simulator is stopped 2 s into a 60-request, 3 s run at 20 req/s: the CLI exits 1, the
+    """The simulator dies after 10 requests of a 60-request run at 20 req/s: the CLI exits 1, the
     run is stored partial, and its first validity note gives the counts and the first
     failure's time, both recomputed here from the stored requests."""
     db = f"sqlite:///{tmp_path / 'died.db'}"
     sim = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=1, seed=1))
-    killer = threading.Timer(2.0, sim.stop)
+
+    def kill_after_ten() -> None:  # the target dies once it has answered 10 requests
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(sim.ground_truth()["requests"]) < 10:
+            time.sleep(0.01)
+        sim.stop()
+
+    killer = threading.Thread(target=kill_after_ten, daemon=True)
     killer.start()
     try:
         rc = main(
@@ -127,9 +135,8 @@ def test_target_killed_mid_run_ends_partial_exit_1(
     refused = sum(1 for r in failed if (r.error or "").startswith("connection refused"))
     assert refused > len(failed) / 2
     first_s = min(r.end_ns for r in failed if r.end_ns is not None) / 1e9
-    # the timer counts from before the CLI set up its database: the run saw the death later
-    # than 0 s and earlier than 2 s; every success was sent before it
-    assert 0.0 < first_s < 2.0
+    # the target died after 10 requests at 20 req/s: about 0.5 s into the run
+    assert 0.0 < first_s < 3.0
     assert max(r.sent_ns or 0 for r in recs if r.status is RequestStatus.OK) / 1e9 < first_s
     pct = round(100 * len(failed) / 60)
     expect = (

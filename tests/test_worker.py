@@ -221,7 +221,7 @@ def test_a_spool_failure_does_not_kill_the_worker_loop(
     from app.worker.spool import Spool
 
     srv = live_server(
-        sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "2", "TOKENTRACE_MAX_ATTEMPTS": "5"}
+        sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "5", "TOKENTRACE_MAX_ATTEMPTS": "5"}
     )
     real = Spool.open_job
     calls: list[int] = []
