@@ -437,3 +437,15 @@ def test_concurrency_beyond_the_descriptor_limit_is_capped_and_said(tmp_path: An
     assert res["ok"] == 300
     assert res["max_open"] == 136
     assert any("concurrency capped at 136" in r for r in res["reasons"]), res
+
+
+def test_simulator_cli_connection_options() -> None:
+    from app.loadgen.simulator import build_arg_parser, config_from_args
+
+    ns = build_arg_parser().parse_args(
+        ["--no-keep-alive", "--max-requests-per-conn", "3", "--idle-timeout-s", "1.5"]
+    )
+    cfg = config_from_args(ns)
+    assert (cfg.keep_alive, cfg.max_requests_per_conn, cfg.idle_timeout_s) == (False, 3, 1.5)
+    default = config_from_args(build_arg_parser().parse_args([]))
+    assert (default.keep_alive, default.max_requests_per_conn) == (True, 0)

@@ -1654,6 +1654,21 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
         action="store_true",
         help="do not keep per-event ground truth (long runs)",
     )
+    p.add_argument(
+        "--no-keep-alive", action="store_true", help="close every connection after its response"
+    )
+    p.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=d.idle_timeout_s,
+        help="close a kept-alive connection left idle this long (0: never)",
+    )
+    p.add_argument(
+        "--max-requests-per-conn",
+        type=int,
+        default=d.max_requests_per_conn,
+        help="answer at most this many requests on one connection (0: no cap)",
+    )
     p.add_argument("--config-json", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -1687,6 +1702,9 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         fault_after_tokens=ns.fault_after_tokens,
         seed=ns.seed,
         record_ground_truth=not ns.no_ground_truth,
+        keep_alive=not ns.no_keep_alive,
+        idle_timeout_s=ns.idle_timeout_s,
+        max_requests_per_conn=ns.max_requests_per_conn,
         tls_certfile=ns.tls_certfile,
         tls_keyfile=ns.tls_keyfile,
     )
