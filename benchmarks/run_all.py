@@ -79,9 +79,8 @@ def worst_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["ttft_bias_ms"] = max((r["ttft_bias_ms"] or 0.0 for r in runs), key=abs)
     warm = [r["ttft_bias_warm_ms"] for r in runs if r["ttft_bias_warm_ms"] is not None]
     row["ttft_bias_warm_ms"] = max(warm, key=abs) if warm else None
-    row["ttft_bias_vs_write_end_ms"] = max(
-        (r["ttft_bias_vs_write_end_ms"] or 0.0 for r in runs), key=abs
-    )
+    for key in ("ttft_bias_vs_write_end_ms", "ttft_bias_vs_write_call_ms"):
+        row[key] = max((r[key] or 0.0 for r in runs), key=abs)
     row["client_cpu_us_per_token"] = max(r["client_cpu_us_per_token"] or 0.0 for r in runs)
     row["connections_server"] = sorted({r["connections_server"] for r in runs})
     row["all_streams_active_together"] = all(r["all_streams_active_together"] for r in runs)
@@ -203,24 +202,26 @@ def summary_md(
         "",
         "## (a) Client fidelity (ms; each figure the worst of the repetitions)",
         "",
-        "TTFT error = client TTFT - the server's TTFT of the same request (its first content "
-        "write - its kernel receive stamp of the request's first byte); bias is its mean "
+        "TTFT error = client TTFT - the server's TTFT of the same request (its send syscall of "
+        "the first content, TLS: after encrypting - its kernel receive stamp of the "
+        "request's first byte); bias is its mean "
         "(signed), the others are of its absolute value. Delivery lag = the first token's "
-        "arrival at the client - the server's write of it (not TTFT error). The server's send "
-        "of the first content lies between its stamp before the write call and the call's "
-        "return: 'bias vs write end' is the error against the latter, so the client's true "
-        "error lies between the two biases. 4 requests per "
+        "arrival at the client - the server's send of it (not TTFT error). 'Bias vs write call' "
+        "and 'vs write end' are the error against the simulator's stamp before its write call "
+        "(which includes TLS encryption) and after the call returned: the send lies between "
+        "them. 4 requests per "
         "stream; `server conns` is how many connections the simulator accepted. Scheduling: "
         "`normal` is the default; `realtime` runs the load thread at SCHED_FIFO "
         "(`--realtime`). CPU wait: the longest time within one 5 ms tick that the load thread "
         "was runnable while another task held its CPU.",
         "",
         "| clock | scheme | scheduling | connections | streams | requests | server conns "
-        "| TTFT err bias | p50 | p99 | max | warm conns: bias | p99 | bias vs write end "
+        "| TTFT err bias | p50 | p99 | max | warm conns: bias | p99 | bias vs write call "
+        "| vs write end "
         "| delivery lag p99 "
         "| chunk-gap err p50 | p99 | max | gap p99 per repetition | CPU wait max "
         "| client CPU µs/token | all streams active |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in fid:
         t, g = r["ttft_error"], r["chunk_gap_error"]
@@ -235,6 +236,7 @@ def summary_md(
             f"{fmt(t['p50_ms'])} | {fmt(t['p99_ms'])} | {fmt(t['max_ms'])} | "
             f"{fmt(r.get('ttft_bias_warm_ms'))} | "
             f"{fmt((r.get('ttft_error_warm') or {}).get('p99_ms'))} | "
+            f"{fmt(r.get('ttft_bias_vs_write_call_ms'))} | "
             f"{fmt(r.get('ttft_bias_vs_write_end_ms'))} | "
             f"{fmt(lag.get('p99_ms'))} | "
             f"{fmt(g['p50_ms'])} | {fmt(g['p99_ms'])} | {fmt(g['max_ms'])} | {reps} | "

@@ -278,6 +278,7 @@ class _Record:
         "fault_after_tokens",
         "fault_ns",
         "first_byte_rx_ns",
+        "first_content_send_ns",
         "first_content_written_ns",
         "headers_ns",
         "input_tokens",
@@ -302,6 +303,7 @@ class _Record:
         self.received_ns = received_ns
         self.first_byte_rx_ns = received_ns  # the request's first byte (see _HttpProtocol)
         self.first_content_written_ns: int | None = None  # when that write call returned
+        self.first_content_send_ns: int | None = None  # its send syscall (after TLS encrypts)
         self.rx_clock = "userspace"
         self.conn = 0
         self.conn_request = 0
@@ -337,6 +339,7 @@ class _Record:
             "received_ns": self.received_ns,
             "first_byte_rx_ns": self.first_byte_rx_ns,
             "first_content_written_ns": self.first_content_written_ns,
+            "first_content_send_ns": self.first_content_send_ns,
             "rx_clock": self.rx_clock,
             "conn": self.conn,
             "conn_request": self.conn_request,
@@ -365,12 +368,17 @@ class StampSocket(socket.socket):
     they returned: asyncio's transports read through ``recv`` / ``recv_into``, and the
     listening socket's ``accept`` hands out sockets of this class."""
 
-    __slots__ = ("rx_real_ns", "stamp_rx")
+    __slots__ = ("rx_real_ns", "send_ns", "stamp_rx")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rx_real_ns = 0  # CLOCK_REALTIME stamp of the last read's data (0: none)
+        self.send_ns = 0  # monotonic time right before the last send call (TLS: encrypted)
         self.stamp_rx = False  # (listening socket) turn stamps on for accepted sockets
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self.send_ns = monotonic_ns()
+        return super().send(data, flags)
 
     def accept(self) -> tuple[socket.socket, Any]:
         """Accepted sockets stamp from their first read on: a TLS connection's first request
@@ -463,6 +471,10 @@ class _HttpProtocol(asyncio.Protocol):
                 self._first_rx_ns, self._first_rx_clock = t, "kernel"
                 return
         self._first_rx_ns, self._first_rx_clock = received_ns, "userspace"
+
+    @property
+    def stamp_socket(self) -> StampSocket | None:
+        return self._sock
 
     def note_request(self, rec: _Record) -> None:
         rec.first_byte_rx_ns = self._first_rx_ns or rec.received_ns
@@ -835,6 +847,9 @@ class _Gen:
         rec = self.rec
         if rec is not None and rec.first_content_written_ns is None and _K_CONTENT in marks[1::3]:
             rec.first_content_written_ns = monotonic_ns()  # the send (TLS: encrypted) is done
+            sock = proto.stamp_socket
+            if sock is not None and t <= sock.send_ns <= rec.first_content_written_ns:
+                rec.first_content_send_ns = sock.send_ns  # the send syscall itself began
         if self.state == _WAITING:
             self.state = _RUNNING
             self.srv.waiting -= 1
