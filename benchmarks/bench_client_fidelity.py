@@ -204,6 +204,7 @@ def main() -> int:
         "ttft_error": summary(ttft_err),
         "ttft_bias_ms": float(np.mean(ttft_err)) / 1e6 if ttft_err else None,
         "ttft_error_warm": summary(ttft_err_warm),
+        "ttft_bias_warm_ms": float(np.mean(ttft_err_warm)) / 1e6 if ttft_err_warm else None,
         # the server's send lies between its stamp before the write and the write's return:
         # this is the error's other bound (negative: the client saw it before write returned)
         "ttft_bias_vs_write_end_ms": float(np.mean(ttft_err_end)) / 1e6 if ttft_err_end else None,
