@@ -449,3 +449,33 @@ def test_simulator_cli_connection_options() -> None:
     assert (cfg.keep_alive, cfg.max_requests_per_conn, cfg.idle_timeout_s) == (False, 3, 1.5)
     default = config_from_args(build_arg_parser().parse_args([]))
     assert (default.keep_alive, default.max_requests_per_conn) == (True, 0)
+
+
+def test_phase_summary_and_cli_line_by_hand() -> None:
+    """Three successful requests with waiting 10, 20, 40 ms (a failed one with 1000 ms is no
+    sample): p50 20 ms, p99 = 20 + 0.98 x 20 = 39.6 ms (linear interpolation); a reused
+    connection's missing connect is no sample either."""
+    from app.analysis.metrics import compute_metrics
+    from app.cli.render import phase_line
+    from app.domain import trace_from_records
+
+    recs = []
+    for i, (wait, ok) in enumerate([(10, True), (20, True), (40, True), (1000, False)]):
+        t = np.array([i * 1_000_000 + 50_000_000], np.int64)
+        recs.append(
+            RequestRecord(
+                index=i, scheduled_ns=0, sent_ns=i * 1_000_000, end_ns=int(t[0]),
+                status=RequestStatus.OK if ok else RequestStatus.ERROR, output_tokens=1,
+                event_t_ns=t, event_bytes=np.ones(1, np.int32),
+                event_kind=np.zeros(1, np.int8), event_tokens=np.ones(1, np.int32),
+                queued_ns=0, connect_ns=2_000_000 if i == 0 else None, conn_id=1,
+                conn_reused=i > 0, waiting_ns=wait * 1_000_000,
+            )
+        )  # fmt: skip
+    phases = compute_metrics(trace_from_records(recs), ci=False).phases
+    assert phases["waiting"] == {"n": 3, "mean_ms": pytest.approx(70 / 3), "p50_ms": 20.0,
+                                 "p99_ms": pytest.approx(39.6)}  # fmt: skip
+    assert phases["connect"]["n"] == 1 and phases["connect"]["p50_ms"] == 2.0
+    assert phases["tls"]["n"] == 0
+    line = phase_line(phases)
+    assert "waiting 20.000/39.600" in line and "connect 2.000/2.000" in line and "tls —" in line

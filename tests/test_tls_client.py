@@ -219,24 +219,31 @@ def test_stream_over_tls_matches_ground_truth(certs: Certs) -> None:
     check_against_truth(content_stamps(rec, raw.t0_ns), truth_content(gt, "t-0"))
 
 
-def test_runner_over_tls_with_ssl_cert_file(certs: Certs, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner passes no context: the default one honours ``SSL_CERT_FILE``."""
+def _tls_run(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch, tag: str, **spec: Any
+) -> tuple[Any, dict[str, Any]]:
+    """A run through the runner against the https simulator (trusting the test CA through
+    ``SSL_CERT_FILE``): its result and the simulator's ground truth."""
     monkeypatch.setenv("SSL_CERT_FILE", certs.ca)
     handle = start_simulator_thread(sim_config(certs))
     try:
-        spec = RunSpec(
+        run_spec = RunSpec(
             base_url=handle.base_url,
             model="m",
             input_len=8,
-            output_len=10,
-            num_prompts=4,
-            max_concurrency=4,
             request_timeout_s=5.0,
+            scrape_metrics=False,
+            **spec,
         )
-        res = run_load_sync(spec, run_tag="tls", handle_sigint=False)
-        gt = handle.ground_truth()
+        res = run_load_sync(run_spec, run_tag=tag, handle_sigint=False)
+        return res, handle.ground_truth()
     finally:
         handle.stop()
+
+
+def test_runner_over_tls_with_ssl_cert_file(certs: Certs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner passes no context: the default one honours ``SSL_CERT_FILE``."""
+    res, gt = _tls_run(certs, monkeypatch, "tls", output_len=10, num_prompts=4, max_concurrency=4)
     assert res.counts["ok"] == 4, [r.error for r in res.records]
     if kernel_stamps_supported():
         assert res.clock_source is ClockSource.KERNEL
@@ -539,23 +546,7 @@ def test_keep_alive_over_tls_does_one_handshake_per_connection(
 ) -> None:
     """12 requests on 3 slots: 3 connections, 3 handshakes (the tls phase of each
     connection's first request only), every request matched to the ground truth."""
-    monkeypatch.setenv("SSL_CERT_FILE", certs.ca)
-    handle = start_simulator_thread(sim_config(certs))
-    try:
-        spec = RunSpec(
-            base_url=handle.base_url,
-            model="m",
-            input_len=8,
-            output_len=6,
-            num_prompts=12,
-            max_concurrency=3,
-            request_timeout_s=5.0,
-            scrape_metrics=False,
-        )
-        res = run_load_sync(spec, run_tag="tka", handle_sigint=False)
-        gt = handle.ground_truth()
-    finally:
-        handle.stop()
+    res, gt = _tls_run(certs, monkeypatch, "tka", output_len=6, num_prompts=12, max_concurrency=3)
     assert res.counts["ok"] == 12, [r.error for r in res.records]
     assert (res.connections["opened"], res.connections["reused"]) == (3, 9)
     assert gt["connections_accepted"] == 3
