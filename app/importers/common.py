@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from app.domain import EventKind, RequestRecord, RequestStatus
 from app.importers.csv_log import MAX_COUNT, ImportFormatError
 
 __all__ = [
+    "MAX_ABS_S",
     "MAX_COUNT",
     "FileFigures",
     "ImportFormatError",
@@ -150,7 +152,7 @@ def chunk_record(
     index: int,
     *,
     sent_ns: int,
-    chunk_t_ns: list[int],
+    chunk_t_ns: list[int] | npt.NDArray[np.int64],
     output_tokens: int | None,
     input_tokens: int | None,
     end_ns: int | None = None,

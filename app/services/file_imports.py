@@ -1,29 +1,37 @@
 """Import another tool's results (vLLM, GuideLLM, AIPerf) or a CSV log as stored runs.
 
-All or nothing: the whole file is parsed first (``ImportFormatError`` names the first bad
-field or line, nothing is written), then every run of the file, its requests and the file's
-own figures are written in one transaction. The runs of one file form a group (a GuideLLM
-sweep, an appended vLLM file) tagged ``import-group:<id>``.
+All or nothing: every run of the file, its requests and the file's own figures are written
+in one transaction, and a malformed file (``ImportFormatError`` names the first bad field or
+line) writes nothing. GuideLLM, AIPerf and CSV files are parsed whole, then stored; a vLLM
+file is read as a stream and stored as it is read, 1,000 requests at a time, the transaction
+rolled back at the first error (``store_vllm_stream``; a file the streamed reader refuses is
+parsed whole like the others). The runs of one file form a group (a GuideLLM sweep, an
+appended vLLM file) tagged ``import-group:<id>``.
 """
 
 from __future__ import annotations
 
+import io
 import secrets
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
 from app.analysis.metrics import per_request_metrics
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
-from app.domain import ClockSource, RunStatus, trace_from_records
+from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
 from app.importers.common import ImportedRun, ImportFormatError
 from app.importers.csv_log import parse_csv_log
 from app.importers.guidellm_json import parse_guidellm
+from app.importers.json_stream import StreamRefused
 from app.importers.vllm_result import parse_vllm_result
-from app.services.imports import read_import_text
+from app.importers.vllm_stream import VllmStream
+from app.services.imports import check_import_size, read_import_text
 from app.services.runs import headline, run_report
 from app.storage import compare_repo
 from app.storage import interop as interop_repo
@@ -60,17 +68,89 @@ def parse_file(
     raise ImportFormatError(f"format: unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
 
 
-def _status(run: ImportedRun) -> RunStatus:
-    """By the one rule (imports carry no bound of their own: the default applies)."""
-    return run_status(tally(run.records), stopped=False, max_error_rate=DEFAULT_MAX_ERROR_RATE)
+def _light(r: RequestRecord) -> RequestRecord:
+    """What the run's status and failure note read of a request, without its events."""
+    return RequestRecord(
+        index=r.index,
+        scheduled_ns=r.scheduled_ns,
+        sent_ns=r.sent_ns,
+        end_ns=r.end_ns,
+        status=r.status,
+        error=r.error,
+        warmup=r.warmup,
+    )
 
 
-def _validity(run: ImportedRun) -> list[str]:
-    failed = failure_note(run.records, DEFAULT_MAX_ERROR_RATE)
-    notes: list[str] = [failed] if failed else []
+def _store_run(
+    s: Session,
+    run: ImportedRun,
+    batches: Iterable[list[RequestRecord]],
+    *,
+    k: int,
+    grouped: bool,
+    group_id: str,
+    file_name: str | None,
+    now: datetime,
+) -> str:
+    """One run, its requests a batch at a time (each batch's metrics its own: they are per
+    request), then its status by the one rule (imports carry no error bound of their own:
+    the default applies) and its notes, which are complete once every batch was read."""
+    tags = ["import", f"import:{run.format}"]
+    if grouped:
+        tags.append(f"import-group:{group_id}")
+    run_id = repo.create_run(
+        s,
+        None,
+        source=f"import:{run.format}",
+        name=run.name,
+        status=RunStatus.SUCCEEDED,
+        client_version=__version__,
+        client_host=None,
+        summary_only=run.summary_only,
+        clock_source=ClockSource.IMPORTED,
+        model=run.model,
+        target_url=run.target_url,
+        tags=tags,
+    )
+    light: list[RequestRecord] = []
+    for batch in batches:
+        trace = trace_from_records(batch, include_warmup=True)
+        repo.insert_requests(s, run_id, batch, per_request_metrics(trace))
+        light.extend(_light(r) for r in batch)
+    failed = failure_note(light, DEFAULT_MAX_ERROR_RATE)
+    validity: list[str] = [failed] if failed else []
     if run.summary_only:
-        notes.append("summary-only: the file has no per-token times")
-    return notes + list(run.notes)
+        validity.append("summary-only: the file has no per-token times")
+    repo.finish_run(
+        s,
+        run_id,
+        status=run_status(tally(light), stopped=False, max_error_rate=DEFAULT_MAX_ERROR_RATE),
+        started_at=now,
+        finished_at=now,
+        validity=validity + list(run.notes),
+    )
+    interop_repo.add_import(
+        s,
+        run_id,
+        format=run.format,
+        tool=run.tool,
+        profile=run.profile,
+        file_name=file_name,
+        group_id=group_id,
+        group_index=k,
+        figures=run.figures,
+        window_s=run.window_s,
+        meta=run.meta,
+    )
+    return run_id
+
+
+def _cache_headlines(sessions: sessionmaker[Session], ids: list[str]) -> None:
+    """Each run's headline figures, cached on its row for listings."""
+    for run_id in ids:
+        report = run_report(sessions, run_id)
+        with session_scope(sessions) as s:
+            repo.finish_run(s, run_id, summary=headline(report))
 
 
 def store_imported(
@@ -82,53 +162,54 @@ def store_imported(
     ids: list[str] = []
     with session_scope(sessions) as s:
         for k, run in enumerate(runs):
-            tags = ["import", f"import:{run.format}"]
-            if len(runs) > 1:
-                tags.append(f"import-group:{group_id}")
-            run_id = repo.create_run(
-                s,
-                None,
-                source=f"import:{run.format}",
-                name=run.name,
-                status=RunStatus.SUCCEEDED,
-                client_version=__version__,
-                client_host=None,
-                summary_only=run.summary_only,
-                clock_source=ClockSource.IMPORTED,
-                model=run.model,
-                target_url=run.target_url,
-                tags=tags,
+            ids.append(
+                _store_run(
+                    s,
+                    run,
+                    [run.records],
+                    k=k,
+                    grouped=len(runs) > 1,
+                    group_id=group_id,
+                    file_name=file_name,
+                    now=now,
+                )
             )
-            trace = trace_from_records(run.records, include_warmup=True)
-            repo.insert_requests(s, run_id, run.records, per_request_metrics(trace))
-            repo.finish_run(
-                s,
-                run_id,
-                status=_status(run),
-                started_at=now,
-                finished_at=now,
-                validity=_validity(run),
-            )
-            interop_repo.add_import(
-                s,
-                run_id,
-                format=run.format,
-                tool=run.tool,
-                profile=run.profile,
-                file_name=file_name,
-                group_id=group_id,
-                group_index=k,
-                figures=run.figures,
-                window_s=run.window_s,
-                meta=run.meta,
-            )
-            ids.append(run_id)
         if len(runs) > 1 and all(r.format == "guidellm" for r in runs):
             _group_as_sweep(s, runs, ids, file_name=file_name)
-    for run_id in ids:
-        report = run_report(sessions, run_id)
-        with session_scope(sessions) as s:
-            repo.finish_run(s, run_id, summary=headline(report))
+    _cache_headlines(sessions, ids)
+    return ids
+
+
+def store_vllm_stream(
+    sessions: sessionmaker[Session], stream: BinaryIO, *, name: str, file_name: str | None
+) -> list[str]:
+    """Read a vLLM result file from ``stream`` and store its runs as they are read, a batch
+    of requests at a time, all in one transaction: an error anywhere rolls every run back.
+    ``StreamRefused`` (nothing written) when the streamed reader cannot vouch for the file:
+    read it with ``parse_vllm_result`` then."""
+    group_id = secrets.token_hex(6)
+    now = datetime.now(UTC)
+    ids: list[str] = []
+    runs = VllmStream(stream, name=name)
+    with session_scope(sessions) as s:
+        try:
+            for k, streamed in enumerate(runs):
+                ids.append(
+                    _store_run(
+                        s,
+                        streamed.run,
+                        streamed.batches,
+                        k=k,
+                        grouped=streamed.several,
+                        group_id=group_id,
+                        file_name=file_name,
+                        now=now,
+                    )
+                )
+        except ImportFormatError:
+            runs.drain()  # an error json would report first is in the rest of the file?
+            raise
+    _cache_headlines(sessions, ids)
     return ids
 
 
@@ -179,16 +260,39 @@ def import_text(
     name: str | None = None,
     summary_text: str | None = None,
 ) -> list[str]:
-    """Parse, then store; returns the new run ids in file order."""
-    runs = parse_file(fmt, text, name=name or file_name or fmt, summary_text=summary_text)
+    """Parse, then store; returns the new run ids in file order. vLLM files are read as a
+    stream (``store_vllm_stream``) unless the streamed reader refuses them."""
+    run_name = name or file_name or fmt
+    if fmt == "vllm":
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: json reads it below
+            data = None
+        if data is not None:
+            try:
+                return store_vllm_stream(
+                    sessions, io.BytesIO(data), name=run_name, file_name=file_name
+                )
+            except StreamRefused:
+                pass
+            del data
+    runs = parse_file(fmt, text, name=run_name, summary_text=summary_text)
     return store_imported(sessions, runs, file_name=file_name)
 
 
 def import_path(
     sessions: sessionmaker[Session], fmt: str, path: Path, *, name: str | None = None
 ) -> list[str]:
-    """Import a file from disk. For AIPerf the summary beside the JSONL
-    (``profile_export_aiperf.json``) is read too when it exists."""
+    """Import a file from disk. A vLLM file is read as a stream (its size checked against the
+    import limit first), or whole when the streamed reader refuses it. For AIPerf the
+    summary beside the JSONL (``profile_export_aiperf.json``) is read too when it exists."""
+    if fmt == "vllm":
+        check_import_size(path)
+        try:
+            with path.open("rb") as f:
+                return store_vllm_stream(sessions, f, name=name or path.name, file_name=path.name)
+        except StreamRefused:
+            pass  # json reads it: its result, or its error message, is the reference
     text = read_import_text(path)
     summary = None
     if fmt == "aiperf" and (path.parent / AIPERF_SUMMARY).is_file():

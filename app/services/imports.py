@@ -24,9 +24,8 @@ def import_limit() -> int:
     return get_settings().max_import_bytes
 
 
-def read_import_text(path: Path, max_bytes: int | None = None) -> str:
-    """The file as UTF-8 text; ``ImportFormatError`` when it is over ``max_bytes`` (default
-    ``import_limit()``) or not UTF-8."""
+def check_import_size(path: Path, max_bytes: int | None = None) -> None:
+    """``ImportFormatError`` when the file is over ``max_bytes`` (default ``import_limit()``)."""
     limit = import_limit() if max_bytes is None else max_bytes
     size = path.stat().st_size
     if size > limit:
@@ -34,6 +33,12 @@ def read_import_text(path: Path, max_bytes: int | None = None) -> str:
             f"{path.name}: {size} bytes is larger than the {limit}-byte import limit "
             "(TOKENTRACE_MAX_IMPORT_BYTES)"
         )
+
+
+def read_import_text(path: Path, max_bytes: int | None = None) -> str:
+    """The file as UTF-8 text; ``ImportFormatError`` when it is over ``max_bytes`` (default
+    ``import_limit()``) or not UTF-8."""
+    check_import_size(path, max_bytes)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
