@@ -13,9 +13,11 @@
     a new connection per request (256 streams);
 (b) client capacity: the most streamed tokens/s with chunk-gap error p99 <= 1 ms;
 (c) storage: ingest and full report of 10,000 requests x 1,000 tokens, SQLite and PostgreSQL;
-(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page.
+(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page;
+(e) imports: an 80 MB vLLM --save-detailed file (10,000 requests x 1,000 tokens) imported
+    into SQLite: seconds and the importing process's peak RSS.
 
-Results: fidelity.json, capacity.json, storage.json, pages.json and summary.md.
+Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json and summary.md.
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ def summary_md(
     cap: dict[str, Any],
     storage: dict[str, Any],
     pages: dict[str, Any] | None,
+    imports: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -273,10 +276,22 @@ def summary_md(
         )
     if pages:
         lines += ["", "## (d) Pages", "", "```", json.dumps(pages, indent=2), "```"]
+    if imports:
+        lines += [
+            "",
+            f"## (e) Import of a vLLM --save-detailed file ({imports['requests']:,} requests "
+            f"x {imports['tokens_per_request']:,} tokens, {imports['file_mb']:.0f} MB)",
+            "",
+            "| backend | import s | CPU s | peak RSS MB (VmHWM) | target MB |",
+            "|---|---|---|---|---|",
+            f"| {imports['backend']} | {fmt(imports['import_s'])} | "
+            f"{fmt(imports.get('import_cpu_s'))} | "
+            f"{imports['peak_rss_mb']:.0f} | {imports['target_peak_rss_mb']} |",
+        ]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages")
+PARTS = ("fidelity", "capacity", "storage", "pages", "imports")
 
 
 def _earlier(name: str) -> Any:
@@ -314,7 +329,19 @@ def main() -> int:
     if "pages" in args.only and (HERE / "bench_pages.py").exists():
         subprocess.run([sys.executable, str(HERE / "bench_pages.py")], check=True, cwd=HERE.parent)
     pages = _earlier("pages.json")
-    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages))
+    if "imports" in args.only:
+        subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "bench_imports.py"),
+                "--out",
+                str(RESULTS / "imports.json"),
+            ],
+            check=True,
+            cwd=HERE.parent,
+        )
+    imports = _earlier("imports.json")
+    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages, imports))
     print((RESULTS / "summary.md").read_text())
     return 0
 
