@@ -224,6 +224,14 @@ def _mean_ttft_huge() -> bytes:
     )
 
 
+def _first_chunk_too_late() -> bytes:
+    obj = detailed_object(30, seed=6)
+    obj["start_times"][29] = min(obj["start_times"]) + 9.1e9
+    obj["ttfts"][29] = 9.1e9
+    obj["errors"][29] = ""
+    return json.dumps(obj).encode()
+
+
 # Files the streamed reader refuses or must not judge alone: the message is the whole-file
 # reader's (an earlier object's error loses to a later syntax error or a later bad byte,
 # as when the file is read whole first)
@@ -249,6 +257,16 @@ HOSTILE: dict[str, bytes] = {
     ).encode(),
     "a bad request_rate alone": json.dumps(
         detailed_object(30, seed=6, request_rate="fast")
+    ).encode(),
+    "deep nesting in a key the run does not use": (
+        b'{"duration": 1, "completed": 1, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    ),
+    "deep nesting in a kept key": (
+        b'{"duration": 1, "completed": 1, "label": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    ),
+    "a first chunk past int64 nanoseconds": _first_chunk_too_late(),
+    "chunk times past int64 nanoseconds": json.dumps(
+        detailed_object(30, seed=6, itls=[[9.1e9, 9.1e9]] + [[]] * 29)
     ).encode(),
     "top-level list": b"[1, 2]",
     "empty": b"  \n",

@@ -18,6 +18,8 @@ import ijson
 
 Event = tuple[str, Any]
 _START = frozenset(("start_map", "start_array"))
+# Nesting past this is left to ``json`` (which refuses ~1,000 levels: "nested too deeply")
+MAX_DEPTH = 64
 _END = frozenset(("end_map", "end_array"))
 
 
@@ -77,6 +79,8 @@ def build_value(first: Event, events: Iterator[Event]) -> Any:
         builder.event(ev, val)
         if ev in _START:
             depth += 1
+            if depth > MAX_DEPTH:
+                raise StreamRefused("nested deeply")
         elif ev in _END:
             depth -= 1
             if depth == 0:
@@ -92,6 +96,8 @@ def skip_value(first: Event, events: Iterator[Event]) -> None:
     for ev, _val in events:
         if ev in _START:
             depth += 1
+            if depth > MAX_DEPTH:
+                raise StreamRefused("nested deeply")
         elif ev in _END:
             depth -= 1
             if depth == 0:

@@ -63,6 +63,7 @@ META_KEYS = (
     "max_concurrent_requests",
 )
 BATCH = 1000  # requests per batch of records
+INT64_MAX = 2**63 - 1
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
 
@@ -156,6 +157,8 @@ class FlatGaps:
 
 def _chunk_times(first_ns: int, gaps_ns: I64, at: str) -> I64:
     """The first chunk at ``first_ns``, the next ones ``gaps_ns`` apart (all >= 0)."""
+    if first_ns > INT64_MAX:
+        raise ImportFormatError(f"{at}: ttfts: the first chunk time is out of range")
     t = np.empty(gaps_ns.shape[0] + 1, np.int64)
     t[0] = first_ns
     t[1:] = gaps_ns
