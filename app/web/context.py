@@ -17,6 +17,7 @@ from app.services import web_sessions
 from app.services.auth import Principal
 from app.settings import Settings
 from app.storage.db import session_scope
+from app.web.assets import static_url
 
 COOKIE = "tt_session"  # a sign-in session's secret (app.services.web_sessions)
 CSRF_COOKIE = "tt_csrf"  # the sign-in form's CSRF token (there is no session yet)
@@ -83,6 +84,7 @@ def make_templates() -> Jinja2Templates:
     env.filters["pct"] = fmt_pct
     env.filters["dt"] = fmt_dt
     env.globals["version"] = __version__
+    env.globals["static_url"] = static_url  # hashed /static URLs (app.web.assets)
     return Jinja2Templates(env=env)
 
 
