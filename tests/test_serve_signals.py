@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from tests.live_server import ROOT, free_port
@@ -31,10 +30,25 @@ def _port_free(port: int) -> bool:
 
 
 def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (exited, not yet reaped)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (Linux /proc)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+        for k in kids:
+            out += [k, *_descendants(k)]
+    return out
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
@@ -55,12 +69,15 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
 def _children_named(pid: int) -> dict[str, list[int]]:
     """The simulator and worker processes under ``pid``, by their command lines."""
     found: dict[str, list[int]] = {"simulator": [], "worker": []}
-    for child in psutil.Process(pid).children(recursive=True):
-        cmd = " ".join(child.cmdline())
+    for child in _descendants(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
         if "app.loadgen.simulator" in cmd:
-            found["simulator"].append(child.pid)
-        elif " worker" in cmd:
-            found["worker"].append(child.pid)
+            found["simulator"].append(child)
+        elif "app.cli.main worker" in cmd:
+            found["worker"].append(child)
     return found
 
 
