@@ -13,9 +13,12 @@
     a new connection per request (256 streams);
 (b) client capacity: the most streamed tokens/s with chunk-gap error p99 <= 1 ms;
 (c) storage: ingest and full report of 10,000 requests x 1,000 tokens, SQLite and PostgreSQL;
-(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page.
+(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page;
+(e) paint: headless Chromium's time to the first chart of that run page, first and cached
+    visits (plotly.js from the browser cache), where Chromium and Playwright are installed.
 
-Results: fidelity.json, capacity.json, storage.json, pages.json and summary.md.
+Results: fidelity.json, capacity.json, storage.json, pages.json, browser_paint.json and
+summary.md.
 """
 
 from __future__ import annotations
@@ -196,6 +199,7 @@ def summary_md(
     cap: dict[str, Any],
     storage: dict[str, Any],
     pages: dict[str, Any] | None,
+    paint: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -273,10 +277,12 @@ def summary_md(
         )
     if pages:
         lines += ["", "## (d) Pages", "", "```", json.dumps(pages, indent=2), "```"]
+    if paint:
+        lines += ["", "## (e) Browser paint", "", "```", json.dumps(paint, indent=2), "```"]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages")
+PARTS = ("fidelity", "capacity", "storage", "pages", "paint")
 
 
 def _earlier(name: str) -> Any:
@@ -314,7 +320,10 @@ def main() -> int:
     if "pages" in args.only and (HERE / "bench_pages.py").exists():
         subprocess.run([sys.executable, str(HERE / "bench_pages.py")], check=True, cwd=HERE.parent)
     pages = _earlier("pages.json")
-    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages))
+    if "paint" in args.only:  # exits 2 without Chromium/Playwright: earlier figures kept
+        subprocess.run([sys.executable, str(HERE / "bench_browser_paint.py")], cwd=HERE.parent)
+    paint = _earlier("browser_paint.json")
+    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages, paint))
     print((RESULTS / "summary.md").read_text())
     return 0
 
