@@ -12,13 +12,17 @@ Debian's Chromium through Playwright. The time of a visit: from the navigation's
 trace (``.main-svg g.trace``), polled every animation frame. Each later visit goes to the
 runs page first, then back to the run page, in the same browser context (its HTTP cache).
 Also recorded: the bytes plotly.min.js took over the network on each visit
-(``transferSize``: 0 when it came from the cache). Target: a cached visit paints in <= 1 s.
+(``transferSize``: 0 when it came from the cache), and where the time goes (navigation
+timing, from the start of the navigation): the server's first byte, the whole HTML
+received, and the page's scripts run (``domContentLoadedEventStart``: plotly.js and
+app.js evaluated; the charts are drawn after it). Target: a cached visit paints in <= 1 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -40,6 +44,11 @@ FIRST_CHART = """() => {
   const d = document.querySelector('[data-figure]');
   return !!(d && d.querySelector('.main-svg g.trace'));
 }"""
+NAV_TIMES = """() => {
+  const n = performance.getEntriesByType('navigation')[0];
+  return {server_first_byte_ms: n.responseStart, html_received_ms: n.responseEnd,
+          scripts_run_ms: n.domContentLoadedEventStart};
+}"""
 PLOTLY_BYTES = """() => performance.getEntriesByType('resource')
   .filter((e) => e.name.includes('/static/plotly.min.'))
   .map((e) => e.transferSize)"""
@@ -50,7 +59,11 @@ def visit(page: Any, url: str) -> dict[str, Any]:
     page.wait_for_function(FIRST_CHART, polling="raf", timeout=60_000)
     paint_ms = float(page.evaluate("() => performance.now()"))
     page.wait_for_load_state("load")
-    return {"first_chart_ms": paint_ms, "plotly_transfer_bytes": page.evaluate(PLOTLY_BYTES)}
+    return {
+        "first_chart_ms": paint_ms,
+        **page.evaluate(NAV_TIMES),
+        "plotly_transfer_bytes": page.evaluate(PLOTLY_BYTES),
+    }
 
 
 def main() -> int:
@@ -95,6 +108,8 @@ def main() -> int:
     result: dict[str, Any] = {
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_1m_after": os.getloadavg()[0],  # timings are noisy when this is high
         "browser": f"Chromium {browser_version} (headless)",
         "requests": args.requests,
         "tokens_per_request": args.tokens,
@@ -105,6 +120,10 @@ def main() -> int:
         "cached_visits": {
             "first_chart_median_ms": statistics.median(times),
             "first_chart_max_ms": max(times),
+            "breakdown_median_ms": {
+                k: statistics.median(c[k] for c in cached)
+                for k in ("server_first_byte_ms", "html_received_ms", "scripts_run_ms")
+            },
             "n": len(times),
             "plotly_transfer_bytes": sorted(
                 {b for c in cached for b in c["plotly_transfer_bytes"]}
