@@ -15,9 +15,12 @@
 (c) storage: ingest and full report of 10,000 requests x 1,000 tokens, SQLite and PostgreSQL;
 (d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page;
 (e) imports: an 80 MB vLLM --save-detailed file (10,000 requests x 1,000 tokens) imported
-    into SQLite: seconds and the importing process's peak RSS.
+    into SQLite: seconds and the importing process's peak RSS;
+(f) paint: headless Chromium's time to the first chart of that run page, first and cached
+    visits (plotly.js from the browser cache), where Chromium and Playwright are installed.
 
-Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json and summary.md.
+Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json,
+browser_paint.json and summary.md.
 """
 
 from __future__ import annotations
@@ -199,6 +202,7 @@ def summary_md(
     storage: dict[str, Any],
     pages: dict[str, Any] | None,
     imports: dict[str, Any] | None = None,
+    paint: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -288,10 +292,12 @@ def summary_md(
             f"{fmt(imports.get('import_cpu_s'))} | "
             f"{imports['peak_rss_mb']:.0f} | {imports['target_peak_rss_mb']} |",
         ]
+    if paint:
+        lines += ["", "## (f) Browser paint", "", "```", json.dumps(paint, indent=2), "```"]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages", "imports")
+PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint")
 
 
 def _earlier(name: str) -> Any:
@@ -341,7 +347,10 @@ def main() -> int:
             cwd=HERE.parent,
         )
     imports = _earlier("imports.json")
-    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages, imports))
+    if "paint" in args.only:  # exits 2 without Chromium/Playwright: earlier figures kept
+        subprocess.run([sys.executable, str(HERE / "bench_browser_paint.py")], cwd=HERE.parent)
+    paint = _earlier("browser_paint.json")
+    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages, imports, paint))
     print((RESULTS / "summary.md").read_text())
     return 0
 

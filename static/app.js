@@ -178,3 +178,36 @@
   });
   window.TT = TT;
 })();
+
+// --- times & finish (issue 17) ---
+// Server-rendered <time datetime="…Z" title="… UTC">… UTC</time> (app/web/context.py
+// fmt_dt) shown in the viewer's local time with the zone's name; the title keeps UTC.
+(function () {
+  "use strict";
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function zoneName(d) {
+    try {
+      var parts = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(d);
+      for (var i = 0; i < parts.length; i++) if (parts[i].type === "timeZoneName") return parts[i].value;
+    } catch (e) { /* no Intl: the offset below */ }
+    var off = -d.getTimezoneOffset(), sign = off < 0 ? "-" : "+";
+    off = Math.abs(off);
+    return "UTC" + sign + pad(Math.floor(off / 60)) + ":" + pad(off % 60);
+  }
+  function localText(d) {
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + " " + zoneName(d);
+  }
+  function localTimes(root) {
+    root.querySelectorAll("time[datetime]").forEach(function (el) {
+      if (el.dataset.local) return;
+      var d = new Date(el.getAttribute("datetime"));
+      if (isNaN(d.getTime())) return;
+      el.textContent = localText(d);
+      el.dataset.local = "1";
+    });
+  }
+  window.TT = window.TT || {};
+  window.TT.localTimes = localTimes;
+  document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
+})();

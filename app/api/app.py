@@ -20,6 +20,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
@@ -44,7 +45,8 @@ from app.services.exports import ExportLimiter
 from app.services.secretbox import SecretBox
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
-from app.web.mount import mount
+from app.web.errors import http_error, server_error
+from app.web.mount import mount, static_assets
 from app.wire import JobKind
 
 log = logging.getLogger(__name__)
@@ -173,12 +175,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served from local files instead (app.api.docs_ui)
         redoc_url=None,  # ReDoc loads from a CDN: not offered
     )
-    mount_docs(app)
+    mount_docs(app, init_js=static_assets(app).url("swagger-init.js"))
     app.state.settings = settings or Settings()
     app.state.secretbox = SecretBox.from_settings(app.state.settings)
     app.state.export_limiter = ExportLimiter()
     targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(HTTPException, http_error)  # HTML for pages (app.web.errors)
+    app.add_exception_handler(Exception, server_error)  # the 500: HTML page or JSON
     for module in (routes_runs, routes_jobs, routes_workers, routes_tokens):
         app.include_router(module.router)
     app.include_router(routes_probes.router)

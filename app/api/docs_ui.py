@@ -24,19 +24,20 @@ PAGE = """<!doctype html>
 <body data-openapi="{openapi}">
 <div id="swagger-ui"></div>
 <script src="{assets}/swagger-ui-bundle.js"></script>
-<script src="/static/swagger-init.js"></script>
+<script src="{init_js}"></script>
 </body>
 </html>
 """
 
 
-def mount_docs(app: FastAPI) -> None:
-    """Serve Swagger UI's files and the ``/docs`` page (create the app with docs_url=None)."""
+def mount_docs(app: FastAPI, *, init_js: str = "/static/swagger-init.js") -> None:
+    """Serve Swagger UI's files and the ``/docs`` page (create the app with docs_url=None);
+    ``init_js``: the URL of static/swagger-init.js (its hashed URL, app.web.assets)."""
     import fastapi_offline
 
     files = Path(fastapi_offline.__file__).parent / "static"
     app.mount(ASSETS, StaticFiles(directory=files), name="api-docs")
-    html = PAGE.format(assets=ASSETS, openapi=app.openapi_url or "/openapi.json")
+    html = PAGE.format(assets=ASSETS, openapi=app.openapi_url or "/openapi.json", init_js=init_js)
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:

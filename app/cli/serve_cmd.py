@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -65,6 +68,28 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     return {"serve": cmd_serve, "token": cmd_token}
 
 
+def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def exit_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise ``SystemExit(128 + signum)`` in the main thread, so every
+    ``finally`` runs (the demo's simulator is stopped). uvicorn installs its own handlers
+    while it serves, shuts down gracefully (the lifespan stops the embedded worker), then
+    restores these and re-raises the signal it caught: without them SIGTERM's default
+    action would end the process before the simulator is stopped."""
+    signals = (signal.SIGTERM, signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in signals}
+    for s in signals:
+        signal.signal(s, _exit_on_signal)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def _run(app: Any, settings: Any, ns: argparse.Namespace) -> None:
     import uvicorn
 
@@ -106,13 +131,14 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
     raise_nofile_limit()  # clients, workers and loads all hold sockets
     settings = Settings(**overrides)
     app = create_app(settings)
-    if not ns.demo:
-        _run(app, settings, ns)
-        return 0
-    from app.services.demo import demo_environment
+    with exit_on_signals():
+        if not ns.demo:
+            _run(app, settings, ns)
+            return 0
+        from app.services.demo import demo_environment
 
-    with demo_environment(settings, console, sim_port=ns.demo_port):
-        _run(app, settings, ns)
+        with demo_environment(settings, console, sim_port=ns.demo_port):
+            _run(app, settings, ns)
     return 0
 
 

@@ -22,6 +22,7 @@ from app.analysis.compare import (
     compare_samples,
     relative,
 )
+from app.analysis.metric_labels import LATENCY_KEYS, METRIC_LABELS, RATE_KEYS
 from app.analysis.metrics import itl_samples, per_request_metrics, valid_requests
 from app.analysis.percentiles import percentile
 from app.domain import RunTrace
@@ -34,17 +35,8 @@ from app.storage.db import session_scope
 
 F64 = npt.NDArray[np.float64]
 MS = 1e6
-LATENCY_METRICS: dict[str, str] = {
-    "ttft_ms": "TTFT",
-    "tpot_ms": "TPOT",
-    "e2el_ms": "E2E latency",
-    "itl_ms": "ITL (per token, pooled)",
-}
-SCALARS: dict[str, str] = {
-    "output_throughput_tok_s": "output tok/s",
-    "request_throughput_req_s": "requests/s",
-    "goodput_req_s": "goodput req/s",
-}
+LATENCY_METRICS: dict[str, str] = {k: METRIC_LABELS[k].label for k in LATENCY_KEYS}
+SCALARS: dict[str, str] = {k: METRIC_LABELS[k].label for k in RATE_KEYS}
 MIN_RUNS, MAX_RUNS = 2, 6
 ITL_NOTE = (
     "ITL samples are pooled per token: gaps within one request are not independent, so its "

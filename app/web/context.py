@@ -3,6 +3,7 @@ principal (an API token kept in an HttpOnly cookie)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,16 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
+from app.analysis.metric_labels import format_relative, format_signed, format_value, label_of
 from app.services import web_sessions
 from app.services.auth import Principal
 from app.settings import Settings
 from app.storage.db import session_scope
+from app.web.assets import static_url
 
 COOKIE = "tt_session"  # a sign-in session's secret (app.services.web_sessions)
 CSRF_COOKIE = "tt_csrf"  # the sign-in form's CSRF token (there is no session yet)
@@ -34,7 +38,9 @@ def asset_dir(name: str) -> Path:
 
 
 def fmt_num(v: Any, digits: int = 1) -> str:
-    """A number for a table cell; an em dash for None/NaN."""
+    """A number for a table cell, always with ``digits`` decimals and thousands separators
+    (one rule per column: every cell of it has the same decimals); an em dash for
+    None/NaN."""
     if v is None or isinstance(v, bool):
         return "—" if v is None else str(v)
     try:
@@ -43,19 +49,15 @@ def fmt_num(v: Any, digits: int = 1) -> str:
         return str(v)
     if not math.isfinite(f):
         return "—"
-    if abs(f) >= 1000:
-        return f"{f:,.0f}"
-    return f"{f:.{digits}f}"
+    return f"{f:,.{digits}f}"
+
+
+MS_DECIMALS = 2  # every latency in ms: sub-millisecond ITL/TPOT stay visible
 
 
 def fmt_ms(v: Any) -> str:
-    if v is None:
-        return "—"
-    f = float(v)
-    if not math.isfinite(f):
-        return "—"
-    digits = 2 if abs(f) < 10 else 1
-    return fmt_num(f, digits)
+    """A latency in ms: ``MS_DECIMALS`` decimals whatever its size."""
+    return fmt_num(v, MS_DECIMALS)
 
 
 def fmt_pct(v: Any) -> str:
@@ -64,11 +66,29 @@ def fmt_pct(v: Any) -> str:
     return f"{float(v) * 100:.1f}%"
 
 
-def fmt_dt(v: Any) -> str:
+def _as_utc(v: Any) -> dt.datetime | None:
+    if isinstance(v, str):
+        try:
+            v = dt.datetime.fromisoformat(v)
+        except ValueError:
+            return None
+    if not isinstance(v, dt.datetime):
+        return None
+    return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+
+
+def fmt_dt(v: Any) -> Markup | str:
+    """A timestamp as ``<time datetime="…Z" title="… UTC">… UTC</time>``: UTC in the page
+    (and on hover); static/app.js rewrites the text to the viewer's local time and zone.
+    Stored times are UTC (naive ones are taken as UTC); an em dash for none."""
     if v is None:
         return "—"
-    text = v.isoformat() if hasattr(v, "isoformat") else str(v)
-    return text.replace("T", " ")[:19]
+    t = _as_utc(v)
+    if t is None:
+        return str(v)
+    text = t.strftime("%Y-%m-%d %H:%M:%S UTC")
+    iso = t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(iso, text, text)
 
 
 def make_templates() -> Jinja2Templates:
@@ -83,6 +103,11 @@ def make_templates() -> Jinja2Templates:
     env.filters["pct"] = fmt_pct
     env.filters["dt"] = fmt_dt
     env.globals["version"] = __version__
+    env.globals["static_url"] = static_url  # hashed /static URLs (app.web.assets)
+    env.globals["metric_label"] = label_of  # names and units (app.analysis.metric_labels)
+    env.filters["metric"] = format_value  # {{ v | metric('ttft_ms') }}
+    env.filters["signed"] = format_signed  # {{ d | signed('ttft_ms') }} -> "+1.23 ms"
+    env.filters["rel"] = format_relative  # {{ r | rel }} -> "+12.3%"
     return Jinja2Templates(env=env)
 
 

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
-from fastapi.staticfiles import StaticFiles
 
 from app.web import exports, interop_pages, launch, pages, pages_compare, pages_probes
+from app.web.assets import HashedStaticFiles, StaticAssets
 from app.web.context import asset_dir
 
 
+def static_assets(app: FastAPI) -> StaticAssets:
+    """The app's static files with their hashes, scanned once (``app.state.static_assets``)."""
+    assets = getattr(app.state, "static_assets", None)
+    if not isinstance(assets, StaticAssets):
+        assets = StaticAssets.scan(asset_dir("static"))
+        app.state.static_assets = assets
+    return assets
+
+
 def mount(app: FastAPI) -> None:
-    """Include the pages routers and serve ``static/`` (plotly.js, CSS, JS) at /static.
+    """Include the pages routers and serve ``static/`` (plotly.js, CSS, JS) at /static,
+    under content-hashed URLs (app.web.assets).
 
     Needs ``app.state.sessions`` (set by ``create_app``'s lifespan) at request time.
     """
@@ -22,4 +32,4 @@ def mount(app: FastAPI) -> None:
     app.include_router(launch.router)
     app.include_router(pages_probes.router)
     app.include_router(interop_pages.router)  # import page, more exports
-    app.mount("/static", StaticFiles(directory=str(asset_dir("static"))), name="static")
+    app.mount("/static", HashedStaticFiles(static_assets(app)), name="static")
