@@ -178,3 +178,54 @@
   });
   window.TT = TT;
 })();
+
+// --- run actions, live run, tables (issue 17) ---
+// The live run panel (templates/run.html #live-figures): polls /runs/{id}/live.json (the
+// requests stored so far; app/web/live.py) and fills the percentile and throughput cells.
+(function () {
+  "use strict";
+  function fmtMs(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "—";
+    return Math.abs(v) < 10 ? v.toFixed(2) : v.toFixed(1);
+  }
+  function fmtRate(v, digits) {
+    if (v === null || v === undefined || !isFinite(v)) return "—";
+    return v.toFixed(digits);
+  }
+  function setText(id, text) {
+    var el = document.getElementById(id);
+    if (el) el.textContent = text;
+  }
+  function showLive(s) {
+    ["ttft", "tpot", "e2e"].forEach(function (key) {
+      ["p50", "p90", "p99"].forEach(function (p) {
+        setText("live-" + key + "-" + p, fmtMs(s[key] ? s[key][p] : null));
+      });
+    });
+    setText("live-stored", String(s.stored));
+    setText("live-failed", String(s.failed));
+    setText("live-req-s", fmtRate(s.req_per_s, 2));
+    setText("live-tok-s", fmtRate(s.output_tok_per_s, 1));
+  }
+  function followLive(panel) {
+    var url = "/runs/" + encodeURIComponent(panel.dataset.runId) + "/live.json";
+    var timer = null;
+    function tick() {
+      fetch(url, { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (s) {
+          if (!s) return;
+          showLive(s);
+          panel.dataset.updated = String(Date.now());
+          if (s.status !== "queued" && s.status !== "running" && timer) clearInterval(timer);
+        })
+        .catch(function () {});
+    }
+    tick();
+    timer = setInterval(tick, 1500);
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    var panel = document.getElementById("live-figures");
+    if (panel) followLive(panel);
+  });
+})();

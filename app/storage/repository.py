@@ -30,6 +30,7 @@ from app.domain import (
 from app.storage.bulk import fetch_rows, insert_rows
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Request, Run, utcnow
+from app.storage.models_compare import SweepStep
 from app.storage.packing import EventArrays, pack_events, unpack_events, unpack_many
 
 INSERT_CHUNK = 2000  # requests packed and sent per executemany
@@ -278,6 +279,7 @@ def _filtered(
     target: str | None = None,
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
+    sweep_steps: bool = True,
 ) -> Select[Any]:
     if model is not None:
         stmt = stmt.where(Run.model == model)
@@ -293,6 +295,8 @@ def _filtered(
         stmt = stmt.where(Run.source == source)
     if tag is not None:
         stmt = stmt.where(_has_tag(session, tag))
+    if not sweep_steps:
+        stmt = stmt.where(~exists(select(SweepStep.id).where(SweepStep.run_id == Run.id)))
     return stmt
 
 
@@ -320,9 +324,11 @@ def list_runs(
     target: str | None = None,
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
+    sweep_steps: bool = True,
 ) -> list[Run]:
     """Runs, newest first, optionally filtered by model, status, tag, source, target URL and
-    creation time (``since`` inclusive, ``until`` exclusive)."""
+    creation time (``since`` inclusive, ``until`` exclusive); ``sweep_steps=False`` leaves
+    out the runs that are steps of a sweep."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
     stmt = _filtered(
@@ -335,6 +341,7 @@ def list_runs(
         target=target,
         since=since,
         until=until,
+        sweep_steps=sweep_steps,
     )
     stmt = stmt.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(stmt))
@@ -350,6 +357,7 @@ def count_runs(
     target: str | None = None,
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
+    sweep_steps: bool = True,
 ) -> int:
     """How many runs ``list_runs`` would page through with these filters."""
     stmt = _filtered(
@@ -362,8 +370,14 @@ def count_runs(
         target=target,
         since=since,
         until=until,
+        sweep_steps=sweep_steps,
     )
     return int(session.scalar(stmt) or 0)
+
+
+def run_sources(session: Session) -> list[str]:
+    """The distinct ``source`` values of the stored runs (bench, import-csv, ...)."""
+    return sorted(str(v) for v in session.scalars(select(Run.source).distinct()) if v)
 
 
 # ----------------------------------------------------------------------------- requests

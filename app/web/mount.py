@@ -5,7 +5,16 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from app.web import exports, interop_pages, launch, pages, pages_compare, pages_probes
+from app.web import (
+    exports,
+    interop_pages,
+    launch,
+    live,
+    pages,
+    pages_compare,
+    pages_probes,
+    run_actions,
+)
 from app.web.context import asset_dir
 
 
@@ -20,6 +29,8 @@ def mount(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(exports.router)
     app.include_router(launch.router)
+    app.include_router(run_actions.router)  # run page forms (issue 17)
+    app.include_router(live.router)  # live run figures (issue 17)
     app.include_router(pages_probes.router)
     app.include_router(interop_pages.router)  # import page, more exports
     app.mount("/static", StaticFiles(directory=str(asset_dir("static"))), name="static")

@@ -1,0 +1,169 @@
+"""Read-only SQL for a run's requests table sorted and filtered on the server, its
+neighbours for a request page's previous/next links, and the per-request columns the live
+run panel summarises. Summary columns only: no event blob is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session
+
+from app.domain import RequestStatus
+from app.storage.browse import SUMMARY_COLUMNS
+from app.storage.models import Request
+
+SortKey = Literal["idx", "status", "sent", "ttft", "tpot", "e2e", "output_tokens"]
+SORT_COLUMNS: dict[str, str] = {
+    "idx": "idx",
+    "status": "status",
+    "sent": "sent_ns",
+    "ttft": "ttft_ns",
+    "tpot": "tpot_ns",
+    "e2e": "e2e_ns",
+    "output_tokens": "output_tokens",
+}
+# numeric filters: name -> (column, scale from the user's unit to the column's)
+RANGE_COLUMNS: dict[str, tuple[str, float]] = {
+    "ttft": ("ttft_ns", 1e6),  # ms
+    "tpot": ("tpot_ns", 1e6),  # ms
+    "e2e": ("e2e_ns", 1e6),  # ms
+    "output_tokens": ("output_tokens", 1.0),
+}
+FAILED = "failed"  # every status but ok
+
+
+@dataclass(frozen=True, slots=True)
+class TableQuery:
+    """How the table is ordered and which requests it keeps. ``ranges``: name of
+    ``RANGE_COLUMNS`` -> (low, high) in the user's unit, inclusive, either None."""
+
+    sort: str = "idx"
+    desc: bool = False
+    status: str | None = None  # a RequestStatus value, or "failed"
+    ranges: tuple[tuple[str, float | None, float | None], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.sort not in SORT_COLUMNS:
+            raise ValueError(f"sort must be one of {', '.join(SORT_COLUMNS)}")
+        if self.status is not None and self.status != FAILED:
+            RequestStatus(self.status)  # ValueError for an unknown status
+        for name, _, _ in self.ranges:
+            if name not in RANGE_COLUMNS:
+                raise ValueError(f"no range filter on {name!r}")
+
+
+def _where(run_id: str, q: TableQuery) -> list[ColumnElement[bool]]:
+    t = Request.__table__
+    out: list[ColumnElement[bool]] = [t.c.run_id == run_id]
+    if q.status == FAILED:
+        out.append(t.c.status != RequestStatus.OK.value)
+    elif q.status is not None:
+        out.append(t.c.status == q.status)
+    for name, lo, hi in q.ranges:
+        col, scale = RANGE_COLUMNS[name]
+        if lo is not None:
+            out.append(t.c[col] >= lo * scale)
+        if hi is not None:
+            out.append(t.c[col] <= hi * scale)
+    return out
+
+
+def _order(q: TableQuery) -> list[Any]:
+    """The sort column (missing values last either way), then the index as tie-break."""
+    t = Request.__table__
+    col = t.c[SORT_COLUMNS[q.sort]]
+    key = col.desc() if q.desc else col.asc()
+    out: list[Any] = []
+    if q.sort != "idx":
+        out += [col.is_(None).asc(), key]
+    out.append(t.c.idx.desc() if q.desc and q.sort == "idx" else t.c.idx.asc())
+    return out
+
+
+def count_rows(session: Session, run_id: str, q: TableQuery) -> int:
+    t = Request.__table__
+    stmt = select(func.count()).select_from(t).where(*_where(run_id, q))
+    return int(session.scalar(stmt) or 0)
+
+
+def table_rows(
+    session: Session, run_id: str, q: TableQuery, *, limit: int, offset: int
+) -> list[dict[str, Any]]:
+    """One dict per request (``browse.SUMMARY_COLUMNS``) in ``q``'s order and filter."""
+    t = Request.__table__
+    stmt = (
+        select(*(t.c[c] for c in SUMMARY_COLUMNS))
+        .where(*_where(run_id, q))
+        .order_by(*_order(q))
+        .limit(limit)
+        .offset(offset)
+    )
+    return [dict(r._mapping) for r in session.execute(stmt)]
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbours:
+    position: int | None  # 0-based place of the request in the table; None: filtered out
+    total: int
+    prev_idx: int | None
+    next_idx: int | None
+
+
+def neighbours(session: Session, run_id: str, idx: int, q: TableQuery) -> Neighbours:
+    """The requests before and after ``idx`` in ``q``'s order (a window function over the
+    summary columns, so one query whatever the run's size)."""
+    t = Request.__table__
+    rn = func.row_number().over(order_by=_order(q)).label("rn")
+    ranked = select(t.c.idx, rn).where(*_where(run_id, q)).subquery()
+    here = session.execute(select(ranked.c.rn).where(ranked.c.idx == idx)).scalar()
+    total = count_rows(session, run_id, q)
+    if here is None:
+        return Neighbours(None, total, None, None)
+    pos = int(here)
+    rows = session.execute(
+        select(ranked.c.rn, ranked.c.idx).where(ranked.c.rn.in_((pos - 1, pos + 1)))
+    ).all()
+    found = {int(r[0]): int(r[1]) for r in rows}
+    return Neighbours(pos - 1, total, found.get(pos - 1), found.get(pos + 1))
+
+
+# ------------------------------------------------------------------------ live figures
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveColumns:
+    """Per-request columns of a run's measured (non-warm-up) requests stored so far; NaN
+    (float) or -1 (int) where a value is missing."""
+
+    ok: npt.NDArray[np.bool_]
+    sent_ns: I64
+    end_ns: I64
+    ttft_ns: F64
+    tpot_ns: F64
+    e2e_ns: F64
+    output_tokens: I64
+
+
+def live_columns(session: Session, run_id: str) -> LiveColumns:
+    t = Request.__table__
+    stmt = select(
+        t.c.status, t.c.sent_ns, t.c.end_ns, t.c.ttft_ns, t.c.tpot_ns, t.c.e2e_ns, t.c.output_tokens
+    ).where(t.c.run_id == run_id, t.c.warmup.is_(False))
+    rows = session.execute(stmt).all()
+    n = len(rows)
+
+    def ints(i: int) -> I64:
+        return np.fromiter((-1 if r[i] is None else int(r[i]) for r in rows), np.int64, n)
+
+    def floats(i: int) -> F64:
+        return np.fromiter((np.nan if r[i] is None else float(r[i]) for r in rows), np.float64, n)
+
+    ok = np.fromiter((str(r[0]) == RequestStatus.OK.value for r in rows), np.bool_, n)
+    return LiveColumns(ok, ints(1), ints(2), floats(3), floats(4), floats(5), ints(6))
