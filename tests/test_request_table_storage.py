@@ -118,3 +118,5 @@ def test_runs_without_sweep_steps(sessions) -> None:  # type: ignore[no-untyped-
         assert [r.id for r in repo.list_runs(s, sweep_steps=False)] == [plain]
         assert repo.count_runs(s, sweep_steps=False) == 1 and repo.count_runs(s) == 2
         assert repo.run_sources(s) == ["bench"]
+        assert repo.sweep_step_counts(s) == [(sweep, 1)]
+        assert repo.sweep_step_counts(s, model="other") == []

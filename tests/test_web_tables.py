@@ -100,6 +100,10 @@ def test_runs_list_pages_with_counts_and_folds_sweep_steps(
     assert _ids(page1.text) == _newest_first(plain)[:50]
     assert "1–50 of 65 matching (70 runs in all)" in page1.text
     assert "5 sweep steps folded under their sweeps" in page1.text
+    sweep_id = re.findall(r'class="folded-sweep" href="/sweeps/([^"]+)">', page1.text)
+    assert len(sweep_id) == 1 and f"{sweep_id[0]}</a> (5 steps)" in page1.text
+    failed = client.get("/?status=failed").text  # steps 10 and 40 are failed runs
+    assert f"{sweep_id[0]}</a> (2 steps)" in failed
     assert 'class="sweep-link"' not in page1.text
     m = re.search(r'href="([^"]*)" id="page-next"', page1.text)
     assert m and m.group(1) == "/?page=2"

@@ -375,6 +375,37 @@ def count_runs(
     return int(session.scalar(stmt) or 0)
 
 
+def sweep_step_counts(
+    session: Session,
+    *,
+    model: str | None = None,
+    status: RunStatus | str | None = None,
+    tag: str | None = None,
+    source: str | None = None,
+    target: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    limit: int = 10,
+) -> list[tuple[str, int]]:
+    """(sweep id, how many of its step runs match these filters), the sweeps with the
+    newest matching step first: what the runs list folds under each sweep."""
+    stmt = _filtered(
+        session,
+        select(SweepStep.sweep_id, func.count(), func.max(Run.created_at))
+        .select_from(Run)
+        .join(SweepStep, SweepStep.run_id == Run.id),
+        model=model,
+        status=status,
+        tag=tag,
+        source=source,
+        target=target,
+        since=since,
+        until=until,
+    )
+    stmt = stmt.group_by(SweepStep.sweep_id).order_by(func.max(Run.created_at).desc())
+    return [(str(r[0]), int(r[1])) for r in session.execute(stmt.limit(limit))]
+
+
 def run_sources(session: Session) -> list[str]:
     """The distinct ``source`` values of the stored runs (bench, import-csv, ...)."""
     return sorted(str(v) for v in session.scalars(select(Run.source).distinct()) if v)

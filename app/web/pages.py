@@ -51,6 +51,8 @@ def runs_page(request: Request) -> Response:
         flt = q.repo_filters()
         matching = repo.count_runs(s, **flt)
         folded = 0 if q.steps else repo.count_runs(s, **(flt | {"sweep_steps": True})) - matching
+        step_filters = {k: v for k, v in flt.items() if k != "sweep_steps"}
+        folded_sweeps = [] if not folded else repo.sweep_step_counts(s, **step_filters)
         runs = repo.list_runs(s, limit=run_list.PAGE_SIZE, offset=q.offset, **flt)
         jobs = view_repo.active_jobs_by_run(
             s, [r.id for r in runs if str(r.status) in views.ACTIVE_RUN_STATES]
@@ -69,6 +71,7 @@ def runs_page(request: Request) -> Response:
             "total": total,
             "matching": matching,
             "folded": folded,
+            "folded_sweeps": folded_sweeps,
             "q": q,
             "filters": q.values(),
             "filter_errors": q.errors,
