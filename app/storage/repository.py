@@ -389,11 +389,14 @@ def sweep_step_counts(
 ) -> list[tuple[str, int]]:
     """(sweep id, how many of its step runs match these filters), the sweeps with the
     newest matching step first: what the runs list folds under each sweep."""
+    base: Select[Any] = (
+        select(SweepStep.sweep_id, func.count(), func.max(Run.created_at))  # type: ignore[assignment]
+        .select_from(Run)
+        .join(SweepStep, SweepStep.run_id == Run.id)
+    )
     stmt = _filtered(
         session,
-        select(SweepStep.sweep_id, func.count(), func.max(Run.created_at))
-        .select_from(Run)
-        .join(SweepStep, SweepStep.run_id == Run.id),
+        base,
         model=model,
         status=status,
         tag=tag,
