@@ -209,20 +209,22 @@
   }
   function followLive(panel) {
     var url = "/runs/" + encodeURIComponent(panel.dataset.runId) + "/live.json";
-    var timer = null;
+    // one poll at a time: the next starts 1.5 s after the last answer (a big run's answer
+    // can take a while; polls never pile up)
     function tick() {
       fetch(url, { credentials: "same-origin" })
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (s) {
-          if (!s) return;
-          showLive(s);
-          panel.dataset.updated = String(Date.now());
-          if (s.status !== "queued" && s.status !== "running" && timer) clearInterval(timer);
+          if (s) {
+            showLive(s);
+            panel.dataset.updated = String(Date.now());
+            if (s.status !== "queued" && s.status !== "running") return; // ended: stop
+          }
+          setTimeout(tick, 1500);
         })
-        .catch(function () {});
+        .catch(function () { setTimeout(tick, 5000); }); // server away: try again later
     }
     tick();
-    timer = setInterval(tick, 1500);
   }
   document.addEventListener("DOMContentLoaded", function () {
     var panel = document.getElementById("live-figures");

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
 from app.domain import RequestStatus
@@ -152,18 +152,23 @@ class LiveColumns:
 
 
 def live_columns(session: Session, run_id: str) -> LiveColumns:
+    """One read of seven numeric columns (missing values as -1 in SQL, so the rows convert
+    to one float array at C speed: a poll of a 100k-request run stays well under a second)."""
     t = Request.__table__
-    stmt = select(
-        t.c.status, t.c.sent_ns, t.c.end_ns, t.c.ttft_ns, t.c.tpot_ns, t.c.e2e_ns, t.c.output_tokens
-    ).where(t.c.run_id == run_id, t.c.warmup.is_(False))
-    rows = session.execute(stmt).all()
-    n = len(rows)
+    ok = case((t.c.status == RequestStatus.OK.value, 1), else_=0)
+    cols = [func.coalesce(t.c[c], -1) for c in ("sent_ns", "end_ns", "ttft_ns", "tpot_ns")]
+    cols += [func.coalesce(t.c[c], -1) for c in ("e2e_ns", "output_tokens")]
+    stmt = select(ok, *cols).where(t.c.run_id == run_id, t.c.warmup.is_(False))
+    rows = [tuple(r) for r in session.execute(stmt)]  # numpy reads tuples, not Rows, fast
+    arr = np.array(rows, np.float64).reshape(len(rows), 7)  # ns < 2**53: exact
 
-    def ints(i: int) -> I64:
-        return np.fromiter((-1 if r[i] is None else int(r[i]) for r in rows), np.int64, n)
+    def ints(j: int) -> I64:
+        out: I64 = arr[:, j].astype(np.int64)
+        return out
 
-    def floats(i: int) -> F64:
-        return np.fromiter((np.nan if r[i] is None else float(r[i]) for r in rows), np.float64, n)
+    def floats(j: int) -> F64:
+        col: F64 = arr[:, j].copy()
+        col[col < 0] = np.nan  # durations are never negative: -1 is "missing"
+        return col
 
-    ok = np.fromiter((str(r[0]) == RequestStatus.OK.value for r in rows), np.bool_, n)
-    return LiveColumns(ok, ints(1), ints(2), floats(3), floats(4), floats(5), ints(6))
+    return LiveColumns(arr[:, 0] == 1, ints(1), ints(2), floats(3), floats(4), floats(5), ints(6))
