@@ -228,3 +228,27 @@ def test_actions_refused_without_scope_csrf_or_origin(
 def test_actions_on_a_missing_run_are_404(client: TestClient) -> None:
     for path in ("tags", "note", "baseline", "cancel", "delete"):
         assert _post(client, f"/runs/nope/{path}", {"confirm": "delete"}).status_code == 404
+
+
+def test_delete_of_a_run_a_worker_runs_is_refused(client: TestClient, seeded: Seeded) -> None:
+    spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=3)
+    with session_scope(seeded.sessions) as s:
+        run_id, job_id = job_svc.create_bench_run(
+            s,
+            spec,
+            requirements=JobRequirements(),
+            name="on a worker",
+            max_attempts=1,
+            box=client.app.state.secretbox,  # type: ignore[attr-defined]
+        )
+        assert job_repo.transition(s, job_id, from_states=("queued",), state="running")
+    r = _post(client, f"/runs/{run_id}/delete", {"confirm": "delete"})
+    assert r.status_code == 409
+    m = re.search(r'id="err-confirm">([^<]*)<', r.text)
+    assert m and "cancel it first" in m.group(1)
+    assert _run(seeded, run_id) is not None
+    r = _post(client, f"/runs/{run_id}/cancel", {})  # flagged: the worker stops it
+    assert r.status_code == 303 and "done=cancel-requested" in r.headers["location"]
+    with session_scope(seeded.sessions) as s:
+        job = job_repo.get_job(s, job_id)
+        assert job is not None and job.cancel_requested and job.state == "running"
