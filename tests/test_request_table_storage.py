@@ -120,3 +120,19 @@ def test_runs_without_sweep_steps(sessions) -> None:  # type: ignore[no-untyped-
         assert repo.run_sources(s) == ["bench"]
         assert repo.sweep_step_counts(s) == [(sweep, 1)]
         assert repo.sweep_step_counts(s, model="other") == []
+
+
+@pytest.mark.parametrize("sort", ["idx", "status", "ttft", "e2e", "output_tokens", "tpot"])
+@pytest.mark.parametrize("desc", [False, True])
+def test_neighbours_walk_the_table_order(sessions, sort: str, desc: bool) -> None:  # type: ignore[no-untyped-def]
+    """Every row's previous/next and position agree with the table's own order (ties and
+    missing values included), with and without a filter."""
+    run_id = _seed(sessions)
+    for q in (TableQuery(sort=sort, desc=desc), TableQuery(sort=sort, desc=desc, status="ok")):
+        order = _idx(sessions, run_id, q)
+        with session_scope(sessions) as s:
+            for pos, idx in enumerate(order):
+                n = request_table.neighbours(s, run_id, idx, q)
+                assert n.position == pos and n.total == len(order)
+                assert n.prev_idx == (order[pos - 1] if pos else None)
+                assert n.next_idx == (order[pos + 1] if pos + 1 < len(order) else None)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.domain import RequestStatus
@@ -113,22 +113,45 @@ class Neighbours:
     next_idx: int | None
 
 
-def neighbours(session: Session, run_id: str, idx: int, q: TableQuery) -> Neighbours:
-    """The requests before and after ``idx`` in ``q``'s order (a window function over the
-    summary columns, so one query whatever the run's size)."""
+def _before_after(q: TableQuery, value: Any, idx: int) -> tuple[Any, Any]:
+    """Conditions for the rows before and after the row (``value``, ``idx``) in ``q``'s
+    order (``_order``: missing values last, ties by index)."""
     t = Request.__table__
-    rn = func.row_number().over(order_by=_order(q)).label("rn")
-    ranked = select(t.c.idx, rn).where(*_where(run_id, q)).subquery()
-    here = session.execute(select(ranked.c.rn).where(ranked.c.idx == idx)).scalar()
+    i = t.c.idx
+    if q.sort == "idx":
+        return (i > idx, i < idx) if q.desc else (i < idx, i > idx)
+    col = t.c[SORT_COLUMNS[q.sort]]
+    if value is None:  # among the missing values, last: by index
+        return or_(col.is_not(None), and_(col.is_(None), i < idx)), and_(col.is_(None), i > idx)
+    lower, higher = (col > value, col < value) if q.desc else (col < value, col > value)
+    before = and_(col.is_not(None), or_(lower, and_(col == value, i < idx)))
+    after = or_(col.is_(None), higher, and_(col == value, i > idx))
+    return before, after
+
+
+def _reversed(q: TableQuery) -> list[Any]:
+    t = Request.__table__
+    if q.sort == "idx":
+        return [t.c.idx.asc() if q.desc else t.c.idx.desc()]
+    col = t.c[SORT_COLUMNS[q.sort]]
+    return [col.is_(None).desc(), col.asc() if q.desc else col.desc(), t.c.idx.desc()]
+
+
+def neighbours(session: Session, run_id: str, idx: int, q: TableQuery) -> Neighbours:
+    """The requests before and after ``idx`` in ``q``'s order: keyset reads from the row's
+    own sort value (each one pass over the run's summary rows, no full sort)."""
+    t = Request.__table__
+    where = _where(run_id, q)
     total = count_rows(session, run_id, q)
+    key = t.c[SORT_COLUMNS[q.sort]]
+    here = session.execute(select(key).where(*where, t.c.idx == idx)).first()
     if here is None:
         return Neighbours(None, total, None, None)
-    pos = int(here)
-    rows = session.execute(
-        select(ranked.c.rn, ranked.c.idx).where(ranked.c.rn.in_((pos - 1, pos + 1)))
-    ).all()
-    found = {int(r[0]): int(r[1]) for r in rows}
-    return Neighbours(pos - 1, total, found.get(pos - 1), found.get(pos + 1))
+    before, after = _before_after(q, here[0], idx)
+    pos = int(session.scalar(select(func.count()).select_from(t).where(*where, before)) or 0)
+    prev = session.scalar(select(t.c.idx).where(*where, before).order_by(*_reversed(q)).limit(1))
+    nxt = session.scalar(select(t.c.idx).where(*where, after).order_by(*_order(q)).limit(1))
+    return Neighbours(pos, total, prev, nxt)
 
 
 # ------------------------------------------------------------------------ live figures
