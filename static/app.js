@@ -211,3 +211,56 @@
   window.TT.localTimes = localTimes;
   document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
 })();
+
+// --- run actions, live run, tables (issue 17) ---
+// The live run panel (templates/run.html #live-figures): polls /runs/{id}/live.json (the
+// requests stored so far; app/web/live.py) and fills the percentile and throughput cells.
+(function () {
+  "use strict";
+  function fmtMs(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "—";
+    return v.toFixed(2); // ms: 2 decimals everywhere (app/analysis/metric_labels.py)
+  }
+  function fmtRate(v, digits) {
+    if (v === null || v === undefined || !isFinite(v)) return "—";
+    return v.toFixed(digits);
+  }
+  function setText(id, text) {
+    var el = document.getElementById(id);
+    if (el) el.textContent = text;
+  }
+  function showLive(s) {
+    ["ttft", "tpot", "e2e"].forEach(function (key) {
+      ["p50", "p90", "p99"].forEach(function (p) {
+        setText("live-" + key + "-" + p, fmtMs(s[key] ? s[key][p] : null));
+      });
+    });
+    setText("live-stored", String(s.stored));
+    setText("live-failed", String(s.failed));
+    setText("live-req-s", fmtRate(s.req_per_s, 2));
+    setText("live-tok-s", fmtRate(s.output_tok_per_s, 1));
+  }
+  function followLive(panel) {
+    var url = "/runs/" + encodeURIComponent(panel.dataset.runId) + "/live.json";
+    // one poll at a time: the next starts 1.5 s after the last answer (a big run's answer
+    // can take a while; polls never pile up)
+    function tick() {
+      fetch(url, { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (s) {
+          if (s) {
+            showLive(s);
+            panel.dataset.updated = String(Date.now());
+            if (s.status !== "queued" && s.status !== "running") return; // ended: stop
+          }
+          setTimeout(tick, 1500);
+        })
+        .catch(function () { setTimeout(tick, 5000); }); // server away: try again later
+    }
+    tick();
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    var panel = document.getElementById("live-figures");
+    if (panel) followLive(panel);
+  });
+})();

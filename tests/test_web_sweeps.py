@@ -118,7 +118,11 @@ def test_nav_has_a_sweeps_link(client: TestClient) -> None:
 
 
 def test_runs_page_marks_sweep_steps(client: TestClient, lab: Lab) -> None:
-    html = client.get("/").text
+    folded = client.get("/").text  # by default steps are folded under their sweep
+    for run_id in lab.step_runs:
+        assert f'<tr data-run-id="{run_id}">' not in folded
+    assert 'id="steps-toggle"' in folded and 'class="sweep-link"' not in folded
+    html = client.get("/?steps=1").text
     for run_id in lab.step_runs:
         m = re.search(rf'<tr data-run-id="{run_id}">(.*?)</tr>', html, re.S)
         assert m is not None

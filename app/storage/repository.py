@@ -30,6 +30,7 @@ from app.domain import (
 from app.storage.bulk import fetch_rows, insert_rows
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Request, Run, utcnow
+from app.storage.models_compare import SweepStep
 from app.storage.packing import EventArrays, pack_events, unpack_events, unpack_many
 
 INSERT_CHUNK = 2000  # requests packed and sent per executemany
@@ -278,6 +279,7 @@ def _filtered(
     target: str | None = None,
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
+    sweep_steps: bool = True,
 ) -> Select[Any]:
     if model is not None:
         stmt = stmt.where(Run.model == model)
@@ -293,6 +295,8 @@ def _filtered(
         stmt = stmt.where(Run.source == source)
     if tag is not None:
         stmt = stmt.where(_has_tag(session, tag))
+    if not sweep_steps:
+        stmt = stmt.where(~exists(select(SweepStep.id).where(SweepStep.run_id == Run.id)))
     return stmt
 
 
@@ -320,9 +324,11 @@ def list_runs(
     target: str | None = None,
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
+    sweep_steps: bool = True,
 ) -> list[Run]:
     """Runs, newest first, optionally filtered by model, status, tag, source, target URL and
-    creation time (``since`` inclusive, ``until`` exclusive)."""
+    creation time (``since`` inclusive, ``until`` exclusive); ``sweep_steps=False`` leaves
+    out the runs that are steps of a sweep."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
     stmt = _filtered(
@@ -335,6 +341,7 @@ def list_runs(
         target=target,
         since=since,
         until=until,
+        sweep_steps=sweep_steps,
     )
     stmt = stmt.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(stmt))
@@ -350,6 +357,7 @@ def count_runs(
     target: str | None = None,
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
+    sweep_steps: bool = True,
 ) -> int:
     """How many runs ``list_runs`` would page through with these filters."""
     stmt = _filtered(
@@ -362,8 +370,48 @@ def count_runs(
         target=target,
         since=since,
         until=until,
+        sweep_steps=sweep_steps,
     )
     return int(session.scalar(stmt) or 0)
+
+
+def sweep_step_counts(
+    session: Session,
+    *,
+    model: str | None = None,
+    status: RunStatus | str | None = None,
+    tag: str | None = None,
+    source: str | None = None,
+    target: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    limit: int = 10,
+) -> list[tuple[str, int]]:
+    """(sweep id, how many of its step runs match these filters), the sweeps with the
+    newest matching step first: what the runs list folds under each sweep."""
+    base: Select[Any] = (
+        select(SweepStep.sweep_id, func.count(), func.max(Run.created_at))  # type: ignore[assignment]
+        .select_from(Run)
+        .join(SweepStep, SweepStep.run_id == Run.id)
+    )
+    stmt = _filtered(
+        session,
+        base,
+        model=model,
+        status=status,
+        tag=tag,
+        source=source,
+        target=target,
+        since=since,
+        until=until,
+    )
+    stmt = stmt.group_by(SweepStep.sweep_id).order_by(func.max(Run.created_at).desc())
+    return [(str(r[0]), int(r[1])) for r in session.execute(stmt.limit(limit))]
+
+
+def run_sources(session: Session) -> list[str]:
+    """The distinct ``source`` values of the stored runs (bench, import-csv, ...)."""
+    return sorted(str(v) for v in session.scalars(select(Run.source).distinct()) if v)
 
 
 # ----------------------------------------------------------------------------- requests

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.web import exports, interop_pages, launch, pages, pages_compare, pages_probes
+from app.web import (
+    exports,
+    interop_pages,
+    launch,
+    live,
+    pages,
+    pages_compare,
+    pages_probes,
+    run_actions,
+)
 from app.web.assets import HashedStaticFiles, StaticAssets
 from app.web.context import asset_dir
 
@@ -30,6 +39,8 @@ def mount(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(exports.router)
     app.include_router(launch.router)
+    app.include_router(run_actions.router)  # run page forms (issue 17)
+    app.include_router(live.router)  # live run figures (issue 17)
     app.include_router(pages_probes.router)
     app.include_router(interop_pages.router)  # import page, more exports
     app.mount("/static", HashedStaticFiles(static_assets(app)), name="static")

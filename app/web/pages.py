@@ -4,25 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import anyio
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from app.analysis.phases import user_ttft_ms_of_row
 from app.domain import PHASES, RunStatus
-from app.services import runs as run_svc
-from app.storage import browse, compare_repo
+from app.storage import compare_repo, request_table
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage import views as view_repo
 from app.storage import workers as worker_repo
 from app.storage.db import session_scope
 from app.web import figures as fg
-from app.web import views
+from app.web import request_query, run_list, views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
-from app.web.interop_page import add_interop
-from app.web.runpage import PROFILE_NAMES, load_run, run_context
+from app.web.run_render import render_run_page
 from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
@@ -42,48 +39,28 @@ def _gate(request: Request) -> tuple[Any, Response | None]:
     return principal, RedirectResponse(f"/signin?next={nxt}", status_code=303)
 
 
-def _status_filter(value: str | None) -> str | None:
-    if not value:
-        return None
-    try:
-        return RunStatus(value).value
-    except ValueError:
-        return None
-
-
 @router.get("/")
-def runs_page(
-    request: Request,
-    model: str | None = None,
-    status: str | None = None,
-    tag: str | None = None,
-    target: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> Response:
+def runs_page(request: Request) -> Response:
+    """Runs, newest first, a page at a time, filtered; sweep steps folded unless asked."""
     principal, redirect = _gate(request)
     if redirect is not None:
         return redirect
-    filters = {
-        "model": model or None,
-        "status": _status_filter(status),
-        "tag": tag or None,
-        "target": target or None,
-    }
+    q = run_list.parse(_query_dict(request))
     with session_scope(sessions_of(request)) as s:
         total = repo.count_runs(s)
-        runs = repo.list_runs(
-            s,
-            limit=limit,
-            model=filters["model"],
-            status=filters["status"],
-            tag=filters["tag"],
-            target=filters["target"],
-        )
+        flt = q.repo_filters()
+        matching = repo.count_runs(s, **flt)
+        folded = 0 if q.steps else repo.count_runs(s, **(flt | {"sweep_steps": True})) - matching
+        step_filters = {k: v for k, v in flt.items() if k != "sweep_steps"}
+        folded_sweeps = [] if not folded else repo.sweep_step_counts(s, **step_filters)
+        runs = repo.list_runs(s, limit=run_list.PAGE_SIZE, offset=q.offset, **flt)
         jobs = view_repo.active_jobs_by_run(
             s, [r.id for r in runs if str(r.status) in views.ACTIVE_RUN_STATES]
         )
         rows = [views.run_row(r, jobs.get(r.id)) for r in runs]
         sweep_of = compare_repo.sweep_ids_of_runs(s, [r.id for r in runs])
+        sources = repo.run_sources(s)
+    pages = max(1, -(-matching // run_list.PAGE_SIZE))
     return render(
         request,
         "runs.html",
@@ -92,10 +69,24 @@ def runs_page(
             "rows": rows,
             "sweep_of": sweep_of,
             "total": total,
-            "filters": filters,
+            "matching": matching,
+            "folded": folded,
+            "folded_sweeps": folded_sweeps,
+            "q": q,
+            "filters": q.values(),
+            "filter_errors": q.errors,
+            "first": q.offset + 1 if rows else 0,
+            "last": q.offset + len(rows),
+            "pages": pages,
+            "prev_url": q.url(page=q.page - 1) if q.page > 1 else None,
+            "next_url": q.url(page=q.page + 1) if q.page < pages else None,
+            "steps_url": q.url(steps=not q.steps, page=1),
+            "deleted": request.query_params.get("deleted"),
             "statuses": [s.value for s in RunStatus],
+            "sources": sources,
         },
         principal=principal,
+        status_code=422 if q.errors else 200,
     )
 
 
@@ -104,26 +95,11 @@ def _query_dict(request: Request) -> dict[str, str]:
 
 
 @router.get("/runs/{run_id}")
-async def run_page(request: Request, run_id: str, profile: str = "tokentrace") -> Response:
+async def run_page(request: Request, run_id: str) -> Response:
     principal, redirect = _gate(request)
     if redirect is not None:
         return redirect
-    slos, slo_errors = views.parse_slos(_query_dict(request))
-    prof = profile if profile in PROFILE_NAMES else "tokentrace"
-
-    def build() -> dict[str, Any]:
-        data = load_run(sessions_of(request), run_id)
-        ctx = run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
-        add_interop(ctx, sessions_of(request), run_id, data.trace)  # imports, server metrics
-        return ctx
-
-    try:
-        ctx = await anyio.to_thread.run_sync(build)
-    except run_svc.RunNotFound:
-        raise HTTPException(404, f"no run with id {run_id!r}") from None
-    ctx["nav"] = "runs"
-    ctx["slo_query"] = {k: v for k, v in _query_dict(request).items() if k.startswith("slo")}
-    return render(request, "run.html", ctx, principal=principal)
+    return await render_run_page(request, run_id, principal=principal)
 
 
 @router.get("/runs/{run_id}/progress.json")
@@ -154,15 +130,18 @@ def run_progress(request: Request, run_id: str) -> JSONResponse:
 def requests_page(
     request: Request, run_id: str, offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0
 ) -> Response:
+    """The run's requests, 100 a page, sorted and filtered in SQL (``request_query``)."""
     principal, redirect = _gate(request)
     if redirect is not None:
         return redirect
+    table = request_query.parse(_query_dict(request))
     with session_scope(sessions_of(request)) as s:
         row = repo.find_run(s, run_id)
         if row is None:
             raise HTTPException(404, f"no run with id {run_id!r}")
         total = repo.count_requests(s, run_id)
-        items = browse.request_rows(s, run_id, limit=REQUESTS_PAGE, offset=offset)
+        matching = request_table.count_rows(s, run_id, table.query)
+        items = request_table.table_rows(s, run_id, table.query, limit=REQUESTS_PAGE, offset=offset)
         name = row.name
     return render(
         request,
@@ -173,10 +152,16 @@ def requests_page(
             "run_name": name,
             "items": items,
             "total": total,
+            "matching": matching,
             "offset": offset,
             "page": REQUESTS_PAGE,
+            "table": table,
+            "sorts": request_table.SORT_COLUMNS,
+            "statuses": request_query.STATUSES,
+            "range_labels": request_query.RANGE_LABELS,
         },
         principal=principal,
+        status_code=422 if table.errors else 200,
     )
 
 
@@ -202,7 +187,6 @@ def _phase_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-
 @router.get("/runs/{run_id}/requests/{idx}")
 def request_page(request: Request, run_id: str, idx: int) -> Response:
     principal, redirect = _gate(request)
@@ -216,6 +200,8 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             raise HTTPException(404, f"run {run_id!r} has no request {idx}")
         ev = repo.get_request_events(s, run_id, idx)
         summary_only = bool(repo.get_run(s, run_id).summary_only)
+        table = request_query.parse(_query_dict(request))  # the table it was opened from
+        near = request_table.neighbours(s, run_id, idx, table.query)
     sent = summary.get("sent_ns")
     t0 = sent if sent is not None else (int(ev.t_ns[0]) if ev.t_ns.shape[0] else 0)
     t_ms = (ev.t_ns - t0) / 1e6
@@ -247,6 +233,11 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "n_events": n,
             "summary_only": summary_only,
             "figure": plotly_json(fig),
+            "near": near,
+            "table_qs": table.qs(),
+            "table_offset": (near.position // REQUESTS_PAGE) * REQUESTS_PAGE
+            if near.position is not None
+            else (idx // REQUESTS_PAGE) * REQUESTS_PAGE,
         },
         principal=principal,
     )

@@ -1,0 +1,86 @@
+"""The requests table's query string: sort column and direction, status filter and ranges
+(``ttft_min``/``ttft_max`` ms, ``e2e_*``, ``tpot_*``, ``output_tokens_*``); messages name a
+bad field. The same parameters travel to a request page for its previous/next links."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from urllib.parse import urlencode
+
+from app.domain import RequestStatus
+from app.storage.request_table import FAILED, RANGE_COLUMNS, SORT_COLUMNS, TableQuery
+
+STATUSES = (FAILED, *(s.value for s in RequestStatus))
+RANGE_LABELS = {
+    "ttft": "TTFT (ms)",
+    "tpot": "TPOT (ms)",
+    "e2e": "E2E (ms)",
+    "output_tokens": "output tokens",
+}
+PARAM_KEYS = (
+    "sort",
+    "dir",
+    "status",
+    *(f"{k}_{end}" for k in RANGE_COLUMNS for end in ("min", "max")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTable:
+    query: TableQuery
+    params: dict[str, str]  # the valid, non-default parameters (for links)
+    values: dict[str, str]  # what the form shows
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def qs(self, **extra: object) -> str:
+        """``?`` + the parameters (and ``extra``), or empty."""
+        params = self.params | {k: str(v) for k, v in extra.items() if v is not None}
+        return "?" + urlencode(params) if params else ""
+
+
+def parse(raw: dict[str, str]) -> ParsedTable:
+    errors: dict[str, str] = {}
+    values = {k: (raw.get(k) or "").strip() for k in PARAM_KEYS}
+    params: dict[str, str] = {}
+    sort = values["sort"] or "idx"
+    if sort not in SORT_COLUMNS:
+        errors["sort"] = f"sort: one of {', '.join(SORT_COLUMNS)}"
+        sort = "idx"
+    elif sort != "idx":
+        params["sort"] = sort
+    direction = values["dir"] or "asc"
+    if direction not in ("asc", "desc"):
+        errors["dir"] = "dir: asc or desc"
+        direction = "asc"
+    elif direction == "desc":
+        params["dir"] = "desc"
+    status: str | None = values["status"] or None
+    if status is not None and status not in STATUSES:
+        errors["status"] = f"status: one of {', '.join(STATUSES)}"
+        status = None
+    elif status is not None:
+        params["status"] = status
+    ranges: list[tuple[str, float | None, float | None]] = []
+    for name in RANGE_COLUMNS:
+        ends: list[float | None] = []
+        for end in ("min", "max"):
+            key = f"{name}_{end}"
+            text = values[key]
+            if not text:
+                ends.append(None)
+                continue
+            try:
+                v = float(text)
+                if not math.isfinite(v) or v < 0:
+                    raise ValueError
+            except ValueError:
+                errors[key] = f"{key}: a number >= 0, got {text[:40]!r}"
+                ends.append(None)
+                continue
+            ends.append(v)
+            params[key] = text
+        if ends[0] is not None or ends[1] is not None:
+            ranges.append((name, ends[0], ends[1]))
+    query = TableQuery(sort=sort, desc=direction == "desc", status=status, ranges=tuple(ranges))
+    return ParsedTable(query, params, values, errors)
