@@ -24,7 +24,7 @@ from app.importers.csv_log import parse_csv_log
 from app.importers.guidellm_json import parse_guidellm
 from app.importers.vllm_result import parse_vllm_result
 from app.services.imports import read_import_text
-from app.services.runs import headline, run_report
+from app.services.runs import store_summaries
 from app.storage import compare_repo
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
@@ -126,9 +126,7 @@ def store_imported(
         if len(runs) > 1 and all(r.format == "guidellm" for r in runs):
             _group_as_sweep(s, runs, ids, file_name=file_name)
     for run_id in ids:
-        report = run_report(sessions, run_id)
-        with session_scope(sessions) as s:
-            repo.finish_run(s, run_id, summary=headline(report))
+        store_summaries(sessions, run_id)
     return ids
 
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from app.analysis.phases import user_ttft_ms_of_row
 from app.domain import PHASES, RunStatus
 from app.services import runs as run_svc
+from app.services.run_summaries import PROFILE_NAMES
 from app.storage import browse, compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
@@ -22,7 +23,7 @@ from app.web import figures as fg
 from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.interop_page import add_interop
-from app.web.runpage import PROFILE_NAMES, load_run, run_context
+from app.web.runpage import load_run, run_context
 from app.web.scriptjson import plotly_json
 
 router = APIRouter(include_in_schema=False)
@@ -112,9 +113,9 @@ async def run_page(request: Request, run_id: str, profile: str = "tokentrace") -
     prof = profile if profile in PROFILE_NAMES else "tokentrace"
 
     def build() -> dict[str, Any]:
-        data = load_run(sessions_of(request), run_id)
+        data = load_run(sessions_of(request), run_id, profile=prof)
         ctx = run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
-        add_interop(ctx, sessions_of(request), run_id, data.trace)  # imports, server metrics
+        add_interop(ctx, sessions_of(request), run_id, data.summary)  # imports, server metrics
         return ctx
 
     try:
