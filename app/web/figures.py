@@ -482,7 +482,8 @@ def itl_position_figure(
     pos = np.asarray(position, np.float64)
     itl = np.asarray(itl_ms, np.float64)
     ok = np.isfinite(pos) & np.isfinite(itl)
-    pos, itl = pos[ok], itl[ok]
+    if not bool(ok.all()):  # no copy of 10M points when every one is a number
+        pos, itl = pos[ok], itl[ok]
     n = int(pos.shape[0])
     title = "ITL against token position"
     if n == 0:
@@ -527,9 +528,11 @@ def _binned_median(x: F64, y: F64, bins: int) -> tuple[F64, F64]:
     nb = max(1, min(bins, int(hi - lo) + 1))
     edges = np.linspace(lo, hi + 1e-9, nb + 1)
     which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
-    order = np.argsort(which, kind="stable")
-    w = which[order]
-    ys = y[order]
+    if bool(np.all(which[1:] >= which[:-1])):  # x sorted already: the stable sort is a no-op
+        w, ys = which, y
+    else:
+        order = np.argsort(which, kind="stable")
+        w, ys = which[order], y[order]
     starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
     stops = np.r_[starts[1:], w.shape[0]]
     centers = (edges[w[starts]] + edges[w[starts] + 1]) / 2
