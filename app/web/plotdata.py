@@ -84,7 +84,9 @@ def itl_by_position(trace: RunTrace, tokens: EventView | None = None) -> tuple[F
     has = counts > 0
     before[has] = position[tv.offsets[:-1][has]] - tv.tokens[tv.offsets[:-1][has]]
     position -= np.repeat(before, counts)
-    return position[keep].astype(np.float64), itl
+    kept = position[keep]
+    del position
+    return kept.astype(np.float64), itl
 
 
 def dist_samples(
