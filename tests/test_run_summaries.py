@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -230,3 +231,32 @@ def test_active_run_page_is_live_and_stores_nothing(stored: Stored) -> None:
         assert page.status_code == 200 and 'id="profile-table"' in page.text
         assert _goodput_card(page.text) == f"{4 / WINDOW_S:.2f} req/s"
     assert _version(stored) is None
+
+
+def test_imported_run_page_compares_with_the_file_without_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.services.file_imports import import_path
+    from app.storage import interop as interop_repo
+    from app.web.interop_page import add_interop
+    from app.web.interop_view import import_comparison
+    from app.web.runpage import load_run, run_context
+
+    url = f"sqlite:///{tmp_path / 'gl.db'}"
+    sessions = run_svc.open_database(url)
+    fixture = Path(__file__).parent / "fixtures" / "interop" / "guidellm-benchmarks.json"
+    run_id = import_path(sessions, "guidellm", fixture, name="gl")[0]
+    with session_scope(sessions) as s:
+        info = interop_repo.get_import(s, run_id)
+        assert info is not None and info.profile == "guidellm"
+        group = interop_repo.group_runs(s, info.group_id)
+        expected = import_comparison(info, repo.load_trace(s, run_id), group)
+    assert expected.rows  # the file's figures beside ours
+    _no_event_decode(monkeypatch)
+    data = load_run(sessions, run_id, profile="vllm")
+    ctx = run_context(data, slos_ms={"ttft": 50.0}, slo_errors={}, profile="vllm")
+    add_interop(ctx, sessions, run_id, data.summary)
+    assert ctx["imported"] == expected
+    assert ctx["comparison"] and "send_lag" not in ctx["figures"]
+    with TestClient(web_app(url)) as c:
+        assert c.get(f"/runs/{run_id}?profile=guidellm").status_code == 200

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,6 +36,7 @@ from app.web.interop_view import import_metrics
 from app.web.plotdata import run_figures
 from app.web.scriptjson import plotly_json
 
+I64 = npt.NDArray[np.int64]
 SUMMARY_VERSION = 1  # bump when what is stored (or how it is computed) changes
 PROFILE_NAMES = ("tokentrace", "vllm", "guidellm", "aiperf")
 _COLUMN_NAMES = ("sent_ns", "end_ns", "input_tokens", "valid")
@@ -49,9 +51,8 @@ class ImportPart:
     window_s: float | None
     metrics: dict[str, Any]
 
-    def matches(self, info: ImportInfo | None) -> bool:
-        if info is None:
-            return True
+    def matches(self, info: ImportInfo) -> bool:
+        """Whether this part was computed for the import as it is now."""
         return self.profile == info.profile and self.window_s == info.window_s
 
 
@@ -73,9 +74,9 @@ class RunSummary:
 def summarize(
     trace: RunTrace,
     *,
-    scheduled_ns: Any,
-    sent_sched_ns: Any,
-    indexes: Any,
+    scheduled_ns: I64,
+    sent_sched_ns: I64,
+    indexes: I64,
     profiles: tuple[str, ...] = PROFILE_NAMES,
     import_info: ImportInfo | None = None,
 ) -> RunSummary:
