@@ -260,3 +260,22 @@ def test_imported_run_page_compares_with_the_file_without_decoding(
     assert ctx["comparison"] and "send_lag" not in ctx["figures"]
     with TestClient(web_app(url)) as c:
         assert c.get(f"/runs/{run_id}?profile=guidellm").status_code == 200
+
+
+def test_report_downloads_of_a_finished_run_decode_no_event(
+    stored: Stored, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.storage.jsonsafe import json_safe
+
+    slo_full = json_safe(_full(stored, slos_ms={"ttft": 35.0}))
+    vllm_full = json_safe(_full(stored, profile="vllm"))
+    _no_event_decode(monkeypatch)
+    with TestClient(web_app(stored.url)) as c:
+        got = c.get(f"/runs/{stored.run_id}/report.json?slo=1&slo_ttft=35")
+        assert got.status_code == 200, got.text[:300]
+        assert got.json() == _plain(slo_full)
+        assert got.json()["metrics"]["good_requests"] == 2
+        api = c.get(f"/api/v1/runs/{stored.run_id}?profile=vllm")
+        assert api.status_code == 200, api.text[:300]
+        assert api.json()["report"] == _plain(vllm_full)
+    assert run_svc.run_report(stored.sessions, stored.run_id)["metrics"]["good_requests"] == 4

@@ -460,14 +460,22 @@ def run_report(
     profile: str | None = None,
     slos_ms: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Recompute a stored run's report from its event log."""
+    """A stored run's report: a finished run's from its page summary (no event decoded;
+    computed and stored first if missing or stale), an active run's (or one under a profile
+    the summary does not hold) recomputed from its event log."""
     with session_scope(sessions) as s:
         try:
             row = repo.get_run(s, run_id)
         except repo.NotFoundError:
             raise RunNotFound(run_id) from None
         run = run_dict(row)
-        trace = repo.load_trace(s, run_id)
+        stored = row.status not in (RunStatus.QUEUED, RunStatus.RUNNING) and (
+            profile is None or profile in run_summaries.PROFILE_NAMES
+        )
+        trace = None if stored else repo.load_trace(s, run_id)
+    if trace is None:
+        summary = run_summaries.page_summary(sessions, run_id)
+        return summary_report(run, summary, slos_ms=slos_ms, profile=profile)
     return assemble_report(run=run, trace=trace, slos_ms=slos_ms, profile=profile)
 
 
