@@ -1,16 +1,27 @@
 """Page benchmark: server time to render the run page of a 1M-event run, and what the browser
-downloads.
+downloads; then the run page of a 10M-event run served by ``tokentrace serve``.
 
     python benchmarks/bench_pages.py [--requests 2050] [--tokens 500] [--repeat 7]
+        [--serve-requests 10000] [--serve-tokens 1000] [--no-serve]
         [--out benchmarks/results/pages.json]
 
 Builds a run of ``requests`` x ``tokens`` events (1 token per event, ~10 ms gaps with jitter,
-2% errors) directly through the storage layer in a temporary SQLite file, then renders
-``GET /runs/{id}`` through the app (TestClient, no network) ``repeat`` times and reports the
-median and max wall time (each render re-reads the run and recomputes everything: there is
-no cache). Also: the request page of one request, the runs page, and the bytes a first visit
-downloads (HTML with its embedded figure JSON; CSS/JS; plotly.min.js reported apart as it is
-cached after the first visit), raw and gzip-compressed.
+2% errors) directly through the storage layer in a temporary SQLite file, finalizes it
+(``finalize_run`` stores the run page's summary), then renders ``GET /runs/{id}`` through the
+app (TestClient, no network) ``repeat`` times and reports the median and max wall time (each
+render reads the stored summary and the per-request values: no event is decoded). Also:
+the request page of one request, the runs page, and the bytes a first visit downloads
+(HTML with its embedded figure JSON; CSS/JS; plotly.min.js reported apart as it is cached
+after the first visit), raw and gzip-compressed.
+
+The served case (key ``serve_10m``, issue 14 item 3): seeds ``serve-requests`` x
+``serve-tokens`` events (bench_exports.py's seeding) in a temporary SQLite file, finalizes
+the run in a child process as a job's completion does (``finalize_run``: one decode of the
+events, the page summary stored; its wall time and peak RSS reported), starts ``tokentrace
+serve`` on the file and renders the run page (plain, SLO edit, vLLM profile) ``repeat``
+times while sampling the server's RSS every 20 ms (targets: <= 1 s warm, <= 200 MB RSS
+growth). Last, the same page once after deleting the stored summary: the first view of a
+run finalized before summaries existed, which computes and stores it.
 """
 
 from __future__ import annotations
@@ -18,18 +29,26 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_exports import free_port, rss_mb
+from bench_exports import seed as seed_big
 from fastapi.testclient import TestClient
 
 from app.analysis.metrics import per_request_metrics
@@ -42,12 +61,16 @@ from app.domain import (
     RunStatus,
     trace_from_records,
 )
-from app.services.runs import headline, open_database, run_report
+from app.services.runs import finalize_run, open_database
 from app.settings import Settings
 from app.storage import repository as repo
-from app.storage.db import session_scope
+from app.storage import summaries as summary_repo
+from app.storage.db import make_engine, session_factory, session_scope
 
 TARGET_S = 1.0
+SERVE_TARGET_S = 1.0
+SERVE_TARGET_RSS_MB = 200.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_records(n_req: int, n_tok: int, seed: int = 0) -> list[RequestRecord]:
@@ -109,11 +132,7 @@ def store(url: str, records: list[RequestRecord]) -> str:
     with session_scope(sessions) as s:
         run_id = repo.create_run(s, spec, name="1M events", status=RunStatus.RUNNING)
         repo.insert_requests(s, run_id, records, prm)
-    with session_scope(sessions) as s:
-        repo.finish_run(s, run_id, status=RunStatus.SUCCEEDED, validity=[])
-    report = run_report(sessions, run_id)
-    with session_scope(sessions) as s:
-        repo.finish_run(s, run_id, summary=headline(report))
+    finalize_run(sessions, run_id, status=RunStatus.SUCCEEDED, meta=None)  # stores its summary
     return run_id
 
 
@@ -133,11 +152,150 @@ def sizes(data: bytes) -> dict[str, int]:
     return {"bytes": len(data), "gzip_bytes": len(gzip.compress(data, 6))}
 
 
+def finalize_child(url: str, run_id: str) -> None:
+    """(child process) Finalize the run as a job's completion does; print time and RSS."""
+    engine = make_engine(url)
+    sessions = session_factory(engine)
+    before = rss_mb(os.getpid())
+    t0 = time.perf_counter()
+    finalize_run(sessions, run_id, status=RunStatus.SUCCEEDED, meta=None)
+    took = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    engine.dispose()
+    print(
+        json.dumps(
+            {
+                "seconds": round(took, 2),
+                "rss_before_mb": round(before, 1),
+                "peak_rss_mb": round(peak, 1),
+                "peak_rss_growth_mb": round(peak - before, 1),
+            }
+        )
+    )
+
+
+class RssSampler:
+    """The peak RSS of a process, sampled every 20 ms while in a ``with`` block."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, rss_mb(self.pid))
+            time.sleep(0.02)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mb(self.pid))
+
+
+def _get(url: str) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    r = httpx.get(url, timeout=600)
+    took = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise SystemExit(f"GET {url}: HTTP {r.status_code}: {r.text[:300]}")
+    return took, len(r.content)
+
+
+def serve_case(n_req: int, n_tok: int, repeat: int) -> dict[str, Any]:
+    """The 10M-event case: finalize, then the run page through ``tokentrace serve``."""
+    with tempfile.TemporaryDirectory(prefix="tt-pages-") as d:
+        url = f"sqlite:///{Path(d) / 'pages.db'}"
+        t0 = time.perf_counter()
+        run_id = seed_big(url, n_req, n_tok)
+        seed_s = time.perf_counter() - t0
+        print(f"seeded {n_req} x {n_tok} events in {seed_s:.0f} s; finalizing", flush=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")}
+        env["PYTHONPATH"] = str(ROOT)
+        child = subprocess.run(
+            [sys.executable, __file__, "--finalize", url, run_id],
+            env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        finalize = json.loads(child.stdout.strip().splitlines()[-1])
+        print("finalize", finalize, flush=True)
+        port = free_port()
+        env |= {"TOKENTRACE_DATABASE_URL": url, "TOKENTRACE_PORT": str(port),
+                "TOKENTRACE_LOCAL_WORKER": "false"}  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli.main", "serve", "--log-level", "warning"],
+            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            for _ in range(300):
+                try:
+                    if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            page = f"{base}/runs/{run_id}"
+            _get(base + "/")  # imports and templates warm; not the run page
+            idle = rss_mb(proc.pid)
+            out: dict[str, Any] = {
+                "requests": n_req,
+                "tokens_per_request": n_tok,
+                "events": n_req * n_tok,
+                "seed_s": round(seed_s, 1),
+                "finalize": finalize,
+                "server_rss_idle_mb": round(idle, 1),
+            }
+            with RssSampler(proc.pid) as rss:
+                first, html_bytes = _get(page)
+                cases: dict[str, list[float]] = {"run_page": [], "slo_edit": [], "profile_vllm": []}
+                for _ in range(repeat):
+                    cases["run_page"].append(_get(page)[0])
+                    cases["slo_edit"].append(_get(page + "?slo=1&slo_ttft=80")[0])
+                    cases["profile_vllm"].append(_get(page + "?profile=vllm")[0])
+            out["first_view_s"] = round(first, 3)
+            for key, ts in cases.items():
+                out[key] = {"median_s": round(statistics.median(ts), 3),
+                            "max_s": round(max(ts), 3), "n": len(ts)}  # fmt: skip
+            out["run_page_html_bytes"] = html_bytes
+            out["server_rss_peak_mb"] = round(rss.peak, 1)
+            out["server_rss_growth_mb"] = round(rss.peak - idle, 1)
+            out["within_target"] = (
+                out["run_page"]["median_s"] <= SERVE_TARGET_S
+                and out["server_rss_growth_mb"] <= SERVE_TARGET_RSS_MB
+            )
+            engine = make_engine(url)
+            with session_scope(session_factory(engine)) as s:
+                summary_repo.delete_summary(s, run_id)
+            engine.dispose()
+            before = rss_mb(proc.pid)
+            with RssSampler(proc.pid) as rss:
+                lazy, _ = _get(page)
+            out["no_summary_first_view"] = {
+                "seconds": round(lazy, 2),
+                "server_rss_growth_mb": round(rss.peak - before, 1),
+                "then_warm_s": round(_get(page)[0], 3),
+            }
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return out
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--finalize":
+        finalize_child(sys.argv[2], sys.argv[3])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2050)  # ~1.0M events (2% fail)
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--serve-requests", type=int, default=10_000)
+    ap.add_argument("--serve-tokens", type=int, default=1_000)
+    ap.add_argument("--no-serve", action="store_true", help="skip the 10M-event served case")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/pages.json"))
     args = ap.parse_args()
 
@@ -149,7 +307,9 @@ def main() -> None:
         run_id = store(url, records)
         del records
         build_s = time.perf_counter() - t0
-        app = create_app(Settings(database_url=url, local_worker=False))
+        app = create_app(
+            Settings(database_url=url, local_worker=False, allowed_hosts=["testserver"])
+        )
         with TestClient(app) as client:
             client.get(f"/runs/{run_id}")  # warm-up: imports, template compilation
             run_times, html = timed(client, f"/runs/{run_id}", args.repeat)
@@ -190,6 +350,8 @@ def main() -> None:
         },
         "within_target": statistics.median(run_times) <= TARGET_S,
     }
+    if not args.no_serve:
+        result["serve_10m"] = serve_case(args.serve_requests, args.serve_tokens, args.repeat)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     d = result["download"]
@@ -215,6 +377,16 @@ def main() -> None:
     ):
         print(f"{key:<28}{d[key]['bytes']:>12,}{d[key]['gzip_bytes']:>12,}")
     print(f"target {TARGET_S:.1f} s: {'met' if result['within_target'] else 'MISSED'}")
+    big = result.get("serve_10m")
+    if big:
+        print(
+            f"served {big['events']:,} events: run page {big['run_page']['median_s']:.3f} s "
+            f"warm (SLO edit {big['slo_edit']['median_s']:.3f} s, vLLM profile "
+            f"{big['profile_vllm']['median_s']:.3f} s), server RSS +"
+            f"{big['server_rss_growth_mb']:.0f} MB; finalize {big['finalize']['seconds']} s, "
+            f"peak RSS {big['finalize']['peak_rss_mb']:.0f} MB; "
+            f"{'met' if big['within_target'] else 'MISSED'}"
+        )
     print(json.dumps(result))
 
 

@@ -13,7 +13,8 @@
     a new connection per request (256 streams);
 (b) client capacity: the most streamed tokens/s with chunk-gap error p99 <= 1 ms;
 (c) storage: ingest and full report of 10,000 requests x 1,000 tokens, SQLite and PostgreSQL;
-(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page;
+(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page, and of
+    a 10M-event run page served by `tokentrace serve` with its RSS growth and finalize cost;
 (e) imports: an 80 MB vLLM --save-detailed file (10,000 requests x 1,000 tokens) imported
     into SQLite: seconds and the importing process's peak RSS;
 (f) paint: headless Chromium's time to the first chart of that run page, first and cached

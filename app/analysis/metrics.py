@@ -508,6 +508,47 @@ def _distributions(
     return out, None
 
 
+def slo_goodput(
+    prm: PerRequestMetrics, ok: BoolArr, slos: dict[str, float], user_ttft: F64 | None
+) -> tuple[int | None, list[str]]:
+    """(good requests or None without SLOs, notes) for checked ``slos`` (ms)."""
+    notes: list[str] = []
+    n_good: int | None = None
+    if "user_ttft" in slos and user_ttft is None:
+        notes.append(f"no goodput: the user_ttft SLO needs connection phases ({NO_PHASES})")
+    elif slos:
+        n_good = int(good_requests(prm, ok, slos, user_ttft).sum())
+    return n_good, notes
+
+
+def metrics_with_slos(
+    base: dict[str, object],
+    prm: PerRequestMetrics,
+    ok: BoolArr,
+    user_ttft: F64 | None,
+    slos_ms: dict[str, float] | None,
+) -> dict[str, object]:
+    """``compute_metrics(trace, slos_ms=slos_ms).to_dict()`` from ``base``, the same run's
+    ``compute_metrics(trace, slos_ms={}).to_dict()``, and its per-request values (``prm``,
+    ``ok`` = ``valid_requests``, ``user_ttft`` ns or None without phases): only the SLO
+    fields depend on the SLOs, and they need no event."""
+    slos = _check_slos(slos_ms)
+    n_good, notes = slo_goodput(prm, ok, slos, user_ttft)
+    w = base.get("window")
+    window = (
+        Window(start_ns=int(w["start_ns"]), end_ns=int(w["end_ns"]), source=w["source"])
+        if isinstance(w, dict)
+        else None
+    )
+    base_notes = base.get("notes")
+    out = dict(base)
+    out["slos_ms"] = dict(slos)
+    out["good_requests"] = n_good
+    out["goodput_req_s"] = None if n_good is None else _rate(n_good, window)
+    out["notes"] = notes + (list(base_notes) if isinstance(base_notes, list) else [])
+    return out
+
+
 def compute_metrics(
     trace: RunTrace,
     *,
@@ -532,12 +573,7 @@ def compute_metrics(
     in_tokens = int(np.clip(trace.input_tokens[ok], 0, None).sum())
     user = user_ttft_ns(prm.ttft_ns, trace.phases) if trace.phases is not None else None
     dists, itl_reason = _distributions(trace, prm, tokens, ci, seed)
-    notes = []
-    n_good: int | None = None
-    if "user_ttft" in slos and user is None:
-        notes.append(f"no goodput: the user_ttft SLO needs connection phases ({NO_PHASES})")
-    elif slos:
-        n_good = int(good_requests(prm, ok, slos, user).sum())
+    n_good, notes = slo_goodput(prm, ok, slos, user)
     if counts.ok and bool(np.any(trace.input_tokens[ok] < 0)):
         notes.append(
             "some successful requests have no input token count: total throughput omits them"

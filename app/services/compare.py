@@ -23,8 +23,9 @@ from app.analysis.compare import (
     relative,
 )
 from app.analysis.metric_labels import LATENCY_KEYS, METRIC_LABELS, RATE_KEYS
-from app.analysis.metrics import itl_samples, per_request_metrics, valid_requests
+from app.analysis.metrics import itl_samples
 from app.analysis.percentiles import percentile
+from app.analysis.request_columns import RequestColumns, request_columns
 from app.domain import RunTrace
 from app.services import hardware
 from app.services import runs as run_svc
@@ -58,23 +59,29 @@ class RunSamples:
     device: str = hardware.DEFAULT_DEVICE_TEXT
 
 
-def _samples(trace: RunTrace) -> tuple[dict[str, F64], F64, F64, F64]:
-    prm = per_request_metrics(trace)
+def _request_samples(cols: RequestColumns) -> tuple[dict[str, F64], F64, F64, F64]:
+    """The per-request samples (ms) and (sent, input, output) of the valid requests."""
+    prm = cols.prm
     out: dict[str, F64] = {
         "ttft_ms": prm.ttft_ns / MS,
         "tpot_ms": prm.tpot_ns / MS,
         "e2el_ms": prm.e2e_ns / MS,
     }
+    ok = cols.valid
+    inp = np.where(ok & (cols.input_tokens >= 0), cols.input_tokens, -1).astype(np.float64)
+    outp = np.where(ok, prm.n_tokens, -1).astype(np.float64)
+    sent = np.where(ok, cols.sent_ns, -1).astype(np.float64)
+    return out, sent, inp, outp
+
+
+def _samples(trace: RunTrace) -> tuple[dict[str, F64], F64, F64, F64]:
+    out, sent, inp, outp = _request_samples(request_columns(trace))
     if trace.summary_only:
         out["itl_ms"] = np.zeros(0)
     else:
         itl = itl_samples(trace)
         raw = itl.per_token if itl.per_token is not None else itl.per_chunk()
         out["itl_ms"] = np.asarray(raw, np.float64) / MS
-    ok = valid_requests(trace)
-    inp = np.where(ok & (trace.input_tokens >= 0), trace.input_tokens, -1).astype(np.float64)
-    outp = np.where(ok, prm.n_tokens, -1).astype(np.float64)
-    sent = np.where(ok, trace.sent_ns, -1).astype(np.float64)
     return out, sent, inp, outp
 
 
@@ -114,7 +121,21 @@ def trace_diagnosis(
     device: str = hardware.DEFAULT_DEVICE_TEXT,
 ) -> list[dict[str, str]]:
     """Diagnosis notes of a run already loaded (the run page's trace and report)."""
-    samples, sent, inp, outp = _samples(trace)
+    return columns_diagnosis(
+        run, request_columns(trace), report, weight_floor_ms=weight_floor_ms, device=device
+    )
+
+
+def columns_diagnosis(
+    run: dict[str, Any],
+    cols: RequestColumns,
+    report: dict[str, Any],
+    *,
+    weight_floor_ms: float | None = None,
+    device: str = hardware.DEFAULT_DEVICE_TEXT,
+) -> list[dict[str, str]]:
+    """Diagnosis notes from the run's per-request values (the rules read no ITL sample)."""
+    samples, sent, inp, outp = _request_samples(cols)
     rs = RunSamples(run, report, samples, sent, inp, outp, {}, None, weight_floor_ms, device)
     return run_diagnosis(rs)
 

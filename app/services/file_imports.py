@@ -32,7 +32,7 @@ from app.importers.json_stream import StreamRefused
 from app.importers.vllm_result import parse_vllm_result
 from app.importers.vllm_stream import VllmStream
 from app.services.imports import check_import_size, read_import_text
-from app.services.runs import headline, run_report
+from app.services.runs import store_summaries
 from app.storage import compare_repo
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
@@ -146,11 +146,9 @@ def _store_run(
 
 
 def _cache_headlines(sessions: sessionmaker[Session], ids: list[str]) -> None:
-    """Each run's headline figures, cached on its row for listings."""
+    """Each run's page summary and headline figures (``store_summaries``)."""
     for run_id in ids:
-        report = run_report(sessions, run_id)
-        with session_scope(sessions) as s:
-            repo.finish_run(s, run_id, summary=headline(report))
+        store_summaries(sessions, run_id)
 
 
 def store_imported(

@@ -12,7 +12,7 @@ from app.analysis.metrics import per_request_metrics
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, run_status, tally
 from app.domain import ClockSource, RunStatus, trace_from_records
 from app.importers.csv_log import ImportFormatError, parse_csv_log
-from app.services.runs import headline, run_report
+from app.services.runs import store_summaries
 from app.settings import get_settings
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -74,7 +74,5 @@ def import_csv(sessions: sessionmaker[Session], path: Path, *, name: str | None 
             finished_at=now,
             validity=["summary-only: the log has no per-token times"],
         )
-    report = run_report(sessions, run_id)
-    with session_scope(sessions) as s:
-        repo.finish_run(s, run_id, summary=headline(report))
+    store_summaries(sessions, run_id)
     return run_id

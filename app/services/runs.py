@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
-from app.analysis.metrics import compute_metrics, per_request_metrics
+from app.analysis.metrics import compute_metrics, metrics_with_slos, per_request_metrics
 from app.analysis.profiles import profile_metrics
 from app.analysis.server_timing import beside_client
 from app.analysis.trust import (
@@ -37,7 +37,8 @@ from app.domain import (
 )
 from app.loadgen import eventloop
 from app.loadgen.runner import LoadResult, Progress, run_load
-from app.services import served_models, server_metrics
+from app.services import run_summaries, served_models, server_metrics
+from app.services.run_summaries import RunSummary
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.storage.jsonsafe import json_safe
@@ -218,7 +219,19 @@ def finalize_run(
             validity=validity,
             load_stats=meta.load_stats if meta else None,
         )
-    report = run_report(sessions, run_id, profile=profile)
+    return store_summaries(sessions, run_id, profile=profile)
+
+
+def store_summaries(
+    sessions: sessionmaker[Session], run_id: str, *, profile: str | None = None
+) -> dict[str, Any]:
+    """The one step every path that ends a run takes (a job, a local bench, an import):
+    decode the events once, store the run page's summary and the listing's headline, and
+    return the report (under ``profile`` if given)."""
+    summary = run_summaries.store_summary(sessions, run_id)
+    with session_scope(sessions) as s:
+        run = run_dict(repo.get_run(s, run_id))
+    report = summary_report(run, summary, profile=profile)
     with session_scope(sessions) as s:
         repo.finish_run(s, run_id, summary=headline(report))
     return report
@@ -346,6 +359,40 @@ def assemble_report(
     spec = run.get("spec") or {}
     slos = slos_ms if slos_ms is not None else dict(spec.get("goodput") or {})
     metrics = compute_metrics(trace, slos_ms=slos).to_dict()
+    block = None
+    if profile is not None:
+        block = {"name": profile, **profile_metrics(trace, profile).to_dict()}
+    return _compose(run, spec, slos, metrics, block)
+
+
+def summary_report(
+    run: dict[str, Any],
+    summary: RunSummary,
+    *,
+    slos_ms: dict[str, float] | None = None,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """``assemble_report`` from a run's page summary: the same report, no event read."""
+    spec = run.get("spec") or {}
+    slos = slos_ms if slos_ms is not None else dict(spec.get("goodput") or {})
+    c = summary.columns
+    metrics = metrics_with_slos(summary.metrics, c.prm, c.valid, c.user_ttft_ns, slos)
+    block = None
+    if profile is not None:
+        found = summary.profiles.get(profile)
+        if found is None:
+            raise ValueError(f"the run's summary has no {profile!r} profile")
+        block = {"name": profile, **found}
+    return _compose(run, spec, slos, metrics, block)
+
+
+def _compose(
+    run: dict[str, Any],
+    spec: dict[str, Any],
+    slos: dict[str, float],
+    metrics: dict[str, Any],
+    profile_block: dict[str, Any] | None,
+) -> dict[str, Any]:
     bound = spec_error_bound(spec)
     requests = metrics.get("requests")
     err = requests.get("error_rate") if isinstance(requests, dict) else None
@@ -377,8 +424,8 @@ def assemble_report(
     timing = scrape.get("timing") if isinstance(scrape, dict) else None
     if isinstance(timing, dict):
         report["server_timing"] = beside_client(timing, metrics)
-    if profile is not None:
-        report["profile"] = {"name": profile, **profile_metrics(trace, profile).to_dict()}
+    if profile_block is not None:
+        report["profile"] = profile_block
     return report
 
 
@@ -413,14 +460,22 @@ def run_report(
     profile: str | None = None,
     slos_ms: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Recompute a stored run's report from its event log."""
+    """A stored run's report: a finished run's from its page summary (no event decoded;
+    computed and stored first if missing or stale), an active run's (or one under a profile
+    the summary does not hold) recomputed from its event log."""
     with session_scope(sessions) as s:
         try:
             row = repo.get_run(s, run_id)
         except repo.NotFoundError:
             raise RunNotFound(run_id) from None
         run = run_dict(row)
-        trace = repo.load_trace(s, run_id)
+        stored = row.status not in (RunStatus.QUEUED, RunStatus.RUNNING) and (
+            profile is None or profile in run_summaries.PROFILE_NAMES
+        )
+        trace = None if stored else repo.load_trace(s, run_id)
+    if trace is None:
+        summary = run_summaries.page_summary(sessions, run_id)
+        return summary_report(run, summary, slos_ms=slos_ms, profile=profile)
     return assemble_report(run=run, trace=trace, slos_ms=slos_ms, profile=profile)
 
 

@@ -300,3 +300,21 @@ class JobBatch(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "batch_no", name="uq_job_batches_job_id_batch_no"),
     )
+
+
+class RunPageSummary(Base):
+    """What a finished run's page shows, computed once at finalize (migration 0011):
+    ``payload`` is zlib-compressed JSON (metrics, profiles, figure JSON), ``columns`` the
+    per-request values (numpy ``.npz``); ``version`` names the layout, so a row of another
+    version is stale and recomputed."""
+
+    __tablename__ = "run_page_summaries"
+
+    run_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    n_requests: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    columns: Mapped[bytes] = mapped_column(LargeBinary)

@@ -73,8 +73,13 @@ def minmax_keep(y: npt.ArrayLike, max_points: int) -> I64:
     nb = max(1, (max_points - 2) // 2)  # two a bucket, plus the first and last
     bounds = np.linspace(0, n, nb + 1).round().astype(np.int64)
     keep: list[int] = [0, n - 1]
-    low = np.where(np.isfinite(a), a, np.inf)
-    high = np.where(np.isfinite(a), a, -np.inf)
+    finite = np.isfinite(a)
+    if bool(finite.all()):  # no NaN to step over: no two copies of a 10M-point series
+        low = high = a
+    else:
+        low = np.where(finite, a, np.inf)
+        high = np.where(finite, a, -np.inf)
+    del finite
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         if hi <= lo:
             continue
@@ -463,7 +468,9 @@ def in_flight_steps(
     nb = max(1, max_points // 2)
     lo, hi = float(x[0]), float(x[-1])
     edges = np.linspace(lo, hi, nb + 1)
-    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
+    which = np.searchsorted(edges, x, side="right")
+    which -= 1
+    np.clip(which, 0, nb - 1, out=which)
     starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
     peaks = np.maximum.reduceat(y, starts)
     return edges[which[starts]], peaks, total
@@ -482,13 +489,15 @@ def itl_position_figure(
     pos = np.asarray(position, np.float64)
     itl = np.asarray(itl_ms, np.float64)
     ok = np.isfinite(pos) & np.isfinite(itl)
-    pos, itl = pos[ok], itl[ok]
+    if not bool(ok.all()):  # no copy of 10M points when every one is a number
+        pos, itl = pos[ok], itl[ok]
     n = int(pos.shape[0])
     title = "ITL against token position"
     if n == 0:
         return empty_figure(title, no_data_reason)
     order = np.argsort(pos, kind="stable")
     pos, itl = pos[order], itl[order]
+    del order
     keep = minmax_keep(itl, max_points)  # by position: every bucket's slowest token stays
     data: list[dict[str, Any]] = [
         {
@@ -526,10 +535,14 @@ def _binned_median(x: F64, y: F64, bins: int) -> tuple[F64, F64]:
     lo, hi = float(x.min()), float(x.max())
     nb = max(1, min(bins, int(hi - lo) + 1))
     edges = np.linspace(lo, hi + 1e-9, nb + 1)
-    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
-    order = np.argsort(which, kind="stable")
-    w = which[order]
-    ys = y[order]
+    which = np.searchsorted(edges, x, side="right")
+    which -= 1
+    np.clip(which, 0, nb - 1, out=which)
+    if bool(np.all(which[1:] >= which[:-1])):  # x sorted already: the stable sort is a no-op
+        w, ys = which, y
+    else:
+        order = np.argsort(which, kind="stable")
+        w, ys = which[order], y[order]
     starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
     stops = np.r_[starts[1:], w.shape[0]]
     centers = (edges[w[starts]] + edges[w[starts] + 1]) / 2

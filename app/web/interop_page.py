@@ -6,16 +6,21 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.domain import RunTrace
+from app.services.run_summaries import RunSummary
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web.interop_view import import_comparison, import_setup, server_metrics_figure
+from app.web.interop_view import (
+    comparison_of,
+    import_setup,
+    import_window,
+    server_metrics_figure_of,
+)
 from app.web.scriptjson import plotly_json
 
 
 def add_interop(
-    ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str, trace: RunTrace
+    ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str, summary: RunSummary
 ) -> None:
     """Add ``imported`` (the file's figures beside ours, or None), ``import_setup`` (what
     an imported file says about its setup, or None for our own runs), ``server_status`` and
@@ -36,9 +41,16 @@ def add_interop(
     load = (ctx.get("report") or {}).get("load") or {}
     status_block = load.get("server_metrics") if isinstance(load, dict) else None
     status = status_block.get("status") if isinstance(status_block, dict) else None
-    ctx["imported"] = import_comparison(info, trace, group) if info is not None else None
+    cols = summary.columns
+    ctx["imported"] = None
+    if info is not None:
+        part = summary.imported
+        if part is None or not part.matches(info):  # the summary is live and older than this
+            raise LookupError(f"run {run_id!r}: the page summary has no import part")
+        window = import_window(cols.sent_ns, info.window_s)
+        ctx["imported"] = comparison_of(info, part.metrics, window, group)
     ctx["server_status"] = status_block if isinstance(status_block, dict) else None
-    fig = server_metrics_figure(series, trace, status)
+    fig = server_metrics_figure_of(series, cols, status)
     figures = ctx.setdefault("figures", {})
     figures["server_metrics"] = plotly_json(fig)
     ctx["has_server_metrics"] = bool(series)

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from app.analysis.metrics import per_request_metrics
 from app.analysis.profiles import profile_metrics
+from app.analysis.request_columns import RequestColumns, request_columns
 from app.domain import RunTrace
 from app.importers.prometheus import Series, counter_rate
 from app.storage.interop import ImportInfo
@@ -42,20 +43,41 @@ class ImportComparison:
     group_runs: list[str]
 
 
-def _window(trace: RunTrace, window_s: float | None) -> tuple[int, int] | None:
-    sent = trace.sent_ns[trace.sent_ns >= 0]
+def import_window(sent_ns: npt.NDArray[np.int64], window_s: float | None) -> tuple[int, int] | None:
+    """The file's own duration from the first request's start (run-relative ns), or None."""
+    sent = sent_ns[sent_ns >= 0]
     if window_s is None or sent.size == 0:
         return None
     start = int(sent.min())
     return start, start + round(window_s * NS_PER_S)
 
 
+def import_metrics(info: ImportInfo, trace: RunTrace) -> dict[str, Any]:
+    """Our metrics under the file's tool's definitions, over the file's window ({} when the
+    file names no tool profile or the run has no request)."""
+    if info.profile is None or not trace.n_requests:
+        return {}
+    window = import_window(trace.sent_ns, info.window_s)
+    out: dict[str, Any] = profile_metrics(trace, info.profile, window_ns=window).to_dict()[
+        "metrics"
+    ]  # type: ignore[assignment]
+    return out
+
+
 def import_comparison(info: ImportInfo, trace: RunTrace, group_runs: list[str]) -> ImportComparison:
     """The file's figures, ours computed under its tool's definitions, and the difference."""
-    window = _window(trace, info.window_s)
-    ours_metrics: dict[str, Any] = {}
-    if info.profile is not None and trace.n_requests:
-        ours_metrics = profile_metrics(trace, info.profile, window_ns=window).to_dict()["metrics"]  # type: ignore[assignment]
+    return comparison_of(
+        info, import_metrics(info, trace), import_window(trace.sent_ns, info.window_s), group_runs
+    )
+
+
+def comparison_of(
+    info: ImportInfo,
+    ours_metrics: dict[str, Any],
+    window: tuple[int, int] | None,
+    group_runs: list[str],
+) -> ImportComparison:
+    """``import_comparison`` from ``import_metrics`` already computed (a stored summary)."""
     rows: list[FigureRow] = []
     for metric, stats in info.figures.items():
         ours = ours_metrics.get(metric) or {}
@@ -164,6 +186,13 @@ def server_metrics_figure(series: list[Series], trace: RunTrace, status: str | N
     """Server series beside the client's view, one shared time axis (s since run start):
     requests (client in flight, server running / waiting), server token rates, KV-cache
     usage and preemptions (and other configured series), and per-request latencies."""
+    return server_metrics_figure_of(series, request_columns(trace), status)
+
+
+def server_metrics_figure_of(
+    series: list[Series], trace: RequestColumns, status: str | None
+) -> fg.Figure:
+    """``server_metrics_figure`` from the run's per-request values (no event needed)."""
     title = "Server metrics and client view"
     if not series:
         reason = "the target exposed no scraped series"
@@ -195,7 +224,7 @@ def server_metrics_figure(series: list[Series], trace: RunTrace, status: str | N
             data.append(_line(f"KV cache %: {_label(s)}", t, v * scale, "y3", next(color)))
         else:
             data.append(_line(_label(s), t, v, "y3", next(color), "linear"))
-    prm = per_request_metrics(trace)
+    prm = trace.prm
     ok = np.isfinite(prm.ttft_ns) & np.isfinite(sent)
     if ok.any():
         order = np.argsort(sent[ok], kind="stable")

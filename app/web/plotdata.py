@@ -69,18 +69,24 @@ def itl_by_position(trace: RunTrace, tokens: EventView | None = None) -> tuple[F
     valid = valid_requests(trace)
     counts = tv.counts
     firsts = tv.first_positions()
-    cum = np.cumsum(tv.tokens, dtype=np.int64)
-    before = np.zeros(counts.shape[0], np.int64)
-    has = counts > 0
-    before[has] = cum[tv.offsets[:-1][has]] - tv.tokens[tv.offsets[:-1][has]]
-    position = cum - np.repeat(before, counts)
-    gaps = np.empty(tv.size, np.float64)
-    gaps[0] = np.nan
-    gaps[1:] = np.diff(tv.t_ns)
     keep = tv.request_mask(valid)
     keep[firsts] = False
-    itl = gaps[keep] / tv.tokens[keep].astype(np.float64) / NS_PER_MS
-    return position[keep].astype(np.float64), itl
+    # in place where it can be: a run of 10M events holds a few arrays of 10M, not a dozen
+    gaps = np.empty(tv.size, np.float64)
+    gaps[0] = np.nan
+    np.subtract(tv.t_ns[1:], tv.t_ns[:-1], out=gaps[1:])  # int64 gaps, stored as float64
+    itl = gaps[keep]
+    del gaps
+    itl /= tv.tokens[keep]
+    itl /= NS_PER_MS
+    position = np.cumsum(tv.tokens, dtype=np.int64)
+    before = np.zeros(counts.shape[0], np.int64)
+    has = counts > 0
+    before[has] = position[tv.offsets[:-1][has]] - tv.tokens[tv.offsets[:-1][has]]
+    position -= np.repeat(before, counts)
+    kept = position[keep]
+    del position
+    return kept.astype(np.float64), itl
 
 
 def dist_samples(
@@ -145,8 +151,7 @@ def run_figures(
             "ITL against token position", "no per-token data (summary-only run)"
         )
     else:
-        pos, itl = itl_by_position(trace, tokens)
-        figs["itl_position"] = fg.itl_position_figure(pos, itl)
+        figs["itl_position"] = fg.itl_position_figure(*itl_by_position(trace, tokens))
     figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, prm.ttft_ns / NS_PER_MS)
     figs["phases"] = phase_breakdown_figure(trace, idx)
     if scheduled_ns is not None and sent_sched_ns is not None and scheduled_ns.size:

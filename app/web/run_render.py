@@ -12,12 +12,13 @@ from sqlalchemy.orm import Session
 
 from app.services import runs as run_svc
 from app.services.auth import Principal
+from app.services.run_summaries import PROFILE_NAMES
 from app.storage import compare_repo
 from app.storage.db import session_scope
 from app.web import views
 from app.web.context import render, sessions_of
 from app.web.interop_page import add_interop
-from app.web.runpage import PROFILE_NAMES, load_run, run_context
+from app.web.runpage import load_run, run_context
 
 # what a successful action says on the page it redirects to (``?done=KEY``)
 DONE_TEXT = {
@@ -84,9 +85,9 @@ async def render_run_page(
     prof = profile if profile in PROFILE_NAMES else "tokentrace"
 
     def build() -> dict[str, Any]:
-        data = load_run(sessions_of(request), run_id)
+        data = load_run(sessions_of(request), run_id, profile=prof)
         ctx = run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
-        add_interop(ctx, sessions_of(request), run_id, data.trace)  # imports, server metrics
+        add_interop(ctx, sessions_of(request), run_id, data.summary)  # imports, server metrics
         run = dict(data.run) | {"note": data.note}
         ctx |= actions_context(request, principal, run, errors=errors, values=values)
         return ctx

@@ -8,32 +8,23 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analysis.profiles import profile_metrics
-from app.domain import RunTrace
 from app.services import compare as compare_svc
-from app.services import hardware
+from app.services import hardware, run_summaries
 from app.services import runs as run_svc
 from app.services.client_health import client_health
+from app.services.run_summaries import PROFILE_NAMES, RunSummary
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import probes as probe_repo
 from app.storage import repository as repo
-from app.storage import views as view_repo
 from app.storage.db import session_scope
 from app.web import views
-from app.web.plotdata import run_figures
-from app.web.scriptjson import plotly_json
-
-PROFILE_NAMES = ("tokentrace", "vllm", "guidellm", "aiperf")
 
 
 @dataclass(frozen=True, slots=True)
 class RunData:
     run: dict[str, Any]
-    trace: RunTrace
-    scheduled_ns: Any
-    sent_ns: Any
-    indexes: Any
+    summary: RunSummary  # stored for a finished run; computed per view for an active one
     job: views.JobView | None
     note: str | None
     roofline: tuple[float | None, str] = (None, hardware.DEFAULT_DEVICE_TEXT)  # TPOT floor
@@ -41,19 +32,21 @@ class RunData:
     telemetry_job_id: str | None = None  # the job whose device telemetry is stored
 
 
-def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
-    """The run row (as the report expects it), its trace, schedule and active job.
+def load_run(
+    sessions: sessionmaker[Session], run_id: str, *, profile: str = "tokentrace"
+) -> RunData:
+    """The run row (as the report expects it), its page summary and active job.
 
-    Raises ``run_svc.RunNotFound``."""
+    A finished run's summary is the stored one (``run_summaries.page_summary``: no event
+    decoded; recomputed and stored when missing or stale). An active run's is computed
+    from its events now, with only the profiles this view shows. Raises
+    ``run_svc.RunNotFound``."""
     with session_scope(sessions) as s:
         row = repo.find_run(s, run_id)
         if row is None:
             raise run_svc.RunNotFound(run_id)
         run = run_svc.run_dict(row)
         note = row.note
-        trace = repo.load_trace(s, run_id)
-        sched, sent = view_repo.schedule_columns(s, run_id)
-        indexes = view_repo.measured_indexes(s, run_id)
         job = job_repo.job_for_run(s, run_id)
         floor = hardware.roofline_floor(s, run_id, row.load_stats)
         job_v = (
@@ -64,7 +57,13 @@ def load_run(sessions: sessionmaker[Session], run_id: str) -> RunData:
         step = compare_repo.step_of_run(s, run_id)
         sweep_step = (step.sweep_id, step.step_idx) if step is not None else None
         tele = _telemetry_job(s, job.id if job is not None else None, sweep_step)
-    return RunData(run, trace, sched, sent, indexes, job_v, note, floor, sweep_step, tele)
+        active = job_v is not None or str(row.status) in views.ACTIVE_RUN_STATES
+        live = None
+        if active:
+            wanted = ("tokentrace", profile) if profile != "tokentrace" else ()
+            live = run_summaries.compute_summary(s, run_id, profiles=wanted)
+    summary = live if live is not None else run_summaries.page_summary(sessions, run_id)
+    return RunData(run, summary, job_v, note, floor, sweep_step, tele)
 
 
 def _telemetry_job(
@@ -83,10 +82,10 @@ def _telemetry_job(
 def build_report(
     data: RunData, *, slos_ms: dict[str, float] | None, profile: str | None
 ) -> dict[str, Any]:
-    """The run's report (``app.services.runs.assemble_report``) for these SLOs/profile."""
-    return run_svc.assemble_report(
-        run=data.run,
-        trace=data.trace,
+    """The run's report (``app.services.runs.summary_report``) for these SLOs/profile."""
+    return run_svc.summary_report(
+        data.run,
+        data.summary,
         slos_ms=slos_ms,
         profile=profile if profile in PROFILE_NAMES else None,
     )
@@ -94,16 +93,10 @@ def build_report(
 
 def figures_json(data: RunData) -> dict[str, str]:
     """Each figure as a JSON string for a ``<script type="application/json">`` block."""
-    plots = run_figures(
-        data.trace,
-        scheduled_ns=data.scheduled_ns if data.trace.n_requests else None,
-        sent_sched_ns=data.sent_ns if data.trace.n_requests else None,
-        indexes=data.indexes if data.indexes.shape[0] == data.trace.n_requests else None,
-    )
     imported = str(data.run.get("source") or "").startswith("import")
     return {
-        key: plotly_json(fig)
-        for key, fig in plots.figures.items()
+        key: fig
+        for key, fig in data.summary.figures.items()
         if not (imported and key == "send_lag")  # an import has no schedule to lag behind
     }
 
@@ -134,9 +127,10 @@ def run_context(
     report = build_report(data, slos_ms=slos_ms, profile=None)
     comparison: list[views.ProfileRow] = []
     profile_notes: list[str] = []
-    if profile != "tokentrace" and profile in PROFILE_NAMES and data.trace.n_requests:
-        ours = profile_metrics(data.trace, "tokentrace").to_dict()
-        theirs = profile_metrics(data.trace, profile).to_dict()
+    summary = data.summary
+    if profile != "tokentrace" and profile in PROFILE_NAMES and summary.n_requests:
+        ours = summary.profiles["tokentrace"]
+        theirs = summary.profiles[profile]
         comparison = views.profile_rows(ours, theirs)
         notes = theirs.get("notes")
         profile_notes = [str(n) for n in notes] if isinstance(notes, list) else []
@@ -168,12 +162,12 @@ def run_context(
         "job": data.job,
         "sweep_step": data.sweep_step,
         "telemetry_job_id": data.telemetry_job_id,
-        "n_requests": data.trace.n_requests,
-        "n_events": data.trace.n_events,
-        "summary_only": data.trace.summary_only,
-        "diagnosis": compare_svc.trace_diagnosis(
+        "n_requests": summary.n_requests,
+        "n_events": summary.n_events,
+        "summary_only": summary.summary_only,
+        "diagnosis": compare_svc.columns_diagnosis(
             data.run,
-            data.trace,
+            summary.columns,
             report,
             weight_floor_ms=data.roofline[0],
             device=data.roofline[1],
