@@ -5,7 +5,16 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from app.web import exports, interop_pages, launch, pages, pages_compare, pages_probes
+from app.web import (
+    exports,
+    interop_pages,
+    launch,
+    pages,
+    pages_compare,
+    pages_probes,
+    probe_launch,
+    sweep_pages,
+)
 from app.web.context import asset_dir
 
 
@@ -21,5 +30,7 @@ def mount(app: FastAPI) -> None:
     app.include_router(exports.router)
     app.include_router(launch.router)
     app.include_router(pages_probes.router)
+    app.include_router(sweep_pages.router)  # sweep form, live sweep state, cancel
+    app.include_router(probe_launch.router)  # probe form
     app.include_router(interop_pages.router)  # import page, more exports
     app.mount("/static", StaticFiles(directory=str(asset_dir("static"))), name="static")

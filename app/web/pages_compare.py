@@ -22,6 +22,7 @@ from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.runpage import report_warnings
 from app.web.scriptjson import plotly_json
+from app.web.sweep_pages import sweep_live
 
 router = APIRouter(include_in_schema=False)
 
@@ -262,6 +263,7 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
         rows = {st["run_id"]: repo.get_run(s, st["run_id"]) for st in summ["steps"]}
         names = {rid: (row.name or rid) for rid, row in rows.items()}
         warnings = {rid: views.run_warnings(row) for rid, row in rows.items()}
+        live = sweep_live(s, sweep_id)
     return render(
         request,
         "sweep.html",
@@ -271,6 +273,8 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
             "names": names,
             "run_warnings": warnings,
             "figures": _sweep_figures([summ]),
+            "live": live,
+            "can_run": principal is not None and principal.has("run"),
         },
         principal=principal,
     )
