@@ -218,6 +218,12 @@ def _sweep_figures(summaries: list[dict[str, Any]]) -> dict[str, str]:
         for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E"))
     }
     out["sweep_tput"] = _json(fc.sweep_throughput_figure(summaries, title="throughput vs load"))
+    for key, label in (("ttft_ms", "TTFT"), ("e2el_ms", "E2E")):
+        out[f"sweep_load_{key}"] = _json(
+            fc.sweep_latency_load_figure(
+                summaries, key, title=f"{label} vs offered load", slo_ms=slos.get(SLO_KEYS[key])
+            )
+        )
     return out
 
 
