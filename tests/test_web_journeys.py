@@ -553,3 +553,39 @@ def test_nav_links_to_the_probe_pages(client: TestClient) -> None:
     assert 'href="/roofline" class="on"' in client.get("/roofline").text
     assert 'href="/probes" class="on"' in client.get("/launch/probe").text
     assert 'href="/launch/probe"' in client.get("/probes").text
+
+
+# ------------------------------------------------------------ latency vs offered load
+
+
+def _step(load: float | None, role: str, ttft: tuple[float, float]) -> dict[str, Any]:
+    return {
+        "load": load,
+        "load_kind": "rate",
+        "role": role,
+        "latency_ms": {"ttft_ms": {"p50": ttft[0], "p99": ttft[1]}},
+    }
+
+
+def test_latency_vs_offered_load_figure_one_pair_of_lines_per_sweep() -> None:
+    from app.web.figures_compare import sweep_latency_load_figure
+
+    a = {"id": "a", "label": "A", "steps": [
+        _step(1.0, "probe", (1, 2)),  # an auto sweep's synchronous run: not a load step
+        _step(None, "probe", (9, 9)),  # its max-throughput run (no offered load)
+        _step(2.0, "step", (10, 30)),
+        _step(4.0, "step", (12, 50)),
+    ]}  # fmt: skip
+    b = {"id": "b", "label": "B", "steps": [_step(2.0, "step", (20, 40))]}
+    fig = sweep_latency_load_figure([a, b], "ttft_ms", title="TTFT vs offered load", slo_ms=45)
+    got = [(t["name"], t["x"], t["y"]) for t in fig["data"]]
+    assert got == [
+        ("A p50", [2.0, 4.0], [10.0, 12.0]),
+        ("A p99", [2.0, 4.0], [30.0, 50.0]),
+        ("B p50", [2.0], [20.0]),
+        ("B p99", [2.0], [40.0]),
+    ]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "TTFT (ms)"
+    assert fig["layout"]["shapes"]  # the SLO line
+    empty = sweep_latency_load_figure([{"id": "c", "steps": []}], "ttft_ms", title="t")
+    assert empty["data"] == [] and "no data: no steps" in empty["layout"]["annotations"][0]["text"]
