@@ -233,7 +233,26 @@
     }, SWEEP_POLL_MS * 2);
   }
 
+  // the probe form shows the chosen kind's parameters only (the others are ignored anyway)
+  var PROBE_GROUPS = { ceilings: "Ceilings parameters", linear: "Linear parameters",
+    batch_scaling: "Batch scaling parameters" };
+  function probeKinds(form) {
+    var kind = form.querySelector("#f-kind");
+    if (!kind) return;
+    function show() {
+      Object.keys(PROBE_GROUPS).forEach(function (k) {
+        form.querySelectorAll("fieldset[data-group='" + PROBE_GROUPS[k] + "']").forEach(function (fs) {
+          fs.hidden = k !== kind.value;
+        });
+      });
+    }
+    kind.addEventListener("change", show);
+    show();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    var probeForm = document.getElementById("probe-form");
+    if (probeForm) probeKinds(probeForm);
     var box = document.getElementById("sweep-live");
     if (box && box.dataset.active === "1") followSweep(box);
     var probe = document.getElementById("probe-live");

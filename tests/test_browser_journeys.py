@@ -233,6 +233,9 @@ def test_probe_form_runs_a_cpu_probe(page: Page, server: DashboardServer, lab: L
     _sign_in(page, server, lab.secret, "/launch/probe")
     page.select_option("#f-kind", "linear")
     page.select_option("#f-device", "cpu")
+    # only the chosen kind's parameters show
+    assert page.locator("fieldset[data-group='Linear parameters']").is_visible()
+    assert page.locator("fieldset[data-group='Ceilings parameters']").is_hidden()
     page.fill("#f-name", "browser probe")
     page.fill("#f-linear_width", "0")  # a message beside the field first
     with page.expect_navigation():
