@@ -175,6 +175,15 @@ def test_sweep_form_queues_what_the_api_would(client: TestClient, lab: Lab) -> N
     assert bench["num_prompts"] == 10 and bench["goodput"] == {"ttft": 150.0}
     assert bench["metrics_series"] == ["vllm:foo", "vllm:bar"]
     assert bench["base_url"] == "http://127.0.0.1:9"
+    # "launch again" from the sweep's page fills the form with this sweep
+    assert f'href="/launch/sweep?again={sweep_id}"' in client.get(f"/sweeps/{sweep_id}").text
+    again = client.get(f"/launch/sweep?again={sweep_id}").text
+    assert _value(again, "name") == "from the form (again)"
+    assert re.search(r'<option value="concurrencies" selected>', again)
+    assert _value(again, "loads") == "1, 2, 4"
+    assert _value(again, "min_ratio") == "0.5" and _value(again, "num_prompts") == "10"
+    assert _value(again, "goodput_ttft") == "150" and _value(again, "req_labels") == "rack=a"
+    assert _value(again, "metrics_series") == "vllm:foo, vllm:bar"
 
 
 def test_sweep_form_defaults_come_from_the_settings(lab: Lab) -> None:

@@ -66,6 +66,34 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
     return out
 
 
+def values_from_sweep(
+    spec: dict[str, Any],
+    mode: str,
+    loads: list[float],
+    plan: dict[str, Any] | None,
+    name: str | None,
+    settings: Settings | None = None,
+    requirements: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """Form values that repeat a stored sweep ("launch again"): its base spec, its mode and
+    loads (an auto sweep's chosen rates are not repeated: it chooses again), its stop rules
+    and worker requirements where its job kept them."""
+    out = launch_form.values_from_spec(spec, name, settings)
+    out.pop("request_rate", None)
+    defaults_ = defaults(settings)
+    out |= {k: defaults_[k] for k in ("auto_steps", "min_ratio")}
+    out["sweep_mode"] = mode if mode in MODES else "rates"
+    out["loads"] = "" if mode == "auto" else ", ".join(f"{x:g}" for x in loads if x > 0)
+    for key in ("auto_steps", "min_ratio"):
+        if plan and plan.get(key) is not None:
+            out[key] = f"{plan[key]:g}" if isinstance(plan[key], float) else str(plan[key])
+    req = requirements or {}
+    out["req_labels"] = ", ".join(f"{k}={v}" for k, v in (req.get("labels") or {}).items())
+    for key in ("gpu_name", "min_gpu_memory_mb"):
+        out[f"req_{key}"] = "" if req.get(key) is None else str(req[key])
+    return out
+
+
 def _field_of(loc: tuple[Any, ...], msg: str) -> str | None:
     head = str(loc[0]) if loc else ""
     if head in ("rates", "concurrencies"):

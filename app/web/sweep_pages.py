@@ -123,11 +123,29 @@ def _form(
 
 
 @router.get("/launch/sweep")
-def sweep_launch_page(request: Request) -> Response:
+def sweep_launch_page(request: Request, again: str | None = None) -> Response:
+    """The sweep form: the server's default target, or (``again``) a stored sweep's."""
     principal = principal_of(request)
     if not reads_allowed(request, principal):
         return RedirectResponse("/signin?next=/launch/sweep", status_code=303)
-    return _form(request, sweep_form.defaults(settings_of(request)), {}, principal)
+    settings = settings_of(request)
+    values = sweep_form.defaults(settings)
+    if again:
+        with session_scope(sessions_of(request)) as s:
+            sweep = compare_repo.find_sweep(s, again)
+            if sweep is not None and sweep.spec:
+                job = job_repo.get_job(s, sweep.job_id) if sweep.job_id else None
+                plan = (job.spec or {}).get("plan") if job is not None else None
+                values = sweep_form.values_from_sweep(
+                    dict(sweep.spec),
+                    str(sweep.mode),
+                    list(sweep.loads or []),
+                    plan if isinstance(plan, dict) else None,
+                    sweep.name,
+                    settings,
+                    dict(job.requirements or {}) if job is not None else None,
+                )
+    return _form(request, values, {}, principal)
 
 
 @router.post("/launch/sweep")
