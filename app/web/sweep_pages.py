@@ -80,7 +80,11 @@ def sweep_live(session: Session, sweep_id: str) -> SweepLive | None:
         prog = (job.progress or {}) if job is not None else {}
         done, total = prog.get("done"), prog.get("planned")
         current = f": {int(done)}/{int(total)} requests" if done is not None and total else ""
-        text = f"running step {len(steps)}{of}{current} ({finished} finished)"
+        text = (
+            f"running step {len(steps)}{of}{current} ({finished} finished)"
+            if steps
+            else "starting on a worker"
+        )
         if cancel_requested:
             text += " · cancel requested: the worker stops at its next heartbeat"
     return SweepLive(
