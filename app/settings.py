@@ -42,6 +42,14 @@ class Settings(BaseSettings):
         description="the embedded worker runs loads at real-time priority (SCHED_FIFO; needs "
         "root or CAP_SYS_NICE)",
     )
+    # the launch forms' default target (``serve --demo`` sets it to its simulator)
+    default_target_url: str = Field(
+        "http://127.0.0.1:9000",
+        description="base URL the dashboard's launch forms start with",
+    )
+    default_target_model: str = Field(
+        "tokentrace-sim", min_length=1, description="model the launch forms start with"
+    )
     # jobs and workers
     lease_ttl_s: float = Field(30.0, gt=0, description="a job lease lasts this long unrenewed")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="how often workers heartbeat")

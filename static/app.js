@@ -264,3 +264,85 @@
     if (panel) followLive(panel);
   });
 })();
+
+// --- sweeps & probes & workers (issue 17) ---
+// The sweep page follows its sweep: it polls /sweeps/{id}/progress.json, updates the status
+// line, and reloads (server-rendered steps table and charts) when a step was added or ended
+// or the sweep's status changed. The workers page's heartbeat ages tick between reloads.
+(function () {
+  "use strict";
+  var SWEEP_POLL_MS = 1000;
+
+  function followSweep(box) {
+    var id = box.dataset.sweepId;
+    var seen = { status: box.dataset.status, steps: box.dataset.steps, finished: box.dataset.finished };
+    var text = document.getElementById("sweep-live-text");
+    var timer = setInterval(function () {
+      fetch("/sweeps/" + encodeURIComponent(id) + "/progress.json", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (live) {
+          if (!live) return;
+          if (text) text.textContent = live.text;
+          if (String(live.status) !== seen.status || String(live.steps) !== seen.steps ||
+              String(live.finished_steps) !== seen.finished) {
+            clearInterval(timer);
+            window.location.reload();
+          } else if (!live.active) {
+            clearInterval(timer);
+          }
+        })
+        .catch(function () { /* the next tick tries again */ });
+    }, SWEEP_POLL_MS);
+  }
+
+  function tickAges() {
+    var cells = document.querySelectorAll("[data-age-s]");
+    if (!cells.length) return;
+    var t0 = Date.now();
+    setInterval(function () {
+      var extra = Math.floor((Date.now() - t0) / 1000);
+      cells.forEach(function (el) {
+        el.textContent = (parseInt(el.dataset.ageS, 10) + extra) + " s ago";
+      });
+    }, 1000);
+  }
+
+  function followProbe(el) {
+    var id = el.dataset.probeId;
+    var timer = setInterval(function () {
+      fetch("/probes/" + encodeURIComponent(id) + "/status.json", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (p) {
+          if (p && p.status !== el.dataset.status) { clearInterval(timer); window.location.reload(); }
+        })
+        .catch(function () { /* the next tick tries again */ });
+    }, SWEEP_POLL_MS * 2);
+  }
+
+  // the probe form shows the chosen kind's parameters only (the others are ignored anyway)
+  var PROBE_GROUPS = { ceilings: "Ceilings parameters", linear: "Linear parameters",
+    batch_scaling: "Batch scaling parameters" };
+  function probeKinds(form) {
+    var kind = form.querySelector("#f-kind");
+    if (!kind) return;
+    function show() {
+      Object.keys(PROBE_GROUPS).forEach(function (k) {
+        form.querySelectorAll("fieldset[data-group='" + PROBE_GROUPS[k] + "']").forEach(function (fs) {
+          fs.hidden = k !== kind.value;
+        });
+      });
+    }
+    kind.addEventListener("change", show);
+    show();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var probeForm = document.getElementById("probe-form");
+    if (probeForm) probeKinds(probeForm);
+    var box = document.getElementById("sweep-live");
+    if (box && box.dataset.active === "1") followSweep(box);
+    var probe = document.getElementById("probe-live");
+    if (probe) followProbe(probe);
+    tickAges();
+  });
+})();

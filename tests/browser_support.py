@@ -35,9 +35,17 @@ def browser_missing() -> str | None:
 class DashboardServer:
     """``uvicorn --factory app.api.app:create_app`` on 127.0.0.1 with its own DB."""
 
-    def __init__(self, db_url: str, log_path: Path, *, local_worker: bool = True) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        log_path: Path,
+        *,
+        local_worker: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        extra = dict(env or {})
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")}
         env.update(
             {
@@ -50,6 +58,7 @@ class DashboardServer:
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
             }
         )
+        env.update(extra)  # more TOKENTRACE_* settings
         cmd = [
             sys.executable,
             "-m",

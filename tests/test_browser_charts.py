@@ -211,7 +211,7 @@ def test_request_page_draws_its_events(page: Page, server: DashboardServer, lab:
 
 def test_sweep_page_draws(page: Page, server: DashboardServer, lab: Lab) -> None:
     con = _open(page, server, f"/sweeps/{lab.sweep_id}")
-    found = assert_drawn(page, expect=4)
+    found = assert_drawn(page, expect=6)
     assert all(c["drawn"] >= 1 for c in found)
     assert con.problems() == []
 

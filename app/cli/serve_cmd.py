@@ -130,15 +130,18 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
 
     raise_nofile_limit()  # clients, workers and loads all hold sockets
     settings = Settings(**overrides)
-    app = create_app(settings)
     with exit_on_signals():
         if not ns.demo:
-            _run(app, settings, ns)
+            _run(create_app(settings), settings, ns)
             return 0
-        from app.services.demo import demo_environment
+        from app.services.demo import DEMO_MODEL, demo_environment
 
-        with demo_environment(settings, console, sim_port=ns.demo_port):
-            _run(app, settings, ns)
+        with demo_environment(settings, console, sim_port=ns.demo_port) as sim_url:
+            # the dashboard's launch forms start with the demo simulator as their target
+            demo = settings.model_copy(
+                update={"default_target_url": sim_url, "default_target_model": DEMO_MODEL}
+            )
+            _run(create_app(demo), demo, ns)
     return 0
 
 

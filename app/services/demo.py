@@ -18,13 +18,14 @@ from app.settings import Settings
 from app.storage import repository as repo
 from app.storage.db import session_scope
 
+DEMO_MODEL = "tokentrace-sim"  # the name the simulator answers to
 SIM_CONFIG = SimConfig(ttft_ms=50, per_input_token_ms=0.05, itl_ms=10, itl_jitter_ms=1, seed=7)
 
 
 def demo_spec(base_url: str, *, num_prompts: int, request_rate: float) -> RunSpec:
     return RunSpec(
         base_url=base_url,
-        model="tokentrace-sim",
+        model=DEMO_MODEL,
         endpoint="chat",
         input_len=256,
         output_len=128,
@@ -37,9 +38,10 @@ def demo_spec(base_url: str, *, num_prompts: int, request_rate: float) -> RunSpe
 
 
 @contextlib.contextmanager
-def demo_environment(settings: Settings, console: Console, *, sim_port: int) -> Iterator[None]:
+def demo_environment(settings: Settings, console: Console, *, sim_port: int) -> Iterator[str]:
     """For ``tokentrace serve --demo``: a simulator to benchmark, one saved run if the
-    database has none, and an admin token printed for signing in from the browser."""
+    database has none, and an admin token printed for signing in from the browser. Yields
+    the simulator's base URL (the launch forms' default target)."""
     sessions = open_database(settings.database_url)
     sim = start_simulator_process(SimConfig(**{**SIM_CONFIG.to_dict(), "port": sim_port}))
     try:
@@ -60,7 +62,7 @@ def demo_environment(settings: Settings, console: Console, *, sim_port: int) -> 
             f"(model tokentrace-sim)\nSign in at {url}/signin with this admin token "
             f"(shown once): [bold]{secret}[/]\n"
         )
-        yield
+        yield sim.base_url
     finally:
         sim.stop()
 

@@ -175,6 +175,44 @@ def sweep_latency_figure(
     return {"data": traces, "layout": layout}
 
 
+def sweep_latency_load_figure(
+    sweeps: Sequence[Mapping[str, Any]],
+    metric: str,
+    *,
+    title: str,
+    slo_ms: float | None = None,
+) -> Figure:
+    """Latency p50 (solid) and p99 (dashed) against the offered load (rate or concurrency),
+    one pair of lines per sweep (auto sweeps' probe runs left out, as in the other charts)."""
+    traces: list[dict[str, Any]] = []
+    for i, sw in enumerate(sweeps):
+        steps = [s for s in sw["steps"] if s["role"] == "step" and s["load"] is not None]
+        x = [s["load"] for s in steps]
+        for p, dash in (("p50", "solid"), ("p99", "dash")):
+            y = [(s["latency_ms"].get(metric) or {}).get(p) for s in steps]
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": f"{sw.get('label') or sw['id']} {p}",
+                    "x": jvalues(np.array(x, np.float64)),
+                    "y": jvalues(np.array(y, np.float64)),
+                    "line": {"color": color(i), "dash": dash},
+                    "hovertemplate": "offered %{x}<br>%{y:.1f} ms<extra></extra>",
+                }
+            )
+    if not any(t["x"] for t in traces):
+        return empty_figure(title, "no steps")
+    name = metric.removesuffix("_ms").upper().replace("E2EL", "E2E latency")
+    xt = "offered load (req/s or concurrency)"
+    layout = _layout(title, xt, f"{name} (ms)", showlegend=True)
+    layout["legend"] = {"orientation": "h", "y": -0.3}
+    layout["height"] = 360
+    if slo_ms is not None:
+        layout["shapes"] = [_slo_shape(slo_ms)]
+    return {"data": traces, "layout": layout}
+
+
 def sweep_throughput_figure(sweeps: Sequence[Mapping[str, Any]], *, title: str) -> Figure:
     """Achieved request rate against offered load (and the y = x line for rate sweeps)."""
     traces: list[dict[str, Any]] = []

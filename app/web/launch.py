@@ -78,12 +78,13 @@ def launch_page(request: Request, again: str | None = None) -> Response:
     principal = principal_of(request)
     if not reads_allowed(request, principal):
         return RedirectResponse("/signin?next=/launch", status_code=303)
-    values = launch_form.defaults()
+    settings = settings_of(request)
+    values = launch_form.defaults(settings)
     if again:
         with session_scope(sessions_of(request)) as s:
             row = repo.find_run(s, again)
             if row is not None and row.spec:
-                values = launch_form.values_from_spec(dict(row.spec), row.name)
+                values = launch_form.values_from_spec(dict(row.spec), row.name, settings)
     return _launch(request, values, {}, principal)
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from app.api.schemas import RunCreate
 from app.domain import RunSpec
+from app.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +115,31 @@ FIELDS: tuple[FormField, ...] = (
         help="merged into each request",
         group="Reproduction",
     ),
+    FormField(
+        "scrape_metrics",
+        "Scrape server metrics",
+        "checkbox",
+        help="the target's Prometheus /metrics, about once a second",
+        group="Server metrics",
+    ),
+    FormField("metrics_url", "Metrics URL", help=_help("metrics_url"), group="Server metrics"),
+    FormField(
+        "metrics_series",
+        "Extra series",
+        help="metric names beyond the built-in ones, comma-separated",
+        group="Server metrics",
+    ),
     FormField("tags", "Tags", help="comma-separated", group="Placement"),
     FormField("req_labels", "Worker labels", help="key=value, comma-separated", group="Placement"),
     FormField("req_gpu_name", "GPU name contains", group="Placement"),
     FormField("req_min_gpu_memory_mb", "Min GPU memory (MB)", "number", group="Placement"),
 )
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
-GROUPS: tuple[str, ...] = ("Target", "Workload", "Load", "Goodput", "Reproduction", "Placement")
+GROUPS: tuple[str, ...] = (
+    "Target", "Workload", "Load", "Goodput", "Server metrics", "Reproduction", "Placement",
+)  # fmt: skip
+LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
+CHECKBOXES_ON = ("ignore_eos", "scrape_metrics")  # default on
 SLO_KEYS = ("ttft", "tpot", "e2el", "user_ttft")
 
 
@@ -138,29 +157,40 @@ def _text(v: Any) -> str:
     return str(v)
 
 
-def defaults() -> dict[str, str]:
-    """Form values of a fresh launch: RunSpec's defaults, a local simulator as the target."""
-    out: dict[str, str] = {"base_url": "http://127.0.0.1:9000", "model": "tokentrace-sim"}
+def defaults(settings: Settings | None = None) -> dict[str, str]:
+    """Form values of a fresh launch: RunSpec's defaults, the server's default target
+    (``default_target_url`` / ``default_target_model``; ``serve --demo``: its simulator)."""
+    if settings is None:
+        url = str(Settings.model_fields["default_target_url"].default)
+        model = str(Settings.model_fields["default_target_model"].default)
+    else:
+        url, model = settings.default_target_url, settings.default_target_model
+    out: dict[str, str] = {"base_url": url, "model": model}
     for name, info in RunSpec.model_fields.items():
         if name in ("base_url", "model", "goodput", "tags", "extra_body", "api_key"):
             continue
         default = info.get_default(call_default_factory=True)
         out[name] = _text(default)
-    out["ignore_eos"] = "on" if RunSpec.model_fields["ignore_eos"].default else ""
+    for name in CHECKBOXES_ON:
+        out[name] = "on" if RunSpec.model_fields[name].default else ""
     return out
 
 
-def values_from_spec(spec: dict[str, Any], name: str | None) -> dict[str, str]:
+def values_from_spec(
+    spec: dict[str, Any], name: str | None, settings: Settings | None = None
+) -> dict[str, str]:
     """Form values that repeat a stored run's spec ("launch again")."""
-    out = defaults()
+    out = defaults(settings)
     for key, v in spec.items():
         if key in FIELD_NAMES:
             out[key] = _text(v)
     for k, ms in (spec.get("goodput") or {}).items():
         out[f"goodput_{k}"] = _text(float(ms))
-    out["tags"] = _text(spec.get("tags") or [])
+    for key in LIST_FIELDS:
+        out[key] = _text(spec.get(key) or [])
     out["name"] = f"{name} (again)" if name else ""
-    out["ignore_eos"] = "on" if spec.get("ignore_eos", True) else ""
+    for key in CHECKBOXES_ON:
+        out[key] = "on" if spec.get(key, True) else ""
     return out
 
 
@@ -178,7 +208,10 @@ def _labels(text: str) -> dict[str, str]:
 
 
 def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
-    if not loc:
+    if not loc:  # a model validator's message names its field first ("metrics_url must ...")
+        first = msg.split(" ", 1)[0].rstrip(":")
+        if first in FIELD_NAMES:
+            return first
         return "dataset_path" if "dataset_path" in msg else "__all__"
     head = str(loc[0])
     if head == "goodput" and len(loc) > 1 and str(loc[1]) in SLO_KEYS:
@@ -193,8 +226,13 @@ def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
     return head if head in FIELD_NAMES else "__all__"
 
 
-def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
-    """Form values -> a validated ``RunCreate``; else field name -> message."""
+def _list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The launch fields of a form as a ``RunCreate`` body (not yet validated), and the
+    messages of fields that could not even be read (JSON, labels)."""
     errors: dict[str, str] = {}
     body: dict[str, Any] = {}
     for f in FIELDS:
@@ -202,7 +240,7 @@ def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
         if f.kind == "checkbox":
             body[f.name] = raw not in ("", "0", "false", "off")
             continue
-        if f.name.startswith(("goodput_", "req_")) or f.name in ("tags", "extra_body"):
+        if f.name.startswith(("goodput_", "req_")) or f.name in (*LIST_FIELDS, "extra_body"):
             continue
         if raw:
             body[f.name] = raw
@@ -212,7 +250,8 @@ def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
         if raw:
             slos[key] = raw
     body["goodput"] = slos
-    body["tags"] = [t.strip() for t in (form.get("tags") or "").split(",") if t.strip()]
+    for key in LIST_FIELDS:
+        body[key] = _list(form.get(key) or "")
     extra = (form.get("extra_body") or "").strip()
     if extra:
         try:
@@ -232,14 +271,27 @@ def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
     if (form.get("req_min_gpu_memory_mb") or "").strip():
         req["min_gpu_memory_mb"] = form["req_min_gpu_memory_mb"].strip()
     body["requirements"] = req
+    return body, errors
+
+
+def validation_errors(e: ValidationError, field_of: Any = None) -> dict[str, str]:
+    """A pydantic error -> form field name -> message (``field_of`` maps extra fields)."""
+    errors: dict[str, str] = {}
+    for err in e.errors():
+        loc = tuple(err.get("loc") or ())
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = field_of(loc, msg) if field_of is not None else None
+        errors.setdefault(field or _loc_field(loc, msg), msg)
+    return errors
+
+
+def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
+    """Form values -> a validated ``RunCreate``; else field name -> message."""
+    body, errors = form_body(form)
     try:
         created = RunCreate.model_validate(body)
     except ValidationError as e:
-        for err in e.errors():
-            loc = tuple(err.get("loc") or ())
-            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-            errors.setdefault(_loc_field(loc, msg), msg)
-        return None, errors
+        return None, validation_errors(e) | errors
     if errors:
         return None, errors
     return created, {}

@@ -12,7 +12,9 @@ from app.web import (
     pages,
     pages_compare,
     pages_probes,
+    probe_launch,
     run_actions,
+    sweep_pages,
 )
 from app.web.assets import HashedStaticFiles, StaticAssets
 from app.web.context import asset_dir
@@ -42,5 +44,7 @@ def mount(app: FastAPI) -> None:
     app.include_router(run_actions.router)  # run page forms (issue 17)
     app.include_router(live.router)  # live run figures (issue 17)
     app.include_router(pages_probes.router)
+    app.include_router(sweep_pages.router)  # sweep form, live sweep state, cancel
+    app.include_router(probe_launch.router)  # probe form
     app.include_router(interop_pages.router)  # import page, more exports
     app.mount("/static", HashedStaticFiles(static_assets(app)), name="static")

@@ -16,9 +16,10 @@ from app.storage import repository as repo
 from app.storage import views as view_repo
 from app.storage import workers as worker_repo
 from app.storage.db import session_scope
+from app.storage.models import utcnow
 from app.web import figures as fg
-from app.web import request_query, run_list, views
-from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web import request_query, run_list, views, workers_view
+from app.web.context import principal_of, reads_allowed, render, sessions_of, settings_of
 from app.web.run_render import render_run_page
 from app.web.scriptjson import plotly_json
 
@@ -27,6 +28,7 @@ router = APIRouter(include_in_schema=False)
 KIND_NAMES = fg.KIND_NAMES
 REQUESTS_PAGE = 100
 EVENTS_TABLE_MAX = 2000
+QUEUE_SHOWN = 200  # queued jobs listed on the workers page (the count says how many in all)
 MAX_INDEX = 2**31 - 1  # requests.idx is a 32-bit column: larger indexes exist nowhere
 
 
@@ -245,36 +247,33 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
 
 @router.get("/workers")
 def workers_page(request: Request) -> Response:
+    """Workers (online from their heartbeat age, each one's current job) and the queue of
+    jobs waiting for one, with why none takes them (``app.web.workers_view``)."""
     principal, redirect = _gate(request)
     if redirect is not None:
         return redirect
+    ttl_s = settings_of(request).lease_ttl_s
+    now = utcnow()
     with session_scope(sessions_of(request)) as s:
         rows = worker_repo.list_workers(s, limit=500, offset=0)
-        workers = [
-            {
-                "id": w.id,
-                "name": w.name,
-                "hostname": w.hostname,
-                "gpus": (w.capabilities or {}).get("gpus") or [],
-                "cpu": (w.capabilities or {}).get("cpu"),
-                "cpu_count": (w.capabilities or {}).get("cpu_count"),
-                "version": (w.capabilities or {}).get("tokentrace_version"),
-                "labels": dict(w.labels or {}),
-                "registered_at": w.registered_at,
-                "last_seen_at": w.last_seen_at,
-                "current_job_id": w.current_job_id,
-            }
-            for w in rows
-        ]
-        job_runs: dict[str, str | None] = {}
+        current = {}
         for w in rows:
-            jid = w.current_job_id
-            if jid:
-                job = job_repo.get_job(s, jid)
-                job_runs[jid] = job.run_id if job else None
+            job = job_repo.get_job(s, w.current_job_id) if w.current_job_id else None
+            if job is not None:
+                current[job.id] = job
+        queued = job_repo.list_jobs(s, state="queued", kind=None, limit=QUEUE_SHOWN, offset=0)
+        n_queued = job_repo.count_jobs(s, state="queued", kind=None)
+        workers = workers_view.worker_rows(rows, current, now=now, ttl_s=ttl_s)
+        queue = workers_view.queue_rows(queued, rows, now=now, ttl_s=ttl_s)
     return render(
         request,
         "workers.html",
-        {"nav": "workers", "workers": workers, "job_runs": job_runs},
+        {
+            "nav": "workers",
+            "workers": workers,
+            "queue": queue,
+            "n_queued": n_queued,
+            "ttl_s": ttl_s,
+        },
         principal=principal,
     )

@@ -22,6 +22,7 @@ from app.web import views
 from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.runpage import report_warnings
 from app.web.scriptjson import plotly_json
+from app.web.sweep_pages import sweep_live
 
 router = APIRouter(include_in_schema=False)
 
@@ -217,6 +218,12 @@ def _sweep_figures(summaries: list[dict[str, Any]]) -> dict[str, str]:
         for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E"))
     }
     out["sweep_tput"] = _json(fc.sweep_throughput_figure(summaries, title="throughput vs load"))
+    for key, label in (("ttft_ms", "TTFT"), ("e2el_ms", "E2E")):
+        out[f"sweep_load_{key}"] = _json(
+            fc.sweep_latency_load_figure(
+                summaries, key, title=f"{label} vs offered load", slo_ms=slos.get(SLO_KEYS[key])
+            )
+        )
     return out
 
 
@@ -262,6 +269,7 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
         rows = {st["run_id"]: repo.get_run(s, st["run_id"]) for st in summ["steps"]}
         names = {rid: (row.name or rid) for rid, row in rows.items()}
         warnings = {rid: views.run_warnings(row) for rid, row in rows.items()}
+        live = sweep_live(s, sweep_id)
     return render(
         request,
         "sweep.html",
@@ -271,6 +279,8 @@ async def sweep_page(request: Request, sweep_id: str) -> Response:
             "names": names,
             "run_warnings": warnings,
             "figures": _sweep_figures([summ]),
+            "live": live,
+            "can_run": principal is not None and principal.has("run"),
         },
         principal=principal,
     )
