@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
-from app.loadgen.http_stream import (
+from app.client.http_stream import (
     ClockMap,
     RawStream,
     StreamRequest,
@@ -33,9 +32,10 @@ from app.loadgen.http_stream import (
     request_body,
     request_headers,
 )
-from app.loadgen.records import build_record
-from app.loadgen.runner import LoadResult, Progress, run_load, run_load_sync
-from app.loadgen.tokenizer import BuiltinTokenizer
+from app.client.records import build_record
+from app.client.runner import LoadResult, Progress, run_load, run_load_sync
+from app.client.tokenizer import BuiltinTokenizer
+from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
 LINUX = sys.platform.startswith("linux")
@@ -705,8 +705,8 @@ def test_run_load_sync_wrapper() -> None:
 
 
 def test_against_simulator_ground_truth() -> None:
-    sim_mod = pytest.importorskip("app.loadgen.simulator")
-    from app.loadgen.sim_config import SimConfig
+    sim_mod = pytest.importorskip("app.targets.simulator")
+    from app.targets.sim_config import SimConfig
 
     cfg = SimConfig(ttft_ms=20.0, itl_ms=5.0, tokens_per_event=1, seed=1)
     handle = sim_mod.start_simulator_thread(cfg)
@@ -748,7 +748,7 @@ def _chunked(raw: bytes, sizes: list[int]) -> bytes:
 
 
 def test_chunked_decoder_split_everywhere() -> None:
-    from app.loadgen.http_stream import ChunkedBody
+    from app.client.http_stream import ChunkedBody
 
     raw = (FIXTURES / "transformers-serve-chat.sse").read_bytes()
     enc = _chunked(raw, [1, 7, 300, 64, 1000])
@@ -759,7 +759,7 @@ def test_chunked_decoder_split_everywhere() -> None:
 
 
 def test_chunked_decoder_errors() -> None:
-    from app.loadgen.http_stream import BodyError, ChunkedBody
+    from app.client.http_stream import BodyError, ChunkedBody
 
     with pytest.raises(BodyError, match="bad chunk size"):
         ChunkedBody().feed(b"zz\r\nhello\r\n")
@@ -768,7 +768,7 @@ def test_chunked_decoder_errors() -> None:
 
 
 def test_length_body() -> None:
-    from app.loadgen.http_stream import LengthBody
+    from app.client.http_stream import LengthBody
 
     b = LengthBody(5)
     assert b.feed(b"abc") == b"abc" and not b.done
@@ -803,7 +803,7 @@ def test_postprocessing_in_pieces_matches_at_once() -> None:
     import copy
     import dataclasses
 
-    from app.loadgen.records import record_steps
+    from app.client.records import record_steps
 
     async def main() -> RawStream:
         async with Server(stream(n=300, gap_s=0.0)) as srv:

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.domain import RunSpec
-from app.loadgen.datasets import (
+from app.client.datasets import (
     REFUSED,
     WorkloadCancelled,
     build_workload,
     load_jsonl,
     random_prompt_text,
 )
-from app.loadgen.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
+from app.client.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
+from app.domain import RunSpec
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 256, 3000])
@@ -169,7 +169,7 @@ def test_devices_fifos_and_directories_are_refused_without_hanging(tmp_path: Pat
 
 
 def test_oversized_dataset_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.loadgen.datasets as ds
+    import app.client.datasets as ds
 
     f = _good(tmp_path)
     f.write_text('{"prompt": "x"}\n' * 100)

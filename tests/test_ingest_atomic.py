@@ -198,8 +198,8 @@ def test_sqlite_savepoint_rolls_back_with_its_transaction(sqlite_url: str) -> No
             from cryptography.fernet import Fernet
 
             from app.domain import RunSpec
+            from app.protocol.wire import JobRequirements
             from app.services.secretbox import SecretBox
-            from app.wire import JobRequirements
 
             spec = RunSpec.model_validate({"base_url": "http://127.0.0.1:9", "model": "m"})
             box = SecretBox(Fernet.generate_key())

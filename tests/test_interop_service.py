@@ -20,8 +20,6 @@ from sqlalchemy import func, select
 from app.cli.main import build_parser, extra_handlers, main
 from app.domain import RunSpec
 from app.importers.common import ImportFormatError
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
 from app.services.file_imports import import_path, import_text
 from app.services.runs import execute_bench, open_database, run_report
 from app.storage import compare_repo
@@ -29,6 +27,8 @@ from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.models import Run
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 from tests.api_support import api_client
 from tests.test_interop_import import FIX, vllm_object
 
@@ -287,7 +287,7 @@ def test_own_metrics_and_readyz(sqlite_url: str, tmp_path: Path) -> None:
 def _tokentrace_args(cmd: list[str]) -> None:
     """The command parses as a tokentrace invocation (what the image's ENTRYPOINT runs)."""
     if cmd[0] == "sim":
-        from app.loadgen.simulator import main as sim_main
+        from app.targets.simulator import main as sim_main
 
         assert callable(sim_main)
         return

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
 from app.services import jobs as job_svc
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from tests.api_support import Api, api_client, wire
 from tests.live_server import LiveServerFactory, live_server  # noqa: F401
 from tests.test_api_jobs import _expire

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from app.client.events import classify
+from app.client.sse import SSEEvent, SSEEventTooLarge, SSEParser
 from app.domain import EventKind
-from app.loadgen.events import classify
-from app.loadgen.sse import SSEEvent, SSEEventTooLarge, SSEParser
 
 # Real captures from ../shared/fixtures, copied byte for byte (see tests/fixtures/shared).
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
@@ -207,7 +207,7 @@ _CHUNK = (
 
 
 def _classify_stream(datas: list[bytes | None]) -> None:
-    from app.loadgen.events import Classifier
+    from app.client.events import Classifier
 
     c = Classifier()
     for d in datas:
@@ -216,7 +216,7 @@ def _classify_stream(datas: list[bytes | None]) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_classifier_matches_classify_on_fixtures(name: str) -> None:
-    from app.loadgen.events import Classifier
+    from app.client.events import Classifier
 
     datas = [d for d, _ in parse_all([fixture(name)])]
     _classify_stream(datas)
@@ -281,7 +281,7 @@ def test_classifier_matches_classify_on_tricky_chunks() -> None:
 
 
 def test_split_events_in_pieces_matches_whole() -> None:
-    from app.loadgen.sse import split_events
+    from app.client.sse import split_events
 
     for name in NAMES:
         raw = fixture(name)

@@ -22,7 +22,8 @@ from app.domain import (
     RunTrace,
     trace_from_records,
 )
-from app.storage import packing
+from app.protocol import packing
+from app.protocol.packing import pack_events, unpack_events, unpack_many
 from app.storage.db import (
     downgrade_database,
     make_engine,
@@ -32,7 +33,6 @@ from app.storage.db import (
     upgrade_database,
 )
 from app.storage.models import Base, Request, Run
-from app.storage.packing import pack_events, unpack_events, unpack_many
 from app.storage.repository import (
     NotFoundError,
     count_requests,

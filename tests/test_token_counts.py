@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from app.domain import RequestStatus, RunSpec
-from app.loadgen.simulator import SimConfig, start_simulator_thread
 from app.services.runs import execute_bench, open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.simulator import SimConfig, start_simulator_thread
 
 
 @pytest.mark.parametrize("counting", ["auto", "tokenizer"])

@@ -21,10 +21,10 @@ from app.analysis.trust import (
 )
 from app.cli.main import main
 from app.domain import RequestRecord, RequestStatus, RunStatus
-from app.loadgen.simulator import SimConfig, start_simulator_thread
 from app.services.runs import open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.simulator import SimConfig, start_simulator_thread
 
 
 def _rec(i: int, status: RequestStatus, *, sent_s: float, end_s: float, error: str | None = None,
@@ -278,8 +278,9 @@ def test_max_goodput_never_picks_an_untrusted_step() -> None:
 
 
 def test_sweep_skips_a_client_limited_step_for_max_goodput(tmp_path: Path) -> None:
+    from app.analysis.sweep_plan import SweepPlan
     from app.domain import RunSpec
-    from app.services.sweeps import SweepPlan, execute_sweep, sweep_summary
+    from app.services.sweeps import execute_sweep, sweep_summary
 
     sessions = open_database(f"sqlite:///{tmp_path / 'sw.db'}")
     sim = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=1.0, output_len=4, seed=2))

@@ -37,6 +37,7 @@ from app.api import (
 from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
+from app.protocol.wire import JobKind
 from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
@@ -45,7 +46,6 @@ from app.services.secretbox import SecretBox
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.web.mount import mount
-from app.wire import JobKind
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="tokentrace",
         version=__version__,
         description="Benchmark runs, jobs and workers. Writes need a bearer token "
-        "(docs/api.md); the worker protocol is described in app/wire.py.",
+        "(docs/api.md); the worker protocol is described in app/protocol/wire.py.",
         lifespan=lifespan,
         docs_url=None,  # served from local files instead (app.api.docs_ui)
         redoc_url=None,  # ReDoc loads from a CDN: not offered

@@ -12,9 +12,9 @@ from app.analysis.device_presets import DEVICE_PRESETS
 from app.analysis.model_presets import MODEL_PRESETS
 from app.api.deps import MAX_OFFSET, Reader, Runner, SessionDep, SettingsDep, WorkerCaller
 from app.probes.spec import ProbeKind, ProbeSpec
-from app.probes.wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.protocol.probe_wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.protocol.wire import JobRequirements
 from app.services import probes as svc
-from app.wire import JobRequirements
 
 router = APIRouter(prefix="/api/v1", tags=["probes"])
 

@@ -105,7 +105,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"{flag}: a worker's own options decide it (tokentrace worker {flag})")
         return submit_and_follow(spec, ns, console)
     if ns.realtime:
-        from app.loadgen.sched import RealtimeRefused, check_realtime
+        from app.client.sched import RealtimeRefused, check_realtime
 
         try:
             check_realtime()
@@ -266,7 +266,7 @@ def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "sim":
-        from app.loadgen.simulator import main as sim_main
+        from app.targets.simulator import main as sim_main
 
         return sim_main(args[1:])
     parser = build_parser()

@@ -10,13 +10,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.cli.render import render_report
 from app.domain import RunSpec
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_process
 from app.services import auth
 from app.services.runs import execute_bench, open_database
 from app.settings import Settings
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_process
 
 SIM_CONFIG = SimConfig(ttft_ms=50, per_input_token_ms=0.05, itl_ms=10, itl_jitter_ms=1, seed=7)
 
@@ -113,7 +113,7 @@ def run_real_model_demo(
 ) -> int:
     """``tokentrace demo --real-model``: llama.cpp's server with SmolLM2-135M on loopback
     (CPU), benchmarked with a few short requests; real token timings without a GPU."""
-    from app.loadgen.llamacpp import RealModelUnavailable, start_llamacpp_process
+    from app.targets.llamacpp import RealModelUnavailable, start_llamacpp_process
 
     try:
         server = start_llamacpp_process()

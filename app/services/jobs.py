@@ -20,19 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.trust import RequestTally, run_status, spec_error_bound
 from app.domain import RequestRecord, RunSpec, RunStatus
-from app.services import workers as worker_svc
-from app.services.auth import Principal
-from app.services.errors import Conflict, Invalid, NotFound
-from app.services.runs import finalize_run, store_requests
-from app.services.secretbox import SEALED, SecretBox
-from app.storage import jobs as job_repo
-from app.storage import repository as repo
-from app.storage import workers as worker_repo
-from app.storage.db import session_scope
-from app.storage.jobs import ACTIVE_STATES, TERMINAL_STATES
-from app.storage.jsonsafe import json_safe
-from app.storage.models import Job, Worker, utcnow
-from app.wire import (
+from app.protocol.wire import (
     BatchAck,
     CompleteRequest,
     CompleteResponse,
@@ -46,6 +34,18 @@ from app.wire import (
     RunMeta,
     WorkerCapabilities,
 )
+from app.services import workers as worker_svc
+from app.services.auth import Principal
+from app.services.errors import Conflict, Invalid, NotFound
+from app.services.runs import finalize_run, store_requests
+from app.services.secretbox import SEALED, SecretBox
+from app.storage import jobs as job_repo
+from app.storage import repository as repo
+from app.storage import workers as worker_repo
+from app.storage.db import session_scope
+from app.storage.jobs import ACTIVE_STATES, TERMINAL_STATES
+from app.storage.jsonsafe import json_safe
+from app.storage.models import Job, Worker, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -555,7 +555,7 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
 def sweep_expired(
     sessions: sessionmaker[Session], *, now: dt.datetime | None = None
 ) -> list[Expiry]:
-    """Apply the lost-lease rule (app/wire.py) to every lease expired before ``now``."""
+    """Apply the lost-lease rule (app/protocol/wire.py) to every lease expired before ``now``."""
     cutoff = now or utcnow()
     done: list[Expiry] = []
     to_finalize: list[tuple[str, Outcome]] = []

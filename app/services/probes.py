@@ -22,7 +22,8 @@ from app.analysis.device_presets import (
 )
 from app.analysis.model_presets import ModelConfig, dtype_bytes, model_preset
 from app.probes.spec import ProbeSpec
-from app.probes.wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.protocol.probe_wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.protocol.wire import JobRequirements
 from app.services import hardware
 from app.services import workers as worker_svc
 from app.services.auth import Principal
@@ -33,7 +34,6 @@ from app.storage.jobs import ACTIVE_STATES, TERMINAL_STATES
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Job
 from app.storage.models_probes import Probe, RunAnnotation
-from app.wire import JobRequirements
 
 # ------------------------------------------------------------------------------ submit
 

@@ -1,9 +1,9 @@
 """Sweeps on workers (job kind ``sweep``): queue one, let the leasing worker create each
 step's run as it goes, finalize each step, and end the sweep with why it stopped.
 
-The worker drives the plan with ``app.services.sweeps.drive`` (the same planning and
+The worker drives the plan with ``app.analysis.sweep_plan.drive`` (the same planning and
 saturation rules as a local sweep); the server stores what it reports. Protocol in
-``app.wire``.
+``app.protocol.wire``.
 
 A lost lease with attempts left requeues the job (``expired``): each completed step keeps
 its run and the summary the worker was answered; the next attempt's lease carries them
@@ -23,11 +23,24 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analysis.sweep import DEFAULT_MAX_ERROR_RATE, DEFAULT_MIN_RATIO, LoadKind
+from app.analysis import sweep_plan
+from app.analysis.sweep import LoadKind
 from app.domain import RunSpec, RunStatus
+from app.protocol.wire import (
+    CompleteRequest,
+    CompleteResponse,
+    JobRequirements,
+    JobState,
+    ResultBatch,
+    ResumedStep,
+    StepComplete,
+    StepCompleted,
+    StepCreate,
+    StepCreated,
+    SweepResume,
+)
 from app.services import hardware
 from app.services import jobs as job_svc
-from app.services import sweeps as sweep_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
 from app.services.runs import finalize_run
@@ -41,48 +54,14 @@ from app.storage.jobs import ACTIVE_STATES
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Job, utcnow
 from app.storage.models_compare import SweepStep
-from app.wire import (
-    CompleteRequest,
-    CompleteResponse,
-    JobRequirements,
-    JobState,
-    ResultBatch,
-    ResumedStep,
-    StepComplete,
-    StepCompleted,
-    StepCreate,
-    StepCreated,
-    SweepResume,
-)
 
 ACTIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING)
-
-
-def plan_dict(plan: sweep_svc.SweepPlan) -> dict[str, Any]:
-    return {
-        "mode": plan.mode,
-        "loads": list(plan.loads),
-        "auto_steps": plan.auto_steps,
-        "min_ratio": plan.min_ratio,
-        "max_error_rate": plan.max_error_rate,
-    }
-
-
-def plan_of(data: dict[str, Any]) -> sweep_svc.SweepPlan:
-    """Raises ValueError for a plan that is not valid."""
-    return sweep_svc.SweepPlan(
-        data["mode"],
-        tuple(float(x) for x in data.get("loads") or ()),
-        int(data.get("auto_steps") or 5),
-        float(data.get("min_ratio") or DEFAULT_MIN_RATIO),
-        float(data.get("max_error_rate", DEFAULT_MAX_ERROR_RATE)),
-    )
 
 
 def create_sweep_job(
     session: Session,
     spec: RunSpec,
-    plan: sweep_svc.SweepPlan,
+    plan: sweep_plan.SweepPlan,
     *,
     requirements: JobRequirements,
     name: str | None,
@@ -102,7 +81,7 @@ def create_sweep_job(
     job_spec: dict[str, Any] = {
         "sweep_id": sweep_id,
         "name": name or f"sweep {sweep_id}",
-        "plan": plan_dict(plan),
+        "plan": sweep_plan.plan_dict(plan),
         "bench": json_safe(spec.model_dump(mode="json")),
     }
     if spec.api_key:
@@ -211,11 +190,11 @@ def create_step(
         data.pop("request_rate", None)
     base = RunSpec.model_validate(data)  # the step run's spec: its dump never has the key
     try:
-        spec = sweep_svc.step_spec(base, load, req.load_kind)
+        spec = sweep_plan.step_spec(base, load, req.load_kind)
     except ValueError as e:
         raise Invalid(f"load: {e}", loc=("body", "load")) from None
     now = utcnow()
-    name = f"{job.spec.get('name')} · {sweep_svc.step_label(load, req.load_kind)}"
+    name = f"{job.spec.get('name')} · {sweep_plan.step_label(load, req.load_kind)}"
     run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.RUNNING)
     repo.start_run(session, run_id, started_at=now)
     stored_load = -1.0 if math.isinf(load) else load
@@ -302,8 +281,8 @@ def _summary(sessions: sessionmaker[Session], step: _StepRow, report: dict[str, 
     with session_scope(sessions) as s:
         trace = repo.load_trace(s, step.run_id)
     load = math.inf if step.load < 0 else step.load
-    summ = sweep_svc.step_summary(step.step_idx, load, step.load_kind, report, trace, step.run_id)
-    return json_safe(sweep_svc.step_dict(summ, step.role))
+    summ = sweep_plan.step_summary(step.step_idx, load, step.load_kind, report, trace, step.run_id)
+    return json_safe(sweep_plan.step_dict(summ, step.role))
 
 
 def complete_step(

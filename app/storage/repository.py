@@ -27,10 +27,10 @@ from app.domain import (
     RunStatus,
     RunTrace,
 )
+from app.protocol.packing import EventArrays, pack_events, unpack_events, unpack_many
 from app.storage.bulk import fetch_rows, insert_rows
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Request, Run, utcnow
-from app.storage.packing import EventArrays, pack_events, unpack_events, unpack_many
 
 INSERT_CHUNK = 2000  # requests packed and sent per executemany
 

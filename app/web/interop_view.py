@@ -12,7 +12,7 @@ import numpy as np
 from app.analysis.metrics import per_request_metrics
 from app.analysis.profiles import profile_metrics
 from app.domain import RunTrace
-from app.importers.prometheus import Series, counter_rate
+from app.protocol.prometheus import Series, counter_rate
 from app.storage.interop import ImportInfo
 from app.web import figures as fg
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.wire import GPUInfo, WorkerCapabilities
+from app.protocol.wire import GPUInfo, WorkerCapabilities
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:

@@ -22,11 +22,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from app.client.execute import execute, outcome_status, series_to_wire
+from app.client.runner import LoadResult, Progress
 from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
-from app.loadgen.runner import LoadResult, Progress
-from app.services import served_models, server_metrics
-from app.services.runs import outcome_status, run_meta
-from app.wire import (
+from app.protocol.wire import (
     CompleteRequest,
     HeartbeatRequest,
     JobProgress,
@@ -181,43 +180,37 @@ class JobRun:
             dataset_dirs=self.opts.dataset_dirs,
             allow_link_local=self.opts.allow_link_local,
         )
-        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
-        scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
         side = [
             asyncio.create_task(self._heartbeats(), name=f"heartbeat-{job.job_id}"),
             asyncio.create_task(self._cutter(), name=f"cut-{job.job_id}"),
             asyncio.create_task(self._watch_stop(), name=f"watch-{job.job_id}"),
         ]
         try:
-            self.load.start()
-            try:
-                result: LoadResult | None = await self.load.result()
-                error = None
-            except Exception as e:
-                result, error = None, f"the load failed: {describe(e)}"
-                log.exception("job %s: load failed", job.job_id)
-            start_ns = result.start_mono_ns if result is not None else None
-            scraped = await asyncio.to_thread(server_metrics.finish, scraper, start_ns)
-            scraper = None
+            done = await execute(spec, self._load_result)
+            error = None
+            if done.error is not None:
+                error = f"the load failed: {describe(done.error)}"
+                log.error("job %s: load failed", job.job_id, exc_info=done.error)
             await self._cut_all()
             if self.uploader.lost is not None:
                 return self._drop(self.uploader.lost)
-            status, error = self._status(result, error)
-            meta = run_meta(result, spec.max_error_rate) if result is not None else None
-            if meta is not None and result is not None:
-                server_metrics.attach(meta.load_stats, scraped, result.records)
-                served_models.record(meta.load_stats, meta.validity, spec.model, served)
-                self.server_series = server_metrics.to_wire(scraped.series) or None
-            return await self._complete(status, error, meta)
+            status, error = self._status(done.result, error)
+            if done.meta is not None:
+                self.server_series = series_to_wire(done.series) or None
+            return await self._complete(status, error, done.meta)
         finally:
-            if scraper is not None:
-                await asyncio.to_thread(server_metrics.finish, scraper, None)
             self._stop_load()
             for t in side:
                 t.cancel()
             for t in side:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+
+    async def _load_result(self) -> LoadResult:
+        """Start the load thread and wait for its result."""
+        assert self.load is not None
+        self.load.start()
+        return await self.load.result()
 
     async def _run_probe(self) -> JobOutcome:
         from app.worker.probe_job import ProbeJob

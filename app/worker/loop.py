@@ -19,7 +19,13 @@ from typing import TypeVar
 
 import httpx
 
-from app.wire import JobKind, LeasedJob, RegisterRequest, RegisterResponse, WorkerCapabilities
+from app.protocol.wire import (
+    JobKind,
+    LeasedJob,
+    RegisterRequest,
+    RegisterResponse,
+    WorkerCapabilities,
+)
 from app.worker.backoff import Backoff, sleep_or_stop
 from app.worker.capabilities import collect
 from app.worker.client import (
@@ -46,8 +52,8 @@ class WorkerOptions:
     batch_max_requests: int = 256
     shutdown_grace_s: float = 10.0
     kernel_stamps: bool = True
-    realtime: bool = False  # run loads at real-time priority (app.loadgen.sched)
-    # where a run's dataset_path may point (app.loadgen.datasets.open_dataset); empty: nowhere
+    realtime: bool = False  # run loads at real-time priority (app.client.sched)
+    # where a run's dataset_path may point (app.client.datasets.open_dataset); empty: nowhere
     dataset_dirs: tuple[str, ...] = ()
     allow_link_local: bool = False  # targets resolving to 169.254/16, fe80::/10 (metadata)
     heartbeat_interval_s: float | None = None  # None: what the server asks for

@@ -15,14 +15,20 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from app.probes.spec import ProbeSpec
-from app.probes.wire import (
+from app.protocol.probe_wire import (
     ArtifactUpload,
     ProbeResultAck,
     ProbeResultUpload,
     TelemetryAck,
     TelemetryUpload,
 )
-from app.wire import CompleteRequest, CompleteResponse, HeartbeatRequest, JobProgress, LeasedJob
+from app.protocol.wire import (
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    JobProgress,
+    LeasedJob,
+)
 from app.worker.client import (
     AuthError,
     LeaseLost,

@@ -1,6 +1,6 @@
 """Execute one leased sweep job: the steps in order, each a run created on the server.
 
-The plan is driven by ``app.services.sweeps.drive`` (the same planning and saturation
+The plan is driven by ``app.analysis.sweep_plan.drive`` (the same planning and saturation
 rules as a local sweep) on a thread; each step it asks for runs here, on the worker's event
 loop: create the step's run (``POST /jobs/{id}/steps``), run the load, upload its requests
 through the job's spooled ``Uploader`` (batches name the step's run), then finalize the step
@@ -29,11 +29,16 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import ValidationError
 
 from app.analysis.sweep import LoadKind, StepSummary
-from app.services import served_models, server_metrics
-from app.services.runs import run_meta
-from app.services.sweep_jobs import plan_of
-from app.services.sweeps import drive, planned_steps, step_from_dict, step_label, step_spec
-from app.wire import ResumedStep, StepComplete, StepCreate
+from app.analysis.sweep_plan import (
+    drive,
+    plan_of,
+    planned_steps,
+    step_from_dict,
+    step_label,
+    step_spec,
+)
+from app.client.execute import execute, series_to_wire
+from app.protocol.wire import ResumedStep, StepComplete, StepCreate
 from app.worker.backoff import Backoff
 from app.worker.client import (
     AuthError,
@@ -110,7 +115,7 @@ class Replay:
 
 
 class _Bridge:
-    """``app.services.sweeps.StepRunner`` for ``drive`` (on a thread): a step completed by an
+    """``app.analysis.sweep_plan.StepRunner`` for ``drive`` (on a thread): a step completed by an
     earlier attempt is replayed; any other runs as a coroutine on the worker's loop."""
 
     def __init__(self, sweep: SweepRun, loop: asyncio.AbstractEventLoop) -> None:
@@ -255,30 +260,20 @@ class SweepRun:
             dataset_dirs=jr.opts.dataset_dirs,
             allow_link_local=jr.opts.allow_link_local,
         )
-        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
-        scraper = server_metrics.start_scraper(spec)
-        jr.load.start()
-        try:
-            result = await jr.load.result()
-            error: str | None = None
-        except Exception as e:
-            result, error = None, f"the load failed: {describe(e)}"
-            log.exception("job %s: step %d load failed", job.job_id, idx)
-        start_ns = result.start_mono_ns if result is not None else None
-        scraped = await asyncio.to_thread(server_metrics.finish, scraper, start_ns)
+        done = await execute(spec, jr._load_result)
+        error: str | None = None
+        if done.error is not None:
+            error = f"the load failed: {describe(done.error)}"
+            log.error("job %s: step %d load failed", job.job_id, idx, exc_info=done.error)
         await jr._cut_all()
         if not await jr.uploader.drain(jr.deadline):
             if jr.uploader.lost is not None:
                 raise SweepStopped(None, jr.uploader.lost)
             raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
-        status, error = jr._status(result, error)
-        meta = run_meta(result, spec.max_error_rate) if result is not None else None
-        series = None
-        if meta is not None and result is not None:
-            server_metrics.attach(meta.load_stats, scraped, result.records)
-            served_models.record(meta.load_stats, meta.validity, spec.model, served)
-            series = server_metrics.to_wire(scraped.series) or None
-        done = StepComplete(
+        status, error = jr._status(done.result, error)
+        meta = done.meta
+        series = (series_to_wire(done.series) or None) if meta is not None else None
+        complete = StepComplete(
             lease_id=job.lease_id,
             status=status,
             error=error,
@@ -286,7 +281,7 @@ class SweepRun:
             run_meta=meta,
             server_metrics=series,
         )
-        resp = await self._call(lambda: jr.client.complete_step(job.job_id, idx, done))
+        resp = await self._call(lambda: jr.client.complete_step(job.job_id, idx, complete))
         log.info("job %s: step %d %s", job.job_id, idx, resp.status)
         if status == "cancelled":
             self._check_going()

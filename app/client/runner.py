@@ -16,7 +16,7 @@ client read data it had already received: timings stay exact, but events that on
 returns together share that read's stamp. ``cpu_wait`` (per monitor tick, from the thread's
 scheduler statistics) tells how much of the loop lag was the CPU being held by other tasks;
 ``realtime=True`` runs the load thread at real-time priority to avoid that
-(``app.loadgen.sched``).
+(``app.client.sched``).
 """
 
 from __future__ import annotations
@@ -37,11 +37,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
-from app.loadgen import eventloop
-from app.loadgen.connpool import ConnPool, raise_nofile_limit
-from app.loadgen.datasets import Prompt, Workload, build_workload
-from app.loadgen.http_stream import (
+from app.client import eventloop
+from app.client.connpool import ConnPool, raise_nofile_limit
+from app.client.datasets import Prompt, Workload, build_workload
+from app.client.http_stream import (
     ClockMap,
     RawStream,
     StreamRequest,
@@ -54,10 +53,11 @@ from app.loadgen.http_stream import (
     reserve_fds,
     resolve,
 )
-from app.loadgen.records import record_steps
-from app.loadgen.sched import NORMAL, CpuWait, Scheduling, realtime_priority
-from app.loadgen.shapes import schedule_for
-from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
+from app.client.records import record_steps
+from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
+from app.client.shapes import schedule_for
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
+from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
 
 MONITOR_PERIOD_S = 0.005
 POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
@@ -553,7 +553,7 @@ async def run_load(
     take indices 0..W-1, measured requests W..W+N-1). ``kernel_stamps=False`` forces
     user-space receive stamps. ``on_record`` is called with each request's record (warm-ups
     included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
-    ``realtime=True`` runs the load thread at real-time priority (``app.loadgen.sched``); it
+    ``realtime=True`` runs the load thread at real-time priority (``app.client.sched``); it
     raises ``RealtimeRefused`` before anything is sent when the OS refuses it.
     ``dataset_dirs``: where ``spec.dataset_path`` may point (a worker's configured
     directories; None: anywhere, the local CLI's own files). ``cancelled`` is polled while

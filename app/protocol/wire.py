@@ -52,7 +52,7 @@ from app.domain import (
     RequestStatus,
     json_depth,
 )
-from app.storage.packing import pack_events, unpack_events
+from app.protocol.packing import pack_events, unpack_events
 
 # Integers as the columns that store them hold them: a larger one is a 422 naming the field,
 # not an OverflowError (500) in numpy or the database.
@@ -364,7 +364,7 @@ class StepCompleted(_Model):
     run_id: str
     step_idx: int
     status: str  # the run's status
-    summary: dict[str, Any]  # the step as ``app.services.sweeps.step_dict`` writes it
+    summary: dict[str, Any]  # the step as ``app.analysis.sweep_plan.step_dict`` writes it
 
 
 class ResumedStep(_Model):

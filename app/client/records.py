@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from app.client.events import Classifier
+from app.client.http_stream import RawStream
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
 from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus, TokenCounting
-from app.loadgen.events import Classifier
-from app.loadgen.http_stream import RawStream
-from app.loadgen.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
 
 RECORD_STEP_EVENTS = 48  # events classified per resumable piece of record_steps
 

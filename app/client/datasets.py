@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from app.client.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
 from app.domain import RunSpec
-from app.loadgen.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
 
 AnyTokenizer = BuiltinTokenizer | HFTokenizer
 MAX_DATASET_BYTES = 512 << 20

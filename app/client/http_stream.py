@@ -58,8 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.domain import ClockSource, RequestStatus
-from app.loadgen.connpool import (
+from app.client.connpool import (
     Conn,
     ConnPool,
     enable_tx_stamps,
@@ -69,9 +68,10 @@ from app.loadgen.connpool import (
     tcp_mss,
     tx_stamps_supported,
 )
-from app.loadgen.eventloop import StampingSelector, stamping_selector
-from app.loadgen.events import http_error_text
-from app.loadgen.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
+from app.client.eventloop import StampingSelector, stamping_selector
+from app.client.events import http_error_text
+from app.client.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
+from app.domain import ClockSource, RequestStatus
 
 SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
 SCM_TIMESTAMPNS: int = getattr(socket, "SCM_TIMESTAMPNS", SO_TIMESTAMPNS)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from app.importers.prometheus import (
+from app.protocol.prometheus import (
     PrometheusFormatError,
     Series,
     add_scrape,

@@ -1,6 +1,6 @@
 """Hugging Face ``transformers serve`` as a target, on a local safetensors folder.
 
-``export_safetensors`` turns the SmolLM2 GGUF (``app.loadgen.llamacpp.find_gguf``) into such
+``export_safetensors`` turns the SmolLM2 GGUF (``app.targets.llamacpp.find_gguf``) into such
 a folder: transformers loads a GGUF with ``from_pretrained(dir, gguf_file=name)`` (needs the
 ``gguf`` and ``accelerate`` packages, dequantizing to float32), but refuses to save a model
 it still marks as GGUF-quantized, so the weights are copied into a fresh model built from the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from app.loadgen.llamacpp import free_port
+from app.targets.llamacpp import free_port
 
 
 def export_safetensors(gguf: Path, out_dir: Path) -> Path:

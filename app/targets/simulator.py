@@ -10,7 +10,7 @@ client process on the same host sees, so a client's timings can be checked again
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream true/false),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM-like names),
 ``GET /_sim/ground_truth``, ``POST /_sim/reset``. The timing model and the faults are
-described in ``app.loadgen.sim_config``. With ``tls_certfile``/``tls_keyfile`` it serves
+described in ``app.targets.sim_config``. With ``tls_certfile``/``tls_keyfile`` it serves
 https (asyncio's TLS transport; the stamps are still taken right before ``transport.write``,
 which encrypts and hands the bytes to the socket in the same call).
 
@@ -56,8 +56,8 @@ from typing import Any, Protocol
 
 import h11
 
-from app.loadgen.sim_config import FAULT_ORDER, Fault, SimConfig
-from app.loadgen.tokenizer import PRETOKEN, WORDS
+from app.client.tokenizer import PRETOKEN, WORDS
+from app.targets.sim_config import FAULT_ORDER, Fault, SimConfig
 
 __all__ = [
     "EVENT_KINDS",
@@ -1510,7 +1510,7 @@ _READY = re.compile(r"listening on (https?://\S+)")
 
 
 class SimulatorProcess:
-    """The simulator in a separate process (``python -m app.loadgen.simulator``)."""
+    """The simulator in a separate process (``python -m app.targets.simulator``)."""
 
     def __init__(self, config: SimConfig, *, cpus: set[int] | None = None) -> None:
         self.config = config
@@ -1525,7 +1525,7 @@ class SimulatorProcess:
         cmd = [
             sys.executable,
             "-m",
-            "app.loadgen.simulator",
+            "app.targets.simulator",
             "--config-json",
             json.dumps(self.config.to_dict()),
         ]
