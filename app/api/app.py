@@ -54,7 +54,7 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         try:
-            expired = await anyio.to_thread.run_sync(job_svc.sweep_expired, sessions)
+            expired = await anyio.to_thread.run_sync(job_svc.expire_lost_leases, sessions)
             for e in expired:
                 log.warning("lease of job %s expired: %s", e.job_id, e.outcome)
         except Exception:

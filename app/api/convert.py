@@ -7,7 +7,7 @@ from typing import Any
 
 from app.api.schemas import JobInfo, RequestRow, RunSummary, TokenInfo, WorkerInfo
 from app.protocol.wire import JobRequirements
-from app.services.jobs import public_spec
+from app.services.job_rules import public_spec
 from app.storage.models import ApiToken, Job, Run, Worker
 
 

@@ -70,7 +70,7 @@ def lease(
 ) -> LeaseResponse:
     """The oldest queued job this worker can run (requirements matched), or null."""
     worker = worker_svc.own_worker(session, worker_id, caller)
-    job_svc.sweep_expired(sessions)
+    job_svc.expire_lost_leases(sessions)
     job = job_svc.lease(
         session,
         worker,

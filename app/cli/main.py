@@ -251,7 +251,7 @@ def cmd_import(ns: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
-    from app.services.demo import run_demo, run_real_model_demo
+    from app.cli.demo_cmd import run_demo, run_real_model_demo
 
     if ns.real_model:
         return run_real_model_demo(_sessions(ns.database_url), console)

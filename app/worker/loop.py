@@ -36,6 +36,7 @@ from app.worker.client import (
     WorkerClient,
 )
 from app.worker.job import JobOptions, JobOutcome, JobRun
+from app.worker.kinds import runner_of
 from app.worker.spool import Spool, StateDirLock, default_state_root, worker_key
 from app.worker.uploader import Uploader
 
@@ -245,7 +246,8 @@ class Worker:
             job.attempt,
         )
         spool = await asyncio.to_thread(self._spool.open_job, job)
-        return await JobRun(self._client, spool, self._job_options(), stop).run()
+        run = JobRun(self._client, spool, self._job_options(), stop)
+        return await run.run(runner_of(job.kind))
 
     async def _recover(self, stop: asyncio.Event) -> None:
         """Re-send batches (and the completion) an earlier worker process left spooled.

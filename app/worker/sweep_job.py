@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -49,11 +49,8 @@ from app.worker.client import (
     ServerUnreachable,
     describe,
 )
-from app.worker.job import CompleteStatus, JobOutcome, spec_from_job
+from app.worker.job import CompleteStatus, JobOutcome, JobRun, spec_from_job
 from app.worker.load_thread import LoadThread
-
-if TYPE_CHECKING:
-    from app.worker.job import JobRun
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -152,7 +149,7 @@ class SweepRun:
                 bench["api_key"] = job.spec["api_key"]
             self.base = spec_from_job(bench)
         except (KeyError, TypeError, ValueError, ValidationError) as e:
-            return await jr._complete("failed", f"invalid sweep spec: {e}")
+            return await jr.complete("failed", f"invalid sweep spec: {e}")
         self.total = planned_steps(plan)
         if job.resume is not None:
             up = jr.uploader  # batch numbers stay unique per job: go on after earlier ones
@@ -160,7 +157,7 @@ class SweepRun:
             try:
                 self.replay = Replay(job.resume.completed)
             except ReplayMismatch as e:
-                return await jr._complete("failed", str(e), stop_reason=str(e))
+                return await jr.complete("failed", str(e), stop_reason=str(e))
             log.info(
                 "job %s: attempt %d resumes after %d completed step(s)",
                 job.job_id,
@@ -168,9 +165,9 @@ class SweepRun:
                 len(self.replay),
             )
         side = [
-            asyncio.create_task(jr._heartbeats(), name=f"heartbeat-{job.job_id}"),
-            asyncio.create_task(jr._cutter(), name=f"cut-{job.job_id}"),
-            asyncio.create_task(jr._watch_stop(), name=f"watch-{job.job_id}"),
+            asyncio.create_task(jr.heartbeats(), name=f"heartbeat-{job.job_id}"),
+            asyncio.create_task(jr.cutter(), name=f"cut-{job.job_id}"),
+            asyncio.create_task(jr.watch_stop(), name=f"watch-{job.job_id}"),
         ]
         try:
             bridge = _Bridge(self, asyncio.get_running_loop())
@@ -185,7 +182,7 @@ class SweepRun:
                     )
             except SweepStopped as e:
                 if e.status is None:
-                    return jr._drop(jr.uploader.lost or e.reason)
+                    return jr.drop(jr.uploader.lost or e.reason)
                 status, error, stop = e.status, e.error, e.reason
             except ReplayMismatch as e:
                 log.error("job %s: %s", job.job_id, e)
@@ -194,11 +191,11 @@ class SweepRun:
                 log.exception("job %s: sweep failed", job.job_id)
                 status, error, stop = "failed", f"the sweep failed: {describe(e)}", None
             if jr.uploader.lost is not None:
-                return jr._drop(jr.uploader.lost)
+                return jr.drop(jr.uploader.lost)
             log.info("job %s: sweep ends (%s) after %d steps", job.job_id, status, self.next_idx)
-            return await jr._complete(status, error, stop_reason=stop)
+            return await jr.complete(status, error, stop_reason=stop)
         finally:
-            jr._stop_load()
+            jr.stop_load()
             for t in side:
                 t.cancel()
             for t in side:
@@ -253,24 +250,24 @@ class SweepRun:
         jr.load = LoadThread(
             spec,
             run_tag=run_id,
-            on_record=jr._on_record,
-            on_progress=jr._on_progress,
+            on_record=jr.on_record,
+            on_progress=jr.on_progress,
             kernel_stamps=jr.opts.kernel_stamps,
             realtime=jr.opts.realtime,
             dataset_dirs=jr.opts.dataset_dirs,
             allow_link_local=jr.opts.allow_link_local,
         )
-        done = await execute(spec, jr._load_result)
+        done = await execute(spec, jr.load_result)
         error: str | None = None
         if done.error is not None:
             error = f"the load failed: {describe(done.error)}"
             log.error("job %s: step %d load failed", job.job_id, idx, exc_info=done.error)
-        await jr._cut_all()
+        await jr.cut_all()
         if not await jr.uploader.drain(jr.deadline):
             if jr.uploader.lost is not None:
                 raise SweepStopped(None, jr.uploader.lost)
             raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
-        status, error = jr._status(done.result, error)
+        status, error = jr.final_status(done.result, error)
         meta = done.meta
         series = (series_to_wire(done.series) or None) if meta is not None else None
         complete = StepComplete(
@@ -317,3 +314,8 @@ class SweepRun:
                 continue
             self.backoff.reset()
             return out
+
+
+async def run_sweep(jr: JobRun) -> JobOutcome:
+    """``WorkerJobKind`` of a sweep job."""
+    return await SweepRun(jr).run()
