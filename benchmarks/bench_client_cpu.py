@@ -15,7 +15,8 @@ import json
 import resource
 
 from app.client.runner import run_load_sync
-from app.domain import RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_process
 

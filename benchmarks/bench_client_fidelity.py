@@ -45,7 +45,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.client.runner import run_load_sync
-from app.domain import EventKind, RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import EventKind, RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_process
 

@@ -34,8 +34,9 @@ from app.client.http_stream import (
 )
 from app.client.records import build_record
 from app.client.runner import LoadResult, Progress, run_load, run_load_sync
+from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
-from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
+from app.domain import ClockSource, EventKind, RequestStatus
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
 LINUX = sys.platform.startswith("linux")

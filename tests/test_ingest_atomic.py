@@ -198,7 +198,7 @@ def test_sqlite_savepoint_rolls_back_with_its_transaction(sqlite_url: str) -> No
         with sessions() as s:
             from cryptography.fernet import Fernet
 
-            from app.domain import RunSpec
+            from app.client.spec import RunSpec
             from app.protocol.wire import JobRequirements
             from app.services.secretbox import SecretBox
 

@@ -18,7 +18,7 @@ import yaml
 from sqlalchemy import func, select
 
 from app.cli.main import build_parser, extra_handlers, main
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.importers.common import ImportFormatError
 from app.services.file_imports import import_path, import_text
 from app.services.runs import execute_bench, open_database, run_report

@@ -16,7 +16,8 @@ import pytest
 from app.client import connpool
 from app.client.http_stream import kernel_stamps_supported
 from app.client.runner import LoadResult, run_load_sync
-from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import ClockSource, RequestRecord, RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_process, start_simulator_thread
 
@@ -402,7 +403,7 @@ def test_one_request_run_has_no_burst_note() -> None:
 
 FD_SCRIPT = """
 import json, sys
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.client.runner import run_load_sync
 spec = RunSpec(base_url=sys.argv[1], model="m", input_len=8, output_len=4,
                num_prompts=300, max_concurrency=250, scrape_metrics=False)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.domain import RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.services.runs import execute_bench, open_database
 from app.storage import browse
 from app.storage import interop as interop_repo

@@ -28,7 +28,7 @@ from app.client.sched import (
     check_realtime,
     realtime_priority,
 )
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.targets.simulator import SimConfig, start_simulator_process, start_simulator_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduler only")

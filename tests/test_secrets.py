@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
 from app.client.runner import with_api_key_from_env
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.protocol.wire import LeasedJob
 from app.services.secretbox import SEALED, SecretBox
 from app.settings import Settings

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from app.client.served_models import models_url, parse_models
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.services.runs import execute_bench, open_database, run_report
 from app.targets.simulator import SimConfig, start_simulator_thread
 

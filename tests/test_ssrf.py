@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from app.client.runner import run_load_sync
-from app.domain import RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.services import targets
 from app.settings import Settings
 from app.storage.models import Job, Run

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import Engine, inspect, select, text
 from sqlalchemy.orm import Session
 
+from app.client.spec import RunSpec
 from app.domain import (
     ClockSource,
     EventKind,
     PerRequestMetrics,
     RequestRecord,
     RequestStatus,
-    RunSpec,
     RunStatus,
     RunTrace,
     trace_from_records,

@@ -16,11 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.analysis import roofline as rl
-from app.analysis import sweep_plan
 from app.analysis.comparability import check
 from app.analysis.model_presets import ModelConfig
 from app.analysis.sweep import LoadKind, StepSummary
-from app.domain import RunSpec
+from app.client import sweep_plan
+from app.client.spec import RunSpec
 from app.protocol.wire import GPUInfo, RegisterRequest, ResumedStep, WireRequest, WorkerCapabilities
 from app.services import compare as compare_svc
 from app.services import hardware

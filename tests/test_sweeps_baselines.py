@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analysis.sweep_plan import SweepPlan
 from app.api.app import create_app
 from app.cli.main import main
-from app.domain import RunSpec
+from app.client.spec import RunSpec
+from app.client.sweep_plan import SweepPlan
 from app.services import baselines as baseline_svc
 from app.services import compare as compare_svc
 from app.services.errors import Conflict, Invalid, NotFound

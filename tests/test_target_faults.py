@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from app.client.runner import run_load_sync
-from app.domain import EventKind, RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import EventKind, RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
 

@@ -35,8 +35,9 @@ from app.client.http_stream import (
 )
 from app.client.records import build_record
 from app.client.runner import run_load_sync
+from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
-from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
+from app.domain import ClockSource, EventKind, RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import (
     build_arg_parser,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.domain import RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.services.runs import execute_bench, open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope

@@ -186,7 +186,7 @@ def test_error_bound_flag_and_all_refused_run(
 
 def test_worker_path_applies_the_same_rule(tmp_path: Path) -> None:
     """The server's decision for a worker's run uses the stored requests and the run's bound."""
-    from app.domain import RunSpec
+    from app.client.spec import RunSpec
     from app.services.job_rules import decide
     from app.services.runs import store_requests
     from app.storage.models import Job
@@ -278,8 +278,8 @@ def test_max_goodput_never_picks_an_untrusted_step() -> None:
 
 
 def test_sweep_skips_a_client_limited_step_for_max_goodput(tmp_path: Path) -> None:
-    from app.analysis.sweep_plan import SweepPlan
-    from app.domain import RunSpec
+    from app.client.spec import RunSpec
+    from app.client.sweep_plan import SweepPlan
     from app.services.sweeps import execute_sweep, sweep_summary
 
     sessions = open_database(f"sqlite:///{tmp_path / 'sw.db'}")

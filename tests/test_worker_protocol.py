@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.protocol.wire import CompleteRequest, ResultBatch, WireRequest
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import SimulatorThread, start_simulator_thread

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.app import create_app
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.services.imports import import_csv
 from app.services.runs import execute_bench, open_database
 from app.settings import Settings

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, status
 from pydantic import BaseModel, Field, model_validator
 
-from app.analysis.sweep_plan import MAX_STEPS, SweepPlan
 from app.api.deps import (
     Runner,
     SecretBoxDep,
@@ -18,6 +17,7 @@ from app.api.deps import (
     WorkerCaller,
 )
 from app.api.schemas import RunCreate
+from app.client.sweep_plan import MAX_STEPS, SweepPlan
 from app.protocol.wire import MAX_SWEEP_STEPS, StepComplete, StepCompleted, StepCreate, StepCreated
 from app.services import sweep_jobs, targets
 from app.services.errors import Invalid
@@ -69,7 +69,7 @@ class SweepCreate(RunCreate):
             }
         )  # fmt: skip
         data["api_key"] = self.api_key
-        from app.domain import RunSpec
+        from app.client.spec import RunSpec
 
         return RunSpec.model_validate(data)
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.domain import RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.protocol.wire import JobKind, JobRequirements, JobState
 from app.services.auth import Scope
 

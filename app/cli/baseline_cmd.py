@@ -256,7 +256,7 @@ def compared_runs(result: dict[str, Any]) -> list[str]:
 
 
 def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
-    from app.analysis.sweep_plan import SweepPlan
+    from app.client.sweep_plan import SweepPlan
     from app.services.sweeps import execute_sweep
 
     spec = spec_from_args(ns)

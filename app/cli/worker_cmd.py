@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.cli.args import UsageError
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.protocol.wire import TERMINAL_JOB_STATES, JobKind
 
 Handler = Callable[[argparse.Namespace, Console], int]

@@ -23,7 +23,8 @@ from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status,
 from app.client import served_models
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
 from app.client.runner import LoadResult
-from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
 

@@ -26,8 +26,9 @@ import numpy as np
 
 from app.client.events import Classifier
 from app.client.http_stream import RawStream
+from app.client.spec import TokenCounting
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
-from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus, TokenCounting
+from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus
 
 RECORD_STEP_EVENTS = 48  # events classified per resumable piece of record_steps
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from app.client import eventloop
 from app.client.connpool import ConnPool, raise_nofile_limit
-from app.client.datasets import Prompt, Workload, build_workload
+from app.client.datasets.base import Prompt, Workload
 from app.client.http_stream import (
     ClockMap,
     RawStream,
@@ -56,8 +56,10 @@ from app.client.http_stream import (
 from app.client.records import record_steps
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
 from app.client.shapes import schedule_for
+from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
-from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
+from app.client.workload import build_workload
+from app.domain import ClockSource, RequestRecord, RequestStatus
 
 MONITOR_PERIOD_S = 0.005
 POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)

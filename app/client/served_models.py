@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 
 TIMEOUT_S = 2.0
 STATS_KEY = "served_models"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.domain import Arrival, RunSpec
+from app.client.spec import Arrival, RunSpec
 
 I64 = npt.NDArray[np.int64]
 NS = 1_000_000_000

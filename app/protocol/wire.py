@@ -364,7 +364,7 @@ class StepCompleted(_Model):
     run_id: str
     step_idx: int
     status: str  # the run's status
-    summary: dict[str, Any]  # the step as ``app.analysis.sweep_plan.step_dict`` writes it
+    summary: dict[str, Any]  # the step as ``app.client.sweep_plan.step_dict`` writes it
 
 
 class ResumedStep(_Model):

@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.domain import RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.protocol.wire import (
     CompleteRequest,
     CompleteResponse,

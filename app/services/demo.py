@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from rich.console import Console
 
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.services import auth
 from app.services.runs import execute_bench, open_database
 from app.settings import Settings

@@ -26,13 +26,8 @@ from app.analysis.trust import (
 from app.client import eventloop
 from app.client.execute import execute
 from app.client.runner import LoadResult, Progress, run_load
-from app.domain import (
-    ClockSource,
-    RequestRecord,
-    RunSpec,
-    RunStatus,
-    trace_from_records,
-)
+from app.client.spec import RunSpec
+from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.protocol.wire import RunMeta
 from app.services import server_metrics
 from app.storage import repository as repo

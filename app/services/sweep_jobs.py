@@ -1,7 +1,7 @@
 """Sweeps on workers (job kind ``sweep``): queue one, let the leasing worker create each
 step's run as it goes, finalize each step, and end the sweep with why it stopped.
 
-The worker drives the plan with ``app.analysis.sweep_plan.drive`` (the same planning and
+The worker drives the plan with ``app.client.sweep_plan.drive`` (the same planning and
 saturation rules as a local sweep); the server stores what it reports. Protocol in
 ``app.protocol.wire``.
 
@@ -23,9 +23,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analysis import sweep_plan
 from app.analysis.sweep import LoadKind
-from app.domain import RunSpec, RunStatus
+from app.client import sweep_plan
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.protocol.wire import (
     CompleteRequest,
     CompleteResponse,

@@ -17,7 +17,9 @@ from app.analysis.sweep import (
     StepSummary,
     max_goodput,
 )
-from app.analysis.sweep_plan import (
+from app.analysis.trust import run_trust_issues
+from app.client.spec import RunSpec
+from app.client.sweep_plan import (
     SweepPlan,
     drive,
     step_dict,
@@ -25,8 +27,6 @@ from app.analysis.sweep_plan import (
     step_spec,
     step_summary,
 )
-from app.analysis.trust import run_trust_issues
-from app.domain import RunSpec
 from app.services import hardware
 from app.services import runs as run_svc
 from app.services.errors import NotFound

@@ -17,13 +17,13 @@ from sqlalchemy import Select, String, cast, delete, exists, func, literal, sele
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from app.client.spec import RunSpec
 from app.domain import (
     PHASES,
     ClockSource,
     PerRequestMetrics,
     RequestRecord,
     RequestStatus,
-    RunSpec,
     RunStatus,
     RunTrace,
 )

@@ -23,7 +23,8 @@ from typing import Any, Literal, Protocol
 
 from app.client.execute import outcome_status
 from app.client.runner import LoadResult, Progress
-from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.wire import (
     CompleteRequest,
     HeartbeatRequest,

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from app.client import eventloop
 from app.client.runner import LoadResult, Progress, run_load
-from app.domain import RequestRecord, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestRecord
 
 
 class LoadThread:

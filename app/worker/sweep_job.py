@@ -1,6 +1,6 @@
 """Execute one leased sweep job: the steps in order, each a run created on the server.
 
-The plan is driven by ``app.analysis.sweep_plan.drive`` (the same planning and saturation
+The plan is driven by ``app.client.sweep_plan.drive`` (the same planning and saturation
 rules as a local sweep) on a thread; each step it asks for runs here, on the worker's event
 loop: create the step's run (``POST /jobs/{id}/steps``), run the load, upload its requests
 through the job's spooled ``Uploader`` (batches name the step's run), then finalize the step
@@ -29,7 +29,8 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from app.analysis.sweep import LoadKind, StepSummary
-from app.analysis.sweep_plan import (
+from app.client.execute import execute, series_to_wire
+from app.client.sweep_plan import (
     drive,
     plan_of,
     planned_steps,
@@ -37,7 +38,6 @@ from app.analysis.sweep_plan import (
     step_label,
     step_spec,
 )
-from app.client.execute import execute, series_to_wire
 from app.protocol.wire import ResumedStep, StepComplete, StepCreate
 from app.worker.backoff import Backoff
 from app.worker.client import (
@@ -112,7 +112,7 @@ class Replay:
 
 
 class _Bridge:
-    """``app.analysis.sweep_plan.StepRunner`` for ``drive`` (on a thread): a step completed by an
+    """``app.client.sweep_plan.StepRunner`` for ``drive`` (on a thread): a step completed by an
     earlier attempt is replayed; any other runs as a coroutine on the worker's loop."""
 
     def __init__(self, sweep: SweepRun, loop: asyncio.AbstractEventLoop) -> None:

@@ -18,7 +18,8 @@ from app.analysis.sweep import (
     auto_rates,
     saturation_reason,
 )
-from app.domain import RunSpec, RunTrace
+from app.client.spec import RunSpec
+from app.domain import RunTrace
 
 SweepMode = Literal["rates", "concurrencies", "auto"]
 MAX_STEPS = 32
