@@ -1,6 +1,6 @@
 """The Prometheus text exposition format, and which server series tokentrace keeps. Pure.
 
-``parse_text`` reads every sample (``name{labels} value [timestamp]``; ``# TYPE`` lines give
+``parse_text`` reads every sample with ``prometheus_client``'s parser (``# TYPE`` lines give
 kinds). ``select`` keeps the series that matter for reading a run: requests running and
 waiting, KV-cache usage, preemptions, prompt and generation token counters, the server's own
 prefill and decode time (llama.cpp's ``prompt_seconds_total`` /
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 # tokentrace's role for a series -> the names servers use for it
 KNOWN_SERIES: dict[str, tuple[str, ...]] = {
@@ -59,11 +61,6 @@ KNOWN_SERIES: dict[str, tuple[str, ...]] = {
 }
 ROLE_OF: dict[str, str] = {name: role for role, names in KNOWN_SERIES.items() for name in names}
 
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})(\{{.*\}})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
 class PrometheusFormatError(ValueError):
     """A line of the exposition is not valid; the message names it."""
 
@@ -93,51 +90,46 @@ class Series:
         return self.name, tuple(sorted(self.labels.items()))
 
 
-def _unescape(v: str) -> str:
-    return v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+def _families(text: str) -> list[Metric]:
+    try:
+        return list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError, KeyError):
+        raise PrometheusFormatError(_first_bad_line(text)) from None
+
+
+def _first_bad_line(text: str) -> str:
+    """Which line the parser refused (it says only what it could not read)."""
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            list(text_string_to_metric_families(s + "\n"))
+        except (ValueError, TypeError, IndexError, KeyError):
+            return f"line {line_no}: not a sample: {s[:80]!r}"
+    return "not the Prometheus text format"
 
 
 def parse_label_set(raw: str, line_no: int) -> tuple[tuple[str, str], ...]:
-    body = raw[1:-1].strip()
-    out: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(body):
-        m = _LABEL.match(body, pos)
-        if m is None or m.end() == pos:
-            raise PrometheusFormatError(f"line {line_no}: bad label set {raw!r}")
-        out.append((m.group(1), _unescape(m.group(2))))
-        pos = m.end()
-    return tuple(sorted(out))
-
-
-def _value(raw: str, line_no: int) -> float:
-    special = {"+Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
-    if raw in special:
-        return special[raw]
+    """A ``{name="value",...}`` label set, sorted by name."""
     try:
-        return float(raw)
-    except ValueError:
-        raise PrometheusFormatError(f"line {line_no}: value {raw!r} is not a number") from None
+        [family] = list(text_string_to_metric_families(f"x{raw} 0\n"))
+        [sample] = family.samples
+    except (ValueError, TypeError, IndexError, KeyError):
+        raise PrometheusFormatError(f"line {line_no}: bad label set {raw!r}") from None
+    return tuple(sorted(sample.labels.items()))
 
 
 def parse_text(text: str) -> tuple[list[Sample], dict[str, str]]:
-    """All samples of an exposition and the ``# TYPE`` of each metric family."""
+    """All samples of an exposition (``prometheus_client``'s parser reads it) and the kind
+    (``# TYPE``) of each sample name whose family declares one."""
     samples: list[Sample] = []
     kinds: dict[str, str] = {}
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        s = line.strip()
-        if not s:
-            continue
-        if s.startswith("#"):
-            parts = s.split(None, 3)
-            if len(parts) >= 4 and parts[1] == "TYPE":
-                kinds[parts[2]] = parts[3].strip()
-            continue
-        m = _SAMPLE.match(s)
-        if m is None:
-            raise PrometheusFormatError(f"line {line_no}: not a sample: {s[:80]!r}")
-        labels = parse_label_set(m.group(2), line_no) if m.group(2) else ()
-        samples.append(Sample(m.group(1), labels, _value(m.group(3), line_no)))
+    for family in _families(text):
+        for s in family.samples:
+            if family.type != "unknown":
+                kinds[s.name] = family.type
+            samples.append(Sample(s.name, tuple(sorted(s.labels.items())), float(s.value)))
     return samples, kinds
 
 
