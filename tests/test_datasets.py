@@ -275,5 +275,5 @@ def test_a_new_dataset_type_is_one_module(monkeypatch: pytest.MonkeyPatch) -> No
     w = build_workload(spec, BuiltinTokenizer())
     assert [p.prompt for p in w.measured] == ["yes yes yes yes"] * 3
     assert [p.input_tokens for p in w.measured] == [4, 4, 4]
-    with pytest.raises(ValidationError, match="dataset_options.word: one word"):
+    with pytest.raises(ValidationError, match=r"dataset_options\.word: one word"):
         RunSpec(base_url="http://h:1", model="m", dataset="repeat", dataset_options={"word": "a b"})

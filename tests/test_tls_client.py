@@ -33,7 +33,6 @@ from app.client.http_stream import (
     request_body,
     request_headers,
 )
-from app.client.records import build_record
 from app.client.runner import run_load_sync
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
@@ -46,6 +45,7 @@ from app.targets.simulator import (
     start_simulator_thread,
 )
 from app.targets.simulator import main as sim_main
+from tests.record_support import finish_record
 
 LINUX = sys.platform.startswith("linux")
 OPENSSL = shutil.which("openssl")
@@ -166,7 +166,7 @@ def one_request(url: str, **kw: Any) -> RawStream:
 
 
 def record_of(raw: RawStream) -> Any:
-    return build_record(
+    return finish_record(
         raw,
         index=0,
         scheduled_ns=0,

@@ -267,88 +267,6 @@ class BodyError(ValueError):
     """The response body's framing is broken."""
 
 
-class ChunkedBody:
-    """Incremental ``Transfer-Encoding: chunked`` decoder (hot path: a few slices per read).
-
-    ``feed`` returns the payload bytes the read completed (chunk boundaries carry no meaning
-    for SSE); ``done`` turns true at the last (zero-size) chunk. Trailers are ignored.
-    """
-
-    __slots__ = ("_buf", "_crlf", "_remaining", "done")
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._remaining = 0  # payload bytes left in the current chunk
-        self._crlf = False  # expecting the CRLF that ends a chunk's payload
-        self.done = False
-
-    def feed(self, data: bytes) -> bytes:
-        buf = self._buf + data if self._buf else data
-        n = len(buf)
-        pos = 0
-        out: list[bytes] = []
-        while pos < n and not self.done:
-            if self._remaining:
-                end = min(n, pos + self._remaining)
-                out.append(buf[pos:end])
-                self._remaining -= end - pos
-                pos = end
-                self._crlf = self._remaining == 0
-            elif self._crlf:
-                if n - pos < 2:
-                    break
-                if buf[pos : pos + 2] != b"\r\n":
-                    raise BodyError("chunked body: missing CRLF after chunk data")
-                pos += 2
-                self._crlf = False
-            else:
-                i = buf.find(b"\n", pos)
-                if i < 0:
-                    if n - pos > 1024:
-                        raise BodyError("chunked body: chunk-size line too long")
-                    break
-                line = buf[pos:i].split(b";", 1)[0].strip()
-                pos = i + 1
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    raise BodyError(f"chunked body: bad chunk size {line[:40]!r}") from None
-                if size < 0:
-                    raise BodyError("chunked body: negative chunk size")
-                if size == 0:
-                    self.done = True
-                self._remaining = size
-        self._buf = buf[pos:] if pos < n and not self.done else b""
-        if len(out) == 1:
-            return out[0]
-        return b"".join(out)
-
-
-class LengthBody:
-    """``Content-Length`` body, or read-until-close when ``length`` is None."""
-
-    __slots__ = ("_remaining", "done")
-
-    def __init__(self, length: int | None) -> None:
-        self._remaining = length
-        self.done = length == 0
-
-    @property
-    def until_close(self) -> bool:
-        return self._remaining is None
-
-    def feed(self, data: bytes) -> bytes:
-        r = self._remaining
-        if r is None:
-            return data
-        if len(data) >= r:
-            self._remaining = 0
-            self.done = True
-            return data[:r]
-        self._remaining = r - len(data)
-        return data
-
-
 # --------------------------------------------------------------------------- one stream
 
 _MODE_HEAD = 0  # still reading the response head
@@ -390,30 +308,17 @@ def _done_at(buf: bytearray, j: int, body_start: int) -> int:
     return -1
 
 
-def dechunk(
-    buf: bytes | bytearray, start: int
-) -> tuple[bytes, list[int], list[int], bool, str | None]:
-    """Decode a chunked body from ``buf[start:]`` at once.
+def dechunk_steps(
+    buf: bytes | bytearray, start: int, step_chunks: int = 64
+) -> Generator[None, None, tuple[bytes, list[int], list[int], bool, str | None]]:
+    """Decode a chunked body from ``buf[start:]``, in resumable pieces: yields every
+    ``step_chunks`` chunks (``buf`` must not change meanwhile).
 
     Returns ``(payload, seg_payload, seg_raw, done, error)``: the payload bytes; where each
     chunk's data starts, in the payload and in ``buf`` (to map payload offsets back to the
     raw stream); whether the terminal chunk was reached; a framing error, if any (the
     payload before it is kept). An incomplete last chunk is not an error.
     """
-    steps = dechunk_steps(buf, start)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: tuple[bytes, list[int], list[int], bool, str | None] = done.value
-            return result
-
-
-def dechunk_steps(
-    buf: bytes | bytearray, start: int, step_chunks: int = 64
-) -> Generator[None, None, tuple[bytes, list[int], list[int], bool, str | None]]:
-    """``dechunk`` in resumable pieces: yields every ``step_chunks`` chunks (``buf`` must not
-    change meanwhile) and returns what ``dechunk`` returns."""
     mv = memoryview(buf)
     n = len(buf)
     pos = start

@@ -48,36 +48,6 @@ def _span(start_ns: int, end_ns: int) -> int | None:
     return max(0, end_ns - start_ns)
 
 
-def build_record(
-    raw: RawStream,
-    *,
-    index: int,
-    scheduled_ns: int,
-    run_start_ns: int,
-    tokenizer: BuiltinTokenizer | HFTokenizer,
-    token_counting: TokenCounting,
-    warmup: bool = False,
-    input_tokens: int | None = None,
-) -> RequestRecord:
-    """``record_steps`` at once."""
-    steps = record_steps(
-        raw,
-        index=index,
-        scheduled_ns=scheduled_ns,
-        run_start_ns=run_start_ns,
-        tokenizer=tokenizer,
-        token_counting=token_counting,
-        warmup=warmup,
-        input_tokens=input_tokens,
-    )
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            rec: RequestRecord = done.value
-            return rec
-
-
 def record_steps(
     raw: RawStream,
     *,

@@ -1,14 +1,14 @@
-"""Incremental Server-Sent Events parser: feed bytes as they arrive, get complete events.
+"""Server-Sent Events splitting of a received body (after the stream ended, in resumable
+pieces: ``split_events``; a last event without its blank line: ``trailing_event``).
 
 Each event comes back as ``(data, nbytes)``: ``data`` is the event's ``data`` field (several
 ``data:`` lines joined by ``\\n``), or ``None`` for an event without data (a ``:`` comment
 keep-alive, or only ``event:``/``id:``/``retry:`` fields); ``nbytes`` is the raw length of the
-event on the wire, separator included. Lines may end in ``\\n``, ``\\r\\n`` or ``\\r``; an event
-may be split anywhere across reads.
+event on the wire, separator included. Lines may end in ``\\n``, ``\\r\\n`` or ``\\r``.
 
 The hot path (LF-only streams, the common case) is a ``bytes.find`` per event. Streams using
-``\\r`` take a line-by-line path. An incomplete event larger than ``max_event_bytes`` raises
-``SSEEventTooLarge`` so a broken server cannot make the client buffer without bound.
+``\\r`` take a line-by-line path. An event larger than ``max_event_bytes`` is an error (the
+events before it kept), so a broken server cannot make one event of the whole body.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ SSEEvent = tuple[bytes | None, int]
 SSEEventAt = tuple[bytes | None, int, int]  # (data, nbytes, end offset in the buffer)
 
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
-
-
-class SSEEventTooLarge(ValueError):
-    """An event grew past the parser's cap before it was complete."""
 
 
 def _data_of_lf(block: bytes) -> bytes | None:
@@ -132,35 +128,3 @@ def trailing_event(rest: bytes) -> SSEEvent | None:
     if not lines:
         return None
     return (_data_of_lines(lines), len(rest))
-
-
-class SSEParser:
-    """Stateful, incremental SSE event splitter (one per stream)."""
-
-    __slots__ = ("_buf", "_max")
-
-    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
-        self._buf = b""
-        self._max = max_event_bytes
-
-    @property
-    def pending(self) -> bytes:
-        """Bytes received that do not yet form a complete event."""
-        return self._buf
-
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """Add bytes; return the events they complete, in order."""
-        old = self._buf
-        buf = old + chunk if old else chunk
-        events, rest, error = split_events(buf, self._max, len(old) - 1 if old else 0)
-        if error is not None:
-            raise SSEEventTooLarge(error)
-        self._buf = buf[rest:] if rest < len(buf) else b""
-        return [(d, n) for d, n, _ in events]
-
-    def flush(self) -> list[SSEEvent]:
-        """At end of stream: a trailing event that lacked its blank line, if any (see
-        ``trailing_event``)."""
-        buf, self._buf = self._buf, b""
-        ev = trailing_event(buf)
-        return [] if ev is None else [ev]
