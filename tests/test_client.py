@@ -861,6 +861,8 @@ def test_postprocessing_in_pieces() -> None:
     assert set(t) <= stamps  # each event stamped with the read that completed it
     assert int(rec.event_bytes.sum()) == raw.body_bytes  # every payload byte in one event
 
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
 def test_long_stream_any_line_ending(eol: bytes) -> None:
     """Finalizing in pieces (LF-only payloads) or whole (CR) gives every event of a long
     stream, stamped in order."""
