@@ -43,6 +43,7 @@ install-hfserve: $(BIN)/python
 lint:
 	$(BIN)/ruff check app tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 pytest:
 	$(BIN)/python -m pytest -q -rs

@@ -1,4 +1,5 @@
-"""Shared domain types: what a run asks for, what one request recorded, and the columnar trace.
+"""Shared domain types: what one request recorded, the columnar trace, and the states of
+requests and runs (what a run asks for, ``RunSpec``, is the client's: ``app.client.spec``).
 
 Everything here is plain data (no I/O). The load generator produces ``RequestRecord``s,
 storage persists them, and ``app.analysis`` computes metrics from a ``RunTrace``.
@@ -10,13 +11,11 @@ Times are integer nanoseconds on the client's monotonic clock, relative to the r
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -82,136 +81,6 @@ def json_depth(value: object) -> int:
         deepest = max(deepest, depth + 1)
         stack.extend((c, depth + 1) for c in children)
     return deepest
-
-
-SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
-Endpoint = Literal["chat", "completions"]
-Arrival = Literal["poisson", "gamma", "constant"]
-TokenCounting = Literal["auto", "usage", "tokenizer"]
-ConnectionMode = Literal["keep-alive", "new"]
-
-
-MAX_PROMPT_TOKENS = 200_000_000  # a run's random prompts, warm-ups included (~1 GB of text)
-
-
-class RunSpec(BaseModel):
-    """Everything needed to repeat a benchmark run (flag names follow `vllm bench serve`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str = Field(description="Target server, e.g. http://127.0.0.1:8000")
-    model: str = Field(min_length=1)
-    endpoint: Endpoint = "chat"
-    # workload
-    dataset: Literal["random", "jsonl"] = "random"
-    dataset_path: str | None = None
-    input_len: int = Field(256, ge=1, le=1_000_000)
-    output_len: int = Field(128, ge=1, le=1_000_000)
-    num_prompts: int = Field(100, ge=1, le=10_000_000)
-    seed: int = 0
-    tokenizer: str | None = Field(None, description="local path of a Hugging Face tokenizer")
-    ignore_eos: bool = True
-    token_counting: TokenCounting = "auto"
-    # load shape
-    request_rate: float = Field(math.inf, gt=0, description="req/s; inf sends all at once")
-    arrival: Arrival = "poisson"
-    burstiness: float = Field(1.0, gt=0, description="gamma shape; 1.0 = Poisson")
-    max_concurrency: int | None = Field(None, ge=1)
-    warmup_requests: int = Field(0, ge=0, le=100_000)
-    request_timeout_s: float = Field(600.0, gt=0)
-    # connections (SPEC 1b): kept open across requests (one per concurrency slot), or a new
-    # one per request (connection setup then shows in the user-perceived TTFT, not in TTFT)
-    connection_mode: ConnectionMode = "keep-alive"
-    max_duration_s: float | None = Field(None, gt=0)
-    # SLOs for goodput, in ms, e.g. {"ttft": 150, "e2el": 2000}
-    goodput: dict[SLOMetric, float] = Field(default_factory=dict)
-    # client-limited bound: send lag / event-loop lag p99 above this marks the run
-    client_lag_bound_ms: float = Field(10.0, gt=0)
-    # error bound: a run whose error rate (failed / sent) exceeds it ends "partial"
-    max_error_rate: float = Field(
-        0.05, ge=0, le=1, description="a run whose error rate exceeds this ends partial"
-    )
-    # reproduction metadata supplied by the user
-    engine: str | None = None
-    engine_version: str | None = None
-    dtype: str | None = None
-    engine_flags: str | None = None
-    extra_body: dict[str, object] = Field(default_factory=dict)
-    api_key: str | None = Field(None, exclude=True)
-    # the key's name in the environment of the machine that runs the load (a worker): the
-    # key then never reaches the dashboard. Only names in this namespace, so a run cannot
-    # make a worker send one of its other secrets (its own token) to a target.
-    api_key_env: str | None = Field(
-        None,
-        pattern=r"^TOKENTRACE_TARGET_KEY_[A-Z0-9_]{1,64}$",
-        description="environment variable holding the target's API key, "
-        "TOKENTRACE_TARGET_KEY_<NAME>, read where the load runs",
-    )
-    tags: list[str] = Field(default_factory=list)
-    # server metrics: scrape the target's Prometheus /metrics about once a second
-    scrape_metrics: bool = True
-    metrics_url: str | None = Field(None, description="default: base_url + /metrics")
-    metrics_series: list[str] = Field(default_factory=list, description="extra series names")
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not (v.startswith("http://") or v.startswith("https://")):
-            raise ValueError("base_url must start with http:// or https://")
-        return v.rstrip("/")
-
-    @model_validator(mode="after")
-    def _metrics_url(self) -> RunSpec:
-        if self.metrics_url is None:
-            return self
-        from urllib.parse import urlsplit
-
-        url, base = urlsplit(self.metrics_url), urlsplit(self.base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError("metrics_url must be an http:// or https:// URL")
-        if url.hostname != base.hostname:
-            raise ValueError("metrics_url must be on the same host as base_url")
-        return self
-
-    @field_validator("goodput")
-    @classmethod
-    def _slos(cls, v: dict[SLOMetric, float]) -> dict[SLOMetric, float]:
-        for k, ms in v.items():
-            if not (ms > 0 and math.isfinite(ms)):
-                raise ValueError(f"goodput SLO {k} must be a positive number of ms")
-        return v
-
-    @field_validator("extra_body")
-    @classmethod
-    def _extra_body(cls, v: dict[str, object]) -> dict[str, object]:
-        if json_depth(v) > MAX_JSON_DEPTH:
-            raise ValueError(f"extra_body is nested deeper than {MAX_JSON_DEPTH} levels")
-        return v
-
-    @model_validator(mode="after")
-    def _dataset(self) -> RunSpec:
-        if self.dataset == "jsonl" and not self.dataset_path:
-            raise ValueError("dataset_path is required when dataset is 'jsonl'")
-        return self
-
-    @model_validator(mode="after")
-    def _one_key(self) -> RunSpec:
-        if self.api_key and self.api_key_env:
-            raise ValueError("api_key_env: give api_key or api_key_env, not both")
-        return self
-
-    @model_validator(mode="after")
-    def _prompt_budget(self) -> RunSpec:
-        """Random prompts are built in memory before the run: bound their total size."""
-        if self.dataset != "random":
-            return self
-        total = (self.num_prompts + self.warmup_requests) * self.input_len
-        if total > MAX_PROMPT_TOKENS:
-            raise ValueError(
-                f"num_prompts: (num_prompts + warmup_requests) x input_len = {total:,} prompt "
-                f"tokens, over the client's budget of {MAX_PROMPT_TOKENS:,}"
-            )
-        return self
 
 
 @dataclass(slots=True)

@@ -40,10 +40,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.protocol.wire import WireRequest  # noqa: E402
 from app.services import auth  # noqa: E402
 from app.services.runs import open_database  # noqa: E402
 from app.storage.db import session_scope, upgrade_database  # noqa: E402
-from app.wire import WireRequest  # noqa: E402
 from tests.api_support import CAPS, record  # noqa: E402
 from tests.live_server import free_port  # noqa: E402
 

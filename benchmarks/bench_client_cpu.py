@@ -14,10 +14,11 @@ import argparse
 import json
 import resource
 
-from app.domain import RequestStatus, RunSpec
-from app.loadgen.runner import run_load_sync
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_process
+from app.client.runner import run_load_sync
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_process
 
 
 def main() -> int:

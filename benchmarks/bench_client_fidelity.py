@@ -44,10 +44,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.domain import EventKind, RequestStatus, RunSpec
-from app.loadgen.runner import run_load_sync
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_process
+from app.client.runner import run_load_sync
+from app.client.spec import RunSpec
+from app.domain import EventKind, RequestStatus
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_process
 
 
 def pct(a: np.ndarray, p: float) -> float | None:

@@ -37,7 +37,8 @@ from fastapi.testclient import TestClient
 
 from app.analysis.metrics import per_request_metrics
 from app.api.app import create_app
-from app.domain import EventKind, RequestRecord, RequestStatus, RunSpec, trace_from_records
+from app.client.spec import RunSpec
+from app.domain import EventKind, RequestRecord, RequestStatus, trace_from_records
 from app.services.runs import open_database
 from app.settings import Settings
 from app.storage import repository as repo

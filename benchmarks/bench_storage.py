@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.domain import RequestRecord, RequestStatus, RunSpec, RunTrace
+from app.client.spec import RunSpec
+from app.domain import RequestRecord, RequestStatus, RunTrace
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 

@@ -106,7 +106,7 @@ def worst_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def realtime_allowed() -> bool:
     sys.path.insert(0, str(HERE.parent))
-    from app.loadgen.sched import RealtimeRefused, check_realtime
+    from app.client.sched import RealtimeRefused, check_realtime
 
     try:
         check_realtime()

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.api import create_app
 from app.domain import EventKind, RequestRecord, RequestStatus
+from app.protocol.wire import WireRequest
 from app.settings import Settings
-from app.wire import WireRequest
 from tests.live_server import make_token
 
 SPEC: dict[str, Any] = {

@@ -32,7 +32,7 @@ def _expire(api: Api, job_id: str) -> list[job_svc.Expiry]:
         job = s.get(Job, job_id)
         assert job is not None
         job.lease_expires_at = utcnow() - dt.timedelta(seconds=1)
-    return job_svc.sweep_expired(api.sessions)
+    return job_svc.expire_lost_leases(api.sessions)
 
 
 def _rows(api: Api, run_id: str) -> int:
@@ -209,13 +209,13 @@ def test_sweep_leaves_live_leases_alone_and_restart_extends_them(api: Api) -> No
     out = api.create_run()
     job = api.lease(api.register())
     assert job is not None
-    assert job_svc.sweep_expired(api.sessions) == []
+    assert job_svc.expire_lost_leases(api.sessions) == []
     with api.sessions.begin() as s:
         row = s.get(Job, out["job_id"])
         assert row is not None
         row.lease_expires_at = utcnow() - dt.timedelta(seconds=5)
     assert job_svc.extend_leases(api.sessions, ttl_s=30) == 1  # what server start does
-    assert job_svc.sweep_expired(api.sessions) == []
+    assert job_svc.expire_lost_leases(api.sessions) == []
     hb = api.post_job(out["job_id"], "heartbeat", {"lease_id": job["lease_id"]})
     assert hb.status_code == 200
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.domain import RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from tests.api_support import Api, api_client

@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from app.protocol.wire import WireRequest
 from app.storage.models import JobBatch, Request, Run
-from app.wire import WireRequest
 from tests.api_support import SPEC, Api, api_client, record, wire
 
 pytestmark = pytest.mark.timeout(60)

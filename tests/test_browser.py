@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from app.domain import RequestStatus
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
 from app.services import auth
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 from tests.browser_support import CHROMIUM, DashboardServer, browser_missing
 from tests.web_support import Seeded, seed
 

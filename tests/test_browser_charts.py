@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from app.loadgen.sim_config import SimConfig
 from app.probes.spec import ProbeSpec
 from app.services import probes as probe_svc
 from app.services.file_imports import import_path
@@ -21,6 +20,7 @@ from app.storage import jobs as job_repo
 from app.storage import probes as probe_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.sim_config import SimConfig
 from tests.browser_support import CHROMIUM, Console, DashboardServer, assert_drawn, browser_missing
 from tests.web_support import Seeded, bench, seed
 

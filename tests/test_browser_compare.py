@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.loadgen.sim_config import SimConfig
 from app.services.runs import open_database
+from app.targets.sim_config import SimConfig
 from tests.browser_support import CHROMIUM, DashboardServer, browser_missing
 from tests.web_support import bench
 

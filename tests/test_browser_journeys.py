@@ -16,19 +16,19 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.domain import RunSpec
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
+from app.client import sweep_plan
+from app.client.spec import RunSpec
 from app.probes.spec import ProbeSpec
-from app.services import auth
-from app.services import probes as probe_svc
+from app.protocol.wire import JobRequirements
+from app.services import auth, probe_jobs
 from app.services import sweeps as sweep_svc
 from app.services.runs import open_database
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.wire import JobRequirements
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from app.worker.capabilities import torch_version
 from tests.browser_support import CHROMIUM, Console, DashboardServer, assert_drawn, browser_missing
 
@@ -56,7 +56,7 @@ def _seed_sweep(
     spec = RunSpec(
         base_url=base_url, model="tokentrace-sim", num_prompts=8, input_len=16, output_len=8
     )
-    plan = sweep_svc.SweepPlan("rates", rates, min_ratio=0.01)
+    plan = sweep_plan.SweepPlan("rates", rates, min_ratio=0.01)
     return sweep_svc.execute_sweep(spec, plan, sessions=sessions, name=name).sweep_id
 
 
@@ -268,7 +268,7 @@ def test_workers_page_online_worker_and_a_job_no_worker_takes(
     page: Page, server: DashboardServer, lab: Lab
 ) -> None:
     with session_scope(lab.sessions) as s:
-        pid, job_id = probe_svc.submit(
+        pid, job_id = probe_jobs.submit(
             s,
             ProbeSpec(kind="ceilings", device="cpu", name="needs rack z"),
             requirements=JobRequirements(labels={"rack": "z"}),

@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from app.domain import RunSpec, RunStatus
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.services import auth
 from app.services.imports import import_csv
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 from tests.browser_support import CHROMIUM, Console, DashboardServer, browser_missing
 from tests.web_support import CSV_LOG, Seeded, seed
 

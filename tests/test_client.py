@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
-from app.loadgen.http_stream import (
+from app.client.http_stream import (
     ClockMap,
     RawStream,
     StreamRequest,
@@ -33,9 +32,11 @@ from app.loadgen.http_stream import (
     request_body,
     request_headers,
 )
-from app.loadgen.records import build_record
-from app.loadgen.runner import LoadResult, Progress, run_load, run_load_sync
-from app.loadgen.tokenizer import BuiltinTokenizer
+from app.client.runner import LoadResult, Progress, run_load, run_load_sync
+from app.client.spec import RunSpec
+from app.client.tokenizer import BuiltinTokenizer
+from app.domain import ClockSource, EventKind, RequestStatus
+from tests.record_support import finish_record
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
 LINUX = sys.platform.startswith("linux")
@@ -277,7 +278,7 @@ async def one_request(
 
 
 def record_of(raw: RawStream, counting: str = "auto") -> Any:
-    return build_record(
+    return finish_record(
         raw,
         index=0,
         scheduled_ns=0,
@@ -705,8 +706,8 @@ def test_run_load_sync_wrapper() -> None:
 
 
 def test_against_simulator_ground_truth() -> None:
-    sim_mod = pytest.importorskip("app.loadgen.simulator")
-    from app.loadgen.sim_config import SimConfig
+    sim_mod = pytest.importorskip("app.targets.simulator")
+    from app.targets.sim_config import SimConfig
 
     cfg = SimConfig(ttft_ms=20.0, itl_ms=5.0, tokens_per_event=1, seed=1)
     handle = sim_mod.start_simulator_thread(cfg)
@@ -747,34 +748,55 @@ def _chunked(raw: bytes, sizes: list[int]) -> bytes:
     return out + b"0\r\nX-Trailer: y\r\n\r\n"
 
 
-def test_chunked_decoder_split_everywhere() -> None:
-    from app.loadgen.http_stream import ChunkedBody
+Dechunked = tuple[bytes, list[int], list[int], bool, str | None]
 
+
+def dechunked(enc: bytes, step_chunks: int = 64) -> Dechunked:
+    """``dechunk_steps`` run to its end, as ``RawStream.finalize_steps`` runs it."""
+    from app.client.http_stream import dechunk_steps
+
+    steps = dechunk_steps(enc, 0, step_chunks)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def test_chunked_decoding_maps_every_chunk() -> None:
+    """The payload, and where each chunk's data starts in the payload and on the wire, for
+    chunks of many sizes with extensions and a trailer; in pieces of any size, the same."""
     raw = (FIXTURES / "transformers-serve-chat.sse").read_bytes()
     enc = _chunked(raw, [1, 7, 300, 64, 1000])
-    for i in range(len(enc) + 1):
-        d = ChunkedBody()
-        got = d.feed(enc[:i]) + d.feed(enc[i:])
-        assert got == raw and d.done, f"split at {i}"
+    payload, seg_p, seg_r, done, error = dechunked(enc)
+    assert payload == raw and done and error is None
+    for p0, r0 in zip(seg_p, seg_r, strict=True):  # each segment's first bytes, both sides
+        assert enc[r0 : r0 + 1] == raw[p0 : p0 + 1]
+    assert seg_p[:3] == [0, 1, 8] and len(seg_p) == len(seg_r)
+    for step in (1, 2, 5):
+        assert dechunked(enc, step) == (payload, seg_p, seg_r, done, error)
+
+
+def test_chunked_body_cut_anywhere_is_a_prefix() -> None:
+    """A body cut at any byte (the stream ended early) decodes to a prefix of the payload,
+    never an error, and is done only once the terminal chunk arrived."""
+    raw = (FIXTURES / "llamacpp-chat.sse").read_bytes()
+    enc = _chunked(raw, [13, 200, 1])
+    terminal = enc.rindex(b"0\r\n")
+    for cut in range(len(enc) + 1):
+        payload, _, _, done, error = dechunked(enc[:cut])
+        assert error is None and raw.startswith(payload), f"cut at {cut}"
+        assert done == (cut >= terminal + 3), f"cut at {cut}"
 
 
 def test_chunked_decoder_errors() -> None:
-    from app.loadgen.http_stream import BodyError, ChunkedBody
-
-    with pytest.raises(BodyError, match="bad chunk size"):
-        ChunkedBody().feed(b"zz\r\nhello\r\n")
-    with pytest.raises(BodyError, match="missing CRLF"):
-        ChunkedBody().feed(b"5\r\nhelloXX")
-
-
-def test_length_body() -> None:
-    from app.loadgen.http_stream import LengthBody
-
-    b = LengthBody(5)
-    assert b.feed(b"abc") == b"abc" and not b.done
-    assert b.feed(b"defgh") == b"de" and b.done
-    u = LengthBody(None)
-    assert u.until_close and u.feed(b"xyz") == b"xyz" and not u.done
+    _, _, _, _, error = dechunked(b"zz\r\nhello\r\n")
+    assert error is not None and "bad chunk size" in error
+    payload, _, _, done, error = dechunked(b"5\r\nhelloXX")
+    assert payload == b"hello" and not done  # what came before the error is kept
+    assert error is not None and "missing CRLF" in error
+    _, _, _, _, error = dechunked(b"f" * 2000)
+    assert error is not None and "line too long" in error
 
 
 def test_content_length_response() -> None:
@@ -797,27 +819,25 @@ def test_content_length_response() -> None:
     assert record_of(raw).output_tokens == 24
 
 
-def test_postprocessing_in_pieces_matches_at_once() -> None:
+def test_postprocessing_in_pieces() -> None:
     """The runner post-processes a finished stream in resumable pieces (body decoding, SSE
-    splitting, batches of events): the record must be the one ``build_record`` makes at once."""
-    import copy
-    import dataclasses
+    splitting, batches of events): checked against what the server sent, event by event."""
+    from app.client.records import record_steps
 
-    from app.loadgen.records import record_steps
+    n = 300
 
     async def main() -> RawStream:
-        async with Server(stream(n=300, gap_s=0.0)) as srv:
+        async with Server(stream(n=n, gap_s=0.0)) as srv:
             return await one_request(srv.url, finalize=False)
 
     raw = run(main())
     assert not raw.finalized
-    twin = copy.deepcopy(raw)
-    want = record_of(raw)
+    reads = list(raw.read_t)
     steps = record_steps(
-        twin,
+        raw,
         index=0,
         scheduled_ns=0,
-        run_start_ns=twin.t0_ns,
+        run_start_ns=raw.t0_ns,
         tokenizer=BuiltinTokenizer(),
         token_counting="auto",
     )
@@ -826,17 +846,20 @@ def test_postprocessing_in_pieces_matches_at_once() -> None:
         try:
             next(steps)
         except StopIteration as done:
-            got = done.value
+            rec = done.value
             break
         pieces += 1
     assert pieces >= 8  # 300+ events: several pieces of decoding, splitting, classifying
-    assert want.status is RequestStatus.OK and want.output_tokens == 300
-    for f in dataclasses.fields(want):
-        a, b = getattr(got, f.name), getattr(want, f.name)
-        if isinstance(b, np.ndarray):
-            assert a.dtype == b.dtype and a.tolist() == b.tolist(), f.name
-        else:
-            assert a == b, f.name
+    # the server sent: a role chunk, n one-word chunks, the finish chunk, usage, [DONE]
+    want = [EventKind.ROLE] + [EventKind.CONTENT] * n + [EventKind.ROLE, EventKind.USAGE]
+    assert rec.status is RequestStatus.OK and rec.output_tokens == n
+    assert rec.event_kind.tolist()[: len(want)] == [int(k) for k in want]
+    assert rec.event_tokens.tolist()[1 : n + 1] == [1] * n  # one built-in token each
+    t = rec.event_t_ns.tolist()
+    assert t == sorted(t)  # arrival order
+    stamps = {s - raw.t0_ns for s in reads}
+    assert set(t) <= stamps  # each event stamped with the read that completed it
+    assert int(rec.event_bytes.sum()) == raw.body_bytes  # every payload byte in one event
 
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.analysis.comparability import KEY_FIELDS, check, comparability_key, load_shape
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 
 
 def _spec(**over: Any) -> dict[str, Any]:

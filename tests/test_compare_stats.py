@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats  # a dev dependency: the reference for the rank test
 
 from app.analysis.compare import (
     CompareOptions,
@@ -173,3 +174,19 @@ def test_error_rate_comparison_and_combining() -> None:
     assert combine_verdicts(["improved", "regressed"]) == "regressed"
     assert combine_verdicts(["no data", "no data"]) == "no data"
     assert combine_verdicts(["no data", "no significant change"]) == "no significant change"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mann_whitney_agrees_with_scipy(seed: int) -> None:
+    """U and the two-sided p-value equal scipy's asymptotic test (tie and continuity
+    corrections), on samples with many ties and of unequal sizes."""
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.gamma(2.0, 10.0, size=40 + 7 * seed))  # rounded: ties within and across
+    y = np.round(rng.gamma(2.0, 10.0 + seed, size=55)) + (seed % 2)
+    for continuity in (True, False):
+        ours = mann_whitney_u(x, y, continuity=continuity)
+        ref = stats.mannwhitneyu(
+            x, y, use_continuity=continuity, alternative="two-sided", method="asymptotic"
+        )
+        assert ours.u == pytest.approx(float(ref.statistic), abs=1e-9)
+        assert ours.p_value == pytest.approx(float(ref.pvalue), rel=1e-9, abs=1e-12)

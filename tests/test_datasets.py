@@ -8,15 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.domain import RunSpec
-from app.loadgen.datasets import (
-    REFUSED,
-    WorkloadCancelled,
-    build_workload,
-    load_jsonl,
-    random_prompt_text,
-)
-from app.loadgen.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
+from app.client.datasets.base import REFUSED, WorkloadCancelled
+from app.client.datasets.jsonl import load_jsonl
+from app.client.datasets.random import random_prompt_text
+from app.client.spec import RunSpec
+from app.client.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer
+from app.client.workload import build_workload
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 256, 3000])
@@ -169,7 +166,7 @@ def test_devices_fifos_and_directories_are_refused_without_hanging(tmp_path: Pat
 
 
 def test_oversized_dataset_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.loadgen.datasets as ds
+    import app.client.datasets.base as ds
 
     f = _good(tmp_path)
     f.write_text('{"prompt": "x"}\n' * 100)
@@ -194,7 +191,7 @@ def test_workload_building_is_cancellable() -> None:
 def test_prompt_budget_bounds_the_workload() -> None:
     from pydantic import ValidationError
 
-    from app.domain import MAX_PROMPT_TOKENS
+    from app.client.spec import MAX_PROMPT_TOKENS
 
     ok = RunSpec(base_url="http://h:1", model="m", num_prompts=200_000, input_len=1000)
     assert ok.num_prompts * ok.input_len == MAX_PROMPT_TOKENS
@@ -211,3 +208,72 @@ def test_prompt_budget_bounds_the_workload() -> None:
             warmup_requests=100_000,
             input_len=1001,
         )
+
+
+# ------------------------------------------------------------------ the dataset registry
+
+
+def test_the_spec_names_a_registered_dataset_type() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        RunSpec(base_url="http://h:1", model="m", dataset="sharegpt-typo")
+    assert "dataset: unknown dataset type 'sharegpt-typo' (one of: random, jsonl)" in str(e.value)
+    with pytest.raises(ValidationError, match="dataset_path is required"):
+        RunSpec(base_url="http://h:1", model="m", dataset="jsonl")
+
+
+def test_dataset_options_belong_to_the_type() -> None:
+    """A type with no options of its own refuses any, naming the field."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        RunSpec(base_url="http://h:1", model="m", dataset_options={"range_ratio": 0.5})
+    assert "dataset_options.range_ratio: Extra inputs are not permitted" in str(e.value)
+
+
+def test_a_new_dataset_type_is_one_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registering a type (as its module would) is all a spec, its checks and the workload
+    builder need: a type with an option of its own, checked and used."""
+    from pydantic import BaseModel, ValidationError
+
+    from app.client import datasets
+    from app.client.datasets.base import BuildContext, Prompt, Workload, WorkloadParams
+
+    class RepeatOptions(BaseModel):
+        model_config = {"extra": "forbid"}
+        word: str = "hi"
+
+    class Repeat:
+        name = "repeat"
+        summary = "one word repeated input_len times"
+        options: type[BaseModel] = RepeatOptions
+
+        def check(self, params: WorkloadParams, options: BaseModel) -> None:
+            assert isinstance(options, RepeatOptions)
+            if " " in options.word:
+                raise ValueError("dataset_options.word: one word, no spaces")
+
+        def prompt_tokens(self, params: WorkloadParams, options: BaseModel) -> int | None:
+            return (params.num_prompts + params.warmup_requests) * params.input_len
+
+        def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
+            assert isinstance(options, RepeatOptions)
+            text = " ".join([options.word] * params.input_len)
+            one = Prompt(text, None, ctx.tokenizer.count(text), params.output_len)
+            return Workload([], [one] * params.num_prompts)
+
+    monkeypatch.setitem(datasets.DATASETS, "repeat", Repeat())
+    spec = RunSpec(
+        base_url="http://h:1",
+        model="m",
+        dataset="repeat",
+        dataset_options={"word": "yes"},
+        num_prompts=3,
+        input_len=4,
+    )
+    w = build_workload(spec, BuiltinTokenizer())
+    assert [p.prompt for p in w.measured] == ["yes yes yes yes"] * 3
+    assert [p.input_tokens for p in w.measured] == [4, 4, 4]
+    with pytest.raises(ValidationError, match=r"dataset_options\.word: one word"):
+        RunSpec(base_url="http://h:1", model="m", dataset="repeat", dataset_options={"word": "a b"})

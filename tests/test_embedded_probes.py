@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from app.api.app import local_worker_kinds
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
 from app.settings import Settings
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 from app.worker.capabilities import torch_version
 from tests.live_server import LiveServerFactory
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.wire import WireRequest
+from app.protocol.wire import WireRequest
 from tests.api_support import Api, api_client, record
 from tests.web_support import sign_in
 

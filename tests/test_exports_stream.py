@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from app.domain import RequestRecord, RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestRecord, RequestStatus
 from app.services import exports as export_svc
 from app.services.runs import open_database
 from app.storage import repository as repo

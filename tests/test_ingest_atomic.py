@@ -23,6 +23,7 @@ from sqlalchemy import Engine, create_engine, event, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from app.services import bench_jobs
 from app.services import jobs as job_svc
 from app.storage import repository
 from app.storage.models import JobBatch, Request
@@ -197,13 +198,13 @@ def test_sqlite_savepoint_rolls_back_with_its_transaction(sqlite_url: str) -> No
         with sessions() as s:
             from cryptography.fernet import Fernet
 
-            from app.domain import RunSpec
+            from app.client.spec import RunSpec
+            from app.protocol.wire import JobRequirements
             from app.services.secretbox import SecretBox
-            from app.wire import JobRequirements
 
             spec = RunSpec.model_validate({"base_url": "http://127.0.0.1:9", "model": "m"})
             box = SecretBox(Fernet.generate_key())
-            _, job_id = job_svc.create_bench_run(
+            _, job_id = bench_jobs.create_bench_run(
                 s, spec, requirements=JobRequirements(), name=None, max_attempts=1, box=box
             )
             s.commit()

@@ -19,7 +19,8 @@ from app.domain import RequestStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
 from app.importers.common import ImportFormatError
 from app.importers.guidellm_json import parse_guidellm
-from app.importers.prometheus import (
+from app.importers.vllm_result import parse_vllm_result
+from app.protocol.prometheus import (
     PrometheusFormatError,
     add_scrape,
     counter_rate,
@@ -27,9 +28,8 @@ from app.importers.prometheus import (
     select,
     wanted,
 )
-from app.importers.vllm_result import parse_vllm_result
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimServer
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimServer
 
 FIX = Path(__file__).parent / "fixtures" / "interop"
 SHARED = Path(__file__).resolve().parent / "fixtures" / "shared"

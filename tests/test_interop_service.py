@@ -18,10 +18,8 @@ import yaml
 from sqlalchemy import func, select
 
 from app.cli.main import build_parser, extra_handlers, main
-from app.domain import RunSpec
+from app.client.spec import RunSpec
 from app.importers.common import ImportFormatError
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
 from app.services.file_imports import import_path, import_text
 from app.services.runs import execute_bench, open_database, run_report
 from app.storage import compare_repo
@@ -29,6 +27,8 @@ from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.models import Run
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 from tests.api_support import api_client
 from tests.test_interop_import import FIX, vllm_object
 
@@ -210,7 +210,7 @@ def test_server_metrics_scraped_during_a_local_run(tmp_path: Path) -> None:
     assert running.t_ns == sorted(running.t_ns)
     gen = next(x for x in series if x.name == "vllm:generation_tokens_total")
     assert gen.kind == "counter" and gen.values == sorted(gen.values)
-    from app.web.interop_view import server_metrics_figure
+    from app.figures.interop import server_metrics_figure
 
     with session_scope(sessions) as s:
         trace = repo.load_trace(s, out.run_id)
@@ -287,7 +287,7 @@ def test_own_metrics_and_readyz(sqlite_url: str, tmp_path: Path) -> None:
 def _tokentrace_args(cmd: list[str]) -> None:
     """The command parses as a tokentrace invocation (what the image's ENTRYPOINT runs)."""
     if cmd[0] == "sim":
-        from app.loadgen.simulator import main as sim_main
+        from app.targets.simulator import main as sim_main
 
         assert callable(sim_main)
         return

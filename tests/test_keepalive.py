@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.domain import ClockSource, RequestRecord, RequestStatus, RunSpec
-from app.loadgen import connpool
-from app.loadgen.http_stream import kernel_stamps_supported
-from app.loadgen.runner import LoadResult, run_load_sync
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_process, start_simulator_thread
+from app.client import connpool
+from app.client.http_stream import kernel_stamps_supported
+from app.client.runner import LoadResult, run_load_sync
+from app.client.spec import RunSpec
+from app.domain import ClockSource, RequestRecord, RequestStatus
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_process, start_simulator_thread
 
 LINUX_KERNEL = kernel_stamps_supported()
 
@@ -138,7 +139,7 @@ def test_phases_add_up_to_ttft_exactly() -> None:
 def test_user_space_send_stamps_when_transmit_stamps_are_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("app.loadgen.http_stream.enable_tx_stamps", lambda sock: False)
+    monkeypatch.setattr("app.client.http_stream.enable_tx_stamps", lambda sock: False)
     res, _ = _run(SimConfig(ttft_ms=5, itl_ms=1, seed=1), num_prompts=4)
     assert res.counts["ok"] == 4
     assert res.send_clock_source is ClockSource.USERSPACE
@@ -402,8 +403,8 @@ def test_one_request_run_has_no_burst_note() -> None:
 
 FD_SCRIPT = """
 import json, sys
-from app.domain import RunSpec
-from app.loadgen.runner import run_load_sync
+from app.client.spec import RunSpec
+from app.client.runner import run_load_sync
 spec = RunSpec(base_url=sys.argv[1], model="m", input_len=8, output_len=4,
                num_prompts=300, max_concurrency=250, scrape_metrics=False)
 res = run_load_sync(spec, run_tag="fd", handle_sigint=False)
@@ -440,7 +441,7 @@ def test_concurrency_beyond_the_descriptor_limit_is_capped_and_said(tmp_path: An
 
 
 def test_simulator_cli_connection_options() -> None:
-    from app.loadgen.simulator import build_arg_parser, config_from_args
+    from app.targets.simulator import build_arg_parser, config_from_args
 
     ns = build_arg_parser().parse_args(
         ["--no-keep-alive", "--max-requests-per-conn", "3", "--idle-timeout-s", "1.5"]

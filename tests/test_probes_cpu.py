@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.probes.device_telemetry import Sampler, window
 from app.probes.spec import ProbeSpec
-from app.probes.telemetry import Sampler, window
 
 torch = pytest.importorskip("torch", reason="torch is the optional 'probes' extra")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.domain import RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.services.runs import execute_bench, open_database
 from app.storage import browse
 from app.storage import interop as interop_repo
@@ -30,7 +31,7 @@ def _need(*modules: str) -> None:
 
 
 def _gguf() -> Path:
-    from app.loadgen.llamacpp import RealModelUnavailable, find_gguf
+    from app.targets.llamacpp import RealModelUnavailable, find_gguf
 
     try:
         return find_gguf()
@@ -78,7 +79,7 @@ def check_consistent(sessions: object, run_id: str, *, expect_tokens: int | None
 def test_llamacpp_server_real_model(tmp_path: Path) -> None:
     _need("xllamacpp")
     _gguf()
-    from app.loadgen.llamacpp import start_llamacpp_process
+    from app.targets.llamacpp import start_llamacpp_process
 
     sessions = open_database(f"sqlite:///{tmp_path / 'real.db'}")
     server = start_llamacpp_process(parallel=4, threads=2)
@@ -119,7 +120,7 @@ def test_llamacpp_server_real_model(tmp_path: Path) -> None:
 def test_transformers_serve_real_model(tmp_path: Path) -> None:
     _need("torch", "transformers", "accelerate", "gguf", "openai", "fastapi", "uvicorn")
     gguf = _gguf()
-    from app.loadgen.hf_serve import export_safetensors, start_transformers_serve
+    from app.targets.hf_serve import export_safetensors, start_transformers_serve
 
     model_dir = export_safetensors(gguf, tmp_path / "smollm2")
     sessions = open_database(f"sqlite:///{tmp_path / 'tserve.db'}")

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
 from app.services import jobs as job_svc
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from tests.api_support import Api, api_client, wire
 from tests.live_server import LiveServerFactory, live_server  # noqa: F401
 from tests.test_api_jobs import _expire
@@ -44,7 +44,7 @@ def test_partial_run_page_says_what_is_missing(sqlite_api: Api) -> None:
     assert "partial" in page
     assert "4 of 6 planned requests were stored" in page  # says what is missing
     assert "worker lost" in page
-    assert job_svc.sweep_expired(a.sessions) == []  # nothing more happens to it
+    assert job_svc.expire_lost_leases(a.sessions) == []  # nothing more happens to it
 
 
 # ---------------------------------------------------------------- PostgreSQL connection
@@ -137,7 +137,7 @@ def test_lost_db_connection_is_503_so_clients_retry(sqlite_api: Api) -> None:
         raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(routes_runs.job_svc, "create_bench_run", boom)
+    mp.setattr(routes_runs.bench_jobs, "create_bench_run", boom)
     try:
         r = sqlite_api.client.post(
             "/api/v1/runs",

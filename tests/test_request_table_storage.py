@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.domain import PerRequestMetrics, RequestRecord, RequestStatus, RunSpec
+from app.client.spec import RunSpec
+from app.domain import PerRequestMetrics, RequestRecord, RequestStatus
 from app.storage import compare_repo, request_table
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope

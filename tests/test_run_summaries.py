@@ -17,15 +17,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.domain import EventKind, RequestRecord, RequestStatus, RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import EventKind, RequestRecord, RequestStatus, RunStatus
+from app.figures.runs import run_figures
+from app.figures.scriptjson import plotly_json
 from app.services import run_summaries
 from app.services import runs as run_svc
 from app.storage import repository as repo
 from app.storage import summaries as summary_repo
 from app.storage.db import make_engine, session_factory, session_scope
 from app.storage.models import RunPageSummary
-from app.web.plotdata import run_figures
-from app.web.scriptjson import plotly_json
 from tests.web_support import web_app
 
 MS = 1_000_000
@@ -237,10 +238,10 @@ def test_imported_run_page_compares_with_the_file_without_decoding(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from app.services.file_imports import import_path
+    from app.services.import_compare import import_comparison
     from app.storage import interop as interop_repo
-    from app.web.interop_page import add_interop
-    from app.web.interop_view import import_comparison
-    from app.web.runpage import load_run, run_context
+    from app.web.interop_run import add_interop
+    from app.web.runs_page import load_run, run_context
 
     url = f"sqlite:///{tmp_path / 'gl.db'}"
     sessions = run_svc.open_database(url)

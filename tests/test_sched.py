@@ -20,16 +20,16 @@ from typing import Any
 import pytest
 
 from app.cli.main import main
-from app.domain import RunSpec
-from app.loadgen.runner import run_load_sync
-from app.loadgen.sched import (
+from app.client.runner import run_load_sync
+from app.client.sched import (
     NORMAL,
     CpuWait,
     RealtimeRefused,
     check_realtime,
     realtime_priority,
 )
-from app.loadgen.simulator import SimConfig, start_simulator_process, start_simulator_thread
+from app.client.spec import RunSpec
+from app.targets.simulator import SimConfig, start_simulator_process, start_simulator_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduler only")
 
@@ -241,9 +241,9 @@ class _ScriptedWait:
 def test_cpu_wait_accounting_by_hand() -> None:
     """Cumulative run_delay 1.0, 1.2, 3.7, 3.7 ms at start and three ticks: per-tick waits
     0.2, 2.5 and 0 ms, 2.7 ms in all; the 2.5 ms tick (>= 1 ms) is noted."""
-    from app.loadgen import runner
-    from app.loadgen.http_stream import parse_target
-    from app.loadgen.tokenizer import BuiltinTokenizer
+    from app.client import runner
+    from app.client.http_stream import parse_target
+    from app.client.tokenizer import BuiltinTokenizer
 
     spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=1)
     r = runner._Run(spec, "t", BuiltinTokenizer(), parse_target(spec.base_url), None, None, False)

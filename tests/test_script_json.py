@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.web.scriptjson import plot_text, plotly_json, script_json
+from app.figures.scriptjson import plot_text, plotly_json, script_json
 from tests.api_support import Api, api_client, wire
 
 HOSTILE = '</script><a href="javascript:alert(1)">pwn</a> & co\u2028<!--'

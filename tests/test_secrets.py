@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
-from app.domain import RunSpec
-from app.loadgen.runner import with_api_key_from_env
+from app.client.runner import with_api_key_from_env
+from app.client.spec import RunSpec
+from app.protocol.wire import LeasedJob
 from app.services.secretbox import SEALED, SecretBox
 from app.settings import Settings
-from app.wire import LeasedJob
 from app.worker.spool import Spool
 from tests.api_support import SPEC, api_client
 

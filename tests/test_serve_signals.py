@@ -74,7 +74,7 @@ def _children_named(pid: int) -> dict[str, list[int]]:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except FileNotFoundError:
             continue
-        if "app.loadgen.simulator" in cmd:
+        if "app.targets.simulator" in cmd:
             found["simulator"].append(child)
         elif "app.cli.main worker" in cmd:
             found["worker"].append(child)

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.domain import RunSpec
-from app.loadgen.simulator import SimConfig, start_simulator_thread
+from app.client.served_models import models_url, parse_models
+from app.client.spec import RunSpec
 from app.services.runs import execute_bench, open_database, run_report
-from app.services.served_models import models_url, parse_models
+from app.targets.simulator import SimConfig, start_simulator_thread
 
 
 def test_parse_models_openai_and_llamacpp_shapes() -> None:
@@ -67,7 +67,7 @@ def test_unlisted_models_are_noted_not_fatal() -> None:
 def test_llamacpp_server_advertises_its_model_name() -> None:
     if importlib.util.find_spec("xllamacpp") is None:
         pytest.skip("xllamacpp is not installed (make install-realmodel)")
-    from app.loadgen.llamacpp import MODEL_NAME, server_params
+    from app.targets.llamacpp import MODEL_NAME, server_params
 
     params = server_params(Path("/m.gguf"), port=1, parallel=1, threads=1, ctx_size=64)
     assert params.model_alias == {MODEL_NAME}  # a str was split into characters: {"S", "m", ...}

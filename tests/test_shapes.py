@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from app.domain import RunSpec
-from app.loadgen.shapes import arrival_times_ns, schedule_for
+from app.client.shapes import arrival_times_ns, schedule_for
+from app.client.spec import RunSpec
 
 
 def gaps_s(times: np.ndarray) -> np.ndarray:

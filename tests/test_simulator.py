@@ -15,8 +15,9 @@ import httpx
 import numpy as np
 import pytest
 
-from app.loadgen.sim_config import Fault, SimConfig
-from app.loadgen.simulator import (
+from app.client.tokenizer import WORDS, BuiltinTokenizer
+from app.targets.sim_config import Fault, SimConfig
+from app.targets.simulator import (
     EVENT_KINDS,
     SimulatorThread,
     build_arg_parser,
@@ -26,7 +27,6 @@ from app.loadgen.simulator import (
     start_simulator_process,
     start_simulator_thread,
 )
-from app.loadgen.tokenizer import WORDS, BuiltinTokenizer
 
 TOK = BuiltinTokenizer()
 FAST = {"ttft_ms": 5.0, "itl_ms": 1.0}
@@ -593,6 +593,6 @@ def test_client_going_away_frees_the_stream(sim_factory: Any) -> None:
     "text", ["", "the cat, sat.  on\n\tthe mat!!", " a  b   c ", "naïve café 123 x1 — ok?", "\n\n"]
 )
 def test_fast_input_count_matches_builtin_tokenizer(text: str) -> None:
-    from app.loadgen.simulator import _count_tokens
+    from app.targets.simulator import _count_tokens
 
     assert _count_tokens(text) == TOK.count(text)

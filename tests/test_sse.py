@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from app.client.events import classify
+from app.client.sse import SSEEvent, split_events, trailing_event
 from app.domain import EventKind
-from app.loadgen.events import classify
-from app.loadgen.sse import SSEEvent, SSEEventTooLarge, SSEParser
 
 # Real captures from ../shared/fixtures, copied byte for byte (see tests/fixtures/shared).
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
@@ -25,13 +26,31 @@ def fixture(name: str) -> bytes:
     return (FIXTURES / name).read_bytes()
 
 
-def parse_all(parts: list[bytes]) -> list[SSEEvent]:
-    p = SSEParser()
+def parse_all(body: bytes, step: int = 64, max_event_bytes: int = 1 << 20) -> list[SSEEvent]:
+    """The events of a whole body as the client splits it (``RawStream.finalize_steps``):
+    ``step`` events at a time for an LF-only body, whole when it uses CR; then the trailing
+    event without its blank line."""
+    events, _rest, error = parse_events(body, step, max_event_bytes)
+    assert error is None, error
+    return events
+
+
+def parse_events(
+    body: bytes, step: int, max_event_bytes: int = 1 << 20
+) -> tuple[list[SSEEvent], int, str | None]:
+    limit = 0 if b"\r" in body else step
     out: list[SSEEvent] = []
-    for part in parts:
-        out.extend(p.feed(part))
-    out.extend(p.flush())
-    return out
+    rest = 0
+    while True:
+        events, rest, error = split_events(body, max_event_bytes, start=rest, limit=limit)
+        out.extend((d, n) for d, n, _end in events)
+        if not limit or error is not None or len(events) < limit:
+            break
+    if error is None:
+        ev = trailing_event(body[rest:])
+        if ev is not None:
+            out.append(ev)
+    return out, rest, error
 
 
 def expected_events(raw: bytes) -> list[bytes]:
@@ -42,37 +61,43 @@ def expected_events(raw: bytes) -> list[bytes]:
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_whole(name: str) -> None:
     raw = fixture(name)
-    events = parse_all([raw])
+    events = parse_all(raw)
     assert [d for d, _ in events] == expected_events(raw)
     assert sum(n for _, n in events) == len(raw)  # every byte belongs to one event
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_fixture_split_at_every_byte(name: str) -> None:
+def test_fixture_in_pieces_of_every_size(name: str) -> None:
+    """Split a few events at a time (resumable pieces) or all at once: the same events."""
     raw = fixture(name)
-    want = parse_all([raw])
-    for i in range(len(raw) + 1):
-        assert parse_all([raw[:i], raw[i:]]) == want, f"split at byte {i}"
+    want = parse_all(raw, step=0)
+    for step in range(1, len(want) + 2):
+        assert parse_all(raw, step=step) == want, f"pieces of {step}"
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_fixture_one_byte_at_a_time(name: str) -> None:
+def test_fixture_cut_anywhere(name: str) -> None:
+    """A body cut at any byte (the stream ended early) gives the events completed before
+    the cut, then the cut-off tail as a trailing event, never bytes counted twice."""
     raw = fixture(name)
-    assert parse_all([raw[i : i + 1] for i in range(len(raw))]) == parse_all([raw])
+    whole = parse_all(raw)
+    ends = list(itertools.accumulate(n for _, n in whole))
+    for cut in range(len(raw) + 1):
+        got = parse_all(raw[:cut])
+        complete = sum(1 for e in ends if e <= cut)
+        assert got[:complete] == whole[:complete], f"cut at {cut}"
+        assert sum(n for _, n in got) <= cut
 
 
 @pytest.mark.parametrize("name", ["llamacpp-chat.sse", "transformers-serve-chat.sse"])
 @pytest.mark.parametrize("eol", [b"\r\n", b"\r"])
-def test_fixture_other_line_endings_split_everywhere(name: str, eol: bytes) -> None:
+def test_fixture_other_line_endings(name: str, eol: bytes) -> None:
     lf = fixture(name)
     raw = lf.replace(b"\n", eol)
-    want = [d for d, _ in parse_all([lf])]
-    whole = parse_all([raw])
+    want = [d for d, _ in parse_all(lf)]
+    whole = parse_all(raw)
     assert [d for d, _ in whole] == want
     assert sum(n for _, n in whole) == len(raw)
-    step = 1 if name.startswith("transformers") else 7
-    for i in range(0, len(raw) + 1, step):
-        assert parse_all([raw[:i], raw[i:]]) == whole, f"split at byte {i}"
 
 
 def test_comments_multiline_fields_and_done() -> None:
@@ -84,48 +109,44 @@ def test_comments_multiline_fields_and_done() -> None:
         b"retry: 100\n\n"
         b"data: [DONE]\n\n"
     )
-    events = parse_all([stream])
+    events = parse_all(stream)
     assert [d for d, _ in events] == [None, b'{"a":\n1}', b"", b"no-space", None, b"[DONE]"]
     assert sum(n for _, n in events) == len(stream)
     kinds = [classify(d).kind for d, _ in events]
     assert kinds == [EventKind.OTHER] * 6
 
 
-def test_partial_event_stays_pending() -> None:
-    p = SSEParser()
-    assert p.feed(b'data: {"x"') == []
-    assert p.pending == b'data: {"x"'
-    assert p.feed(b":1}\n") == []
-    assert p.feed(b"\n") == [(b'{"x":1}', 15)]
-    assert p.pending == b""
+def test_partial_event_is_the_rest() -> None:
+    events, rest, error = split_events(b'data: {"x":1}\n\ndata: {"y"')
+    assert [(d, n) for d, n, _ in events] == [(b'{"x":1}', 15)] and error is None
+    assert rest == 15  # where the incomplete event starts
 
 
-def test_trailing_event_without_blank_line_is_flushed() -> None:
-    p = SSEParser()
-    assert p.feed(b"data: a\n\ndata: b\n") == [(b"a", 9)]
-    assert p.flush() == [(b"b", 8)]
-    assert p.flush() == []
+def test_trailing_event_without_blank_line() -> None:
+    assert parse_all(b"data: a\n\ndata: b\n") == [(b"a", 9), (b"b", 8)]
+    assert trailing_event(b"") is None and trailing_event(b"\n") is None
 
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n"])
-def test_oversized_event_raises(eol: bytes) -> None:
-    p = SSEParser(max_event_bytes=100)
-    p.feed(b"data: " + b"x" * 50)
-    with pytest.raises(SSEEventTooLarge):
-        p.feed(b"x" * 60 + eol)
-    ok = SSEParser(max_event_bytes=100)
-    assert ok.feed(b"data: " + b"x" * 80 + eol + eol)  # a complete event within the cap
+def test_oversized_event_is_an_error(eol: bytes) -> None:
+    big = b"data: " + b"x" * 110 + eol + eol
+    events, _rest, error = parse_events(b"data: a" + eol + eol + big, 64, max_event_bytes=100)
+    assert [d for d, _ in events] == [b"a"]  # the events before it are kept
+    assert error is not None and "larger than 100 bytes" in error
+    open_ended = b"data: " + b"x" * 200  # no separator at all
+    assert parse_events(open_ended, 64, max_event_bytes=100)[2] is not None
+    assert parse_all(b"data: " + b"x" * 80 + eol + eol, max_event_bytes=100)  # within the cap
 
 
 # ----------------------------------------------------------------------------- classify
 
 
 def kinds_of(name: str) -> list[EventKind]:
-    return [classify(d).kind for d, _ in parse_all([fixture(name)])]
+    return [classify(d).kind for d, _ in parse_all(fixture(name))]
 
 
 def test_classify_llamacpp_chat() -> None:
-    events = parse_all([fixture("llamacpp-chat.sse")])
+    events = parse_all(fixture("llamacpp-chat.sse"))
     cs = [classify(d) for d, _ in events]
     kinds = [c.kind for c in cs]
     assert kinds[0] is EventKind.ROLE  # role chunk with content: null
@@ -139,7 +160,7 @@ def test_classify_llamacpp_chat() -> None:
 
 
 def test_classify_llamacpp_completions() -> None:
-    cs = [classify(d) for d, _ in parse_all([fixture("llamacpp-completions.sse")])]
+    cs = [classify(d) for d, _ in parse_all(fixture("llamacpp-completions.sse"))]
     assert Counter(c.kind for c in cs)[EventKind.CONTENT] == 24
     # the last choice chunk has empty text, finish_reason and usage together
     assert cs[-2].kind is EventKind.ROLE and cs[-2].usage is not None
@@ -147,7 +168,7 @@ def test_classify_llamacpp_completions() -> None:
 
 
 def test_classify_transformers_chat_usage_on_finish_chunk() -> None:
-    cs = [classify(d) for d, _ in parse_all([fixture("transformers-serve-chat.sse")])]
+    cs = [classify(d) for d, _ in parse_all(fixture("transformers-serve-chat.sse"))]
     assert cs[0].kind is EventKind.ROLE  # role without content key
     assert cs[-1].kind is EventKind.ROLE and cs[-1].usage == {
         "completion_tokens": 8,
@@ -158,7 +179,7 @@ def test_classify_transformers_chat_usage_on_finish_chunk() -> None:
 
 
 def test_classify_transformers_completions() -> None:
-    cs = [classify(d) for d, _ in parse_all([fixture("transformers-serve-completions.sse")])]
+    cs = [classify(d) for d, _ in parse_all(fixture("transformers-serve-completions.sse"))]
     assert Counter(c.kind for c in cs)[EventKind.CONTENT] == 16
     assert cs[-1].usage is not None and cs[-1].usage["completion_tokens"] == 16
 
@@ -207,7 +228,7 @@ _CHUNK = (
 
 
 def _classify_stream(datas: list[bytes | None]) -> None:
-    from app.loadgen.events import Classifier
+    from app.client.events import Classifier
 
     c = Classifier()
     for d in datas:
@@ -216,9 +237,9 @@ def _classify_stream(datas: list[bytes | None]) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_classifier_matches_classify_on_fixtures(name: str) -> None:
-    from app.loadgen.events import Classifier
+    from app.client.events import Classifier
 
-    datas = [d for d, _ in parse_all([fixture(name)])]
+    datas = [d for d, _ in parse_all(fixture(name))]
     _classify_stream(datas)
     _classify_stream(datas * 3)
     c = Classifier()
@@ -281,7 +302,7 @@ def test_classifier_matches_classify_on_tricky_chunks() -> None:
 
 
 def test_split_events_in_pieces_matches_whole() -> None:
-    from app.loadgen.sse import split_events
+    from app.client.sse import split_events
 
     for name in NAMES:
         raw = fixture(name)

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.domain import RequestStatus, RunSpec
-from app.loadgen.runner import run_load_sync
+from app.client.runner import run_load_sync
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.services import targets
 from app.settings import Settings
 from app.storage.models import Job, Run
@@ -132,7 +133,7 @@ def test_a_non_target_answer_is_not_kept_in_request_errors(html_server: str) -> 
 def test_scraper_keeps_a_status_line_not_the_body(page_server: str) -> None:
     import time
 
-    from app.loadgen.metrics_scraper import MetricsScraper
+    from app.client.metrics_scraper import MetricsScraper
 
     sc = MetricsScraper(page_server + "/metrics", frozenset(), period_s=0.05).start()
     time.sleep(0.3)
@@ -148,7 +149,7 @@ def test_worker_refuses_a_target_resolving_to_link_local() -> None:
                    output_len=2, scrape_metrics=False, request_timeout_s=2)  # fmt: skip
     import asyncio
 
-    from app.loadgen.runner import run_load
+    from app.client.runner import run_load
 
     res = asyncio.run(run_load(spec, run_tag="ll", allow_link_local=False))
     assert res.counts["error"] == 3

@@ -11,18 +11,19 @@ import pytest
 from sqlalchemy import Engine, inspect, select, text
 from sqlalchemy.orm import Session
 
+from app.client.spec import RunSpec
 from app.domain import (
     ClockSource,
     EventKind,
     PerRequestMetrics,
     RequestRecord,
     RequestStatus,
-    RunSpec,
     RunStatus,
     RunTrace,
     trace_from_records,
 )
-from app.storage import packing
+from app.protocol import packing
+from app.protocol.packing import pack_events, unpack_events, unpack_many
 from app.storage.db import (
     downgrade_database,
     make_engine,
@@ -32,7 +33,6 @@ from app.storage.db import (
     upgrade_database,
 )
 from app.storage.models import Base, Request, Run
-from app.storage.packing import pack_events, unpack_events, unpack_many
 from app.storage.repository import (
     NotFoundError,
     count_requests,

@@ -19,9 +19,9 @@ from app.analysis import roofline as rl
 from app.analysis.comparability import check
 from app.analysis.model_presets import ModelConfig
 from app.analysis.sweep import LoadKind, StepSummary
-from app.domain import RunSpec
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
+from app.client import sweep_plan
+from app.client.spec import RunSpec
+from app.protocol.wire import GPUInfo, RegisterRequest, ResumedStep, WireRequest, WorkerCapabilities
 from app.services import compare as compare_svc
 from app.services import hardware
 from app.services import probes as probe_svc
@@ -32,7 +32,8 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.storage.models_probes import RunAnnotation
-from app.wire import GPUInfo, RegisterRequest, ResumedStep, WireRequest, WorkerCapabilities
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from app.worker.job import JobOutcome
 from app.worker.loop import Worker, WorkerOptions
 from app.worker.sweep_job import Replay, ReplayMismatch
@@ -559,11 +560,11 @@ class _Live:
 
     def run(self, load: float, kind: LoadKind, role: str) -> StepSummary:
         s = _fake_step(len(self.stored), load, kind)
-        wire = json.loads(json.dumps(json_safe(sweep_svc.step_dict(s, role))))
+        wire = json.loads(json.dumps(json_safe(sweep_plan.step_dict(s, role))))
         self.stored.append(ResumedStep(step_idx=s.index, run_id=s.run_id or "",
                            load=wire["load"], load_kind=kind,
                            role="probe" if role == "probe" else "step", summary=wire))  # fmt: skip
-        return sweep_svc.step_from_dict(wire)  # what the worker gets over HTTP
+        return sweep_plan.step_from_dict(wire)  # what the worker gets over HTTP
 
     def set_loads(self, loads: list[float]) -> None:
         self.loads = list(loads)
@@ -590,21 +591,21 @@ class _Resumed(_Live):
 @pytest.mark.parametrize(
     "plan",
     [
-        sweep_svc.SweepPlan("auto", (), 4),
-        sweep_svc.SweepPlan("rates", (10.0, 20.0, 35.0, 50.0, 80.0)),
+        sweep_plan.SweepPlan("auto", (), 4),
+        sweep_plan.SweepPlan("rates", (10.0, 20.0, 35.0, 50.0, 80.0)),
     ],
     ids=["auto", "rates"],
 )
 def test_replay_through_drive_decides_as_the_uninterrupted_sweep(
-    plan: sweep_svc.SweepPlan,
+    plan: sweep_plan.SweepPlan,
 ) -> None:
     whole = _Live()
-    stop = sweep_svc.drive(whole, plan)
+    stop = sweep_plan.drive(whole, plan)
     steps = [(s.step_idx, s.load, s.load_kind, s.role) for s in whole.stored]
     assert len(steps) >= 4
     for k in range(len(steps) + 1):  # lost after k completed steps
         resumed = _Resumed(Replay(whole.stored[:k]))
-        assert sweep_svc.drive(resumed, plan) == stop
+        assert sweep_plan.drive(resumed, plan) == stop
         assert [(s.step_idx, s.load, s.load_kind, s.role) for s in resumed.stored] == steps
         assert resumed.ran == list(range(k, len(steps)))  # nothing completed is re-run
         assert resumed.loads == whole.loads  # auto: the same rates chosen
@@ -612,12 +613,14 @@ def test_replay_through_drive_decides_as_the_uninterrupted_sweep(
 
 def test_replay_refuses_a_different_plan() -> None:
     whole = _Live()
-    sweep_svc.drive(whole, sweep_svc.SweepPlan("rates", (10.0, 20.0)))
+    sweep_plan.drive(whole, sweep_plan.SweepPlan("rates", (10.0, 20.0)))
     with pytest.raises(ReplayMismatch, match=r"step 1 ran at 20 req/s \(step\).*25 req/s"):
-        sweep_svc.drive(_Resumed(Replay(whole.stored)), sweep_svc.SweepPlan("rates", (10.0, 25.0)))
+        sweep_plan.drive(
+            _Resumed(Replay(whole.stored)), sweep_plan.SweepPlan("rates", (10.0, 25.0))
+        )
     with pytest.raises(ReplayMismatch, match="step 0"):
-        sweep_svc.drive(
-            _Resumed(Replay(whole.stored)), sweep_svc.SweepPlan("concurrencies", (10.0, 20.0))
+        sweep_plan.drive(
+            _Resumed(Replay(whole.stored)), sweep_plan.SweepPlan("concurrencies", (10.0, 20.0))
         )
 
 
@@ -628,9 +631,9 @@ def test_step_summary_round_trips_exactly_through_storage() -> None:
         goodput_rps=123456.789012345678, error_rate=0.0,
         latency_ms={"ttft_ms": {"p50": 1 / 3, "p90": None, "p99": 2.0**-40}}, run_id="r",
     )  # fmt: skip
-    stored = json.loads(json.dumps(json_safe(sweep_svc.step_dict(s, "probe"))))
-    assert sweep_svc.step_from_dict(stored) == s
-    assert sweep_svc.step_from_dict(json.loads(json.dumps(stored))) == s
+    stored = json.loads(json.dumps(json_safe(sweep_plan.step_dict(s, "probe"))))
+    assert sweep_plan.step_from_dict(stored) == s
+    assert sweep_plan.step_from_dict(json.loads(json.dumps(stored))) == s
 
 
 # ---------------------------------------------------------------- roofline and hardware
@@ -683,7 +686,7 @@ def annotated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     try:
         spec = RunSpec(base_url=sim.base_url, model="tokentrace-sim", input_len=16, **kw)
         out = sweep_svc.execute_sweep(
-            spec, sweep_svc.SweepPlan("rates", (50.0,)), sessions=sessions, name="roof"
+            spec, sweep_plan.SweepPlan("rates", (50.0,)), sessions=sessions, name="roof"
         )
     finally:
         sim.stop()

@@ -14,17 +14,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.app import create_app
 from app.cli.main import main
-from app.domain import RunSpec
-from app.loadgen.sim_config import SimConfig
+from app.client.spec import RunSpec
+from app.client.sweep_plan import SweepPlan
 from app.services import baselines as baseline_svc
 from app.services import compare as compare_svc
 from app.services.errors import Conflict, Invalid, NotFound
 from app.services.runs import open_database
-from app.services.sweeps import SweepPlan
 from app.settings import Settings
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.sim_config import SimConfig
 from tests.web_support import bench
 
 
@@ -160,7 +160,7 @@ def test_cli_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_local_sweep_stops_at_saturation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.loadgen.simulator import start_simulator_thread
+    from app.targets.simulator import start_simulator_thread
 
     url = f"sqlite:///{tmp_path / 'sweep.db'}"
     # per-token time grows 3 ms per active stream: ~40 req/s is the most this server serves
@@ -275,8 +275,8 @@ def _step_records(sessions: sessionmaker[Session], run_id: str) -> list[tuple[in
 def test_sweep_achieved_rate_agrees_with_its_steps_runs(tmp_path: Path) -> None:
     """Closed loop: achieved = successes / (last end - first send) of the step's own run;
     open loop below capacity: achieved = the rate completions came at (= offered)."""
-    from app.loadgen.simulator import start_simulator_thread
     from app.services.sweeps import execute_sweep
+    from app.targets.simulator import start_simulator_thread
 
     sessions = open_database(f"sqlite:///{tmp_path / 'ach.db'}")
     sim = start_simulator_thread(SimConfig(ttft_ms=30, itl_ms=1.0, output_len=8, seed=4))

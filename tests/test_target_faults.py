@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.domain import EventKind, RequestStatus, RunSpec
-from app.loadgen.runner import run_load_sync
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
+from app.client.runner import run_load_sync
+from app.client.spec import RunSpec
+from app.domain import EventKind, RequestStatus
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 TIMEOUT_S = 1.5
 N = 60

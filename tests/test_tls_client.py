@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.domain import ClockSource, EventKind, RequestStatus, RunSpec
-from app.loadgen.http_stream import (
+from app.client.http_stream import (
     ClockMap,
     RawStream,
     StreamRequest,
@@ -34,17 +33,19 @@ from app.loadgen.http_stream import (
     request_body,
     request_headers,
 )
-from app.loadgen.records import build_record
-from app.loadgen.runner import run_load_sync
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import (
+from app.client.runner import run_load_sync
+from app.client.spec import RunSpec
+from app.client.tokenizer import BuiltinTokenizer
+from app.domain import ClockSource, EventKind, RequestStatus
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import (
     build_arg_parser,
     config_from_args,
     start_simulator_process,
     start_simulator_thread,
 )
-from app.loadgen.simulator import main as sim_main
-from app.loadgen.tokenizer import BuiltinTokenizer
+from app.targets.simulator import main as sim_main
+from tests.record_support import finish_record
 
 LINUX = sys.platform.startswith("linux")
 OPENSSL = shutil.which("openssl")
@@ -165,7 +166,7 @@ def one_request(url: str, **kw: Any) -> RawStream:
 
 
 def record_of(raw: RawStream) -> Any:
-    return build_record(
+    return finish_record(
         raw,
         index=0,
         scheduled_ns=0,

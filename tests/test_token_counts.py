@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from app.domain import RequestStatus, RunSpec
-from app.loadgen.simulator import SimConfig, start_simulator_thread
+from app.client.spec import RunSpec
+from app.domain import RequestStatus
 from app.services.runs import execute_bench, open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.simulator import SimConfig, start_simulator_thread
 
 
 @pytest.mark.parametrize("counting", ["auto", "tokenizer"])

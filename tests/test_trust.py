@@ -21,10 +21,10 @@ from app.analysis.trust import (
 )
 from app.cli.main import main
 from app.domain import RequestRecord, RequestStatus, RunStatus
-from app.loadgen.simulator import SimConfig, start_simulator_thread
 from app.services.runs import open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.targets.simulator import SimConfig, start_simulator_thread
 
 
 def _rec(i: int, status: RequestStatus, *, sent_s: float, end_s: float, error: str | None = None,
@@ -186,8 +186,8 @@ def test_error_bound_flag_and_all_refused_run(
 
 def test_worker_path_applies_the_same_rule(tmp_path: Path) -> None:
     """The server's decision for a worker's run uses the stored requests and the run's bound."""
-    from app.domain import RunSpec
-    from app.services.jobs import decide
+    from app.client.spec import RunSpec
+    from app.services.job_rules import decide
     from app.services.runs import store_requests
     from app.storage.models import Job
 
@@ -201,10 +201,10 @@ def test_worker_path_applies_the_same_rule(tmp_path: Path) -> None:
     with session_scope(sessions) as s:
         for bound, want in ((0.5, RunStatus.PARTIAL), (0.8, RunStatus.SUCCEEDED)):  # 80% failed
             job = Job(id=f"j{bound}", kind="bench", spec={}, run_id=ids[bound])
-            assert decide(s, job, ids[bound], "succeeded", None, None).run_status is want
+            assert decide(s, job, ids[bound], "succeeded", None, None, planned=0).run_status is want
         # the load itself broke on the worker (no run meta): what was stored is a part
         job = Job(id="j3", kind="bench", spec={}, run_id=ids[0.8])
-        out = decide(s, job, ids[0.8], "failed", "the load failed: boom", None)
+        out = decide(s, job, ids[0.8], "failed", "the load failed: boom", None, planned=0)
         assert out.run_status is RunStatus.PARTIAL and out.job_state == "failed"
 
 
@@ -278,8 +278,9 @@ def test_max_goodput_never_picks_an_untrusted_step() -> None:
 
 
 def test_sweep_skips_a_client_limited_step_for_max_goodput(tmp_path: Path) -> None:
-    from app.domain import RunSpec
-    from app.services.sweeps import SweepPlan, execute_sweep, sweep_summary
+    from app.client.spec import RunSpec
+    from app.client.sweep_plan import SweepPlan
+    from app.services.sweeps import execute_sweep, sweep_summary
 
     sessions = open_database(f"sqlite:///{tmp_path / 'sw.db'}")
     sim = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=1.0, output_len=4, seed=2))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from app.domain import EventKind, RequestRecord, RequestStatus, trace_from_records
-from app.web import figures as fg
-from app.web.phase_figures import phase_breakdown_figure
-from app.web.plotdata import itl_by_position, run_figures
+from app.figures import common as fg
+from app.figures.phases import phase_breakdown_figure
+from app.figures.runs import itl_by_position, run_figures
 
 
 def _notes(fig: dict) -> list[str]:

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.app import create_app
-from app.domain import RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.services import auth
 from app.services.imports import import_csv
 from app.services.runs import open_database
@@ -577,7 +578,7 @@ def _step(load: float | None, role: str, ttft: tuple[float, float]) -> dict[str,
 
 
 def test_latency_vs_offered_load_figure_one_pair_of_lines_per_sweep() -> None:
-    from app.web.figures_compare import sweep_latency_load_figure
+    from app.figures.compare import sweep_latency_load_figure
 
     a = {"id": "a", "label": "A", "steps": [
         _step(1.0, "probe", (1, 2)),  # an auto sweep's synchronous run: not a load step

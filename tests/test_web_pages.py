@@ -368,8 +368,8 @@ def test_capacity_page_fit_tp_custom_model_and_errors_beside_fields(client: Test
 def test_roofline_datasheet_without_measurements_and_mfu_only_on_known_hardware(
     tmp_path: Path,
 ) -> None:
-    from app.loadgen.sim_config import SimConfig
     from app.services import probes as probe_svc
+    from app.targets.sim_config import SimConfig
     from tests.web_support import bench
 
     url = f"sqlite:///{tmp_path / 'roof.db'}"

@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.domain import RunSpec
-from app.services import auth
-from app.services import jobs as job_svc
+from app.client.spec import RunSpec
+from app.protocol.wire import JobRequirements
+from app.services import auth, bench_jobs
 from app.services.imports import import_csv
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.wire import JobRequirements
 from tests.web_support import CSV_LOG, Seeded, csrf_of, seed, sign_in, web_app
 
 
@@ -153,7 +152,7 @@ def test_cancel_queued_run_and_refuse_a_finished_one(client: TestClient, seeded:
     assert _run(seeded, seeded.one)["status"] == "succeeded"
     spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=3)
     with session_scope(seeded.sessions) as s:
-        run_id, job_id = job_svc.create_bench_run(
+        run_id, job_id = bench_jobs.create_bench_run(
             s,
             spec,
             requirements=JobRequirements(),
@@ -233,7 +232,7 @@ def test_actions_on_a_missing_run_are_404(client: TestClient) -> None:
 def test_delete_of_a_run_a_worker_runs_is_refused(client: TestClient, seeded: Seeded) -> None:
     spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=3)
     with session_scope(seeded.sessions) as s:
-        run_id, job_id = job_svc.create_bench_run(
+        run_id, job_id = bench_jobs.create_bench_run(
             s,
             spec,
             requirements=JobRequirements(),

@@ -16,14 +16,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.domain import RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RunStatus
 from app.services.runs import open_database
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.models import Request
 from app.storage.request_table import LiveColumns
-from app.web.live import live_figures
+from app.web.runs_live import live_figures
 from tests.web_support import Seeded, seed, web_app
 
 # ------------------------------------------------------------------------- runs list

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.web import views
+from app.web import runs_view
 
 
 def _report(*, status: str, sent: int, failed: int, limited: bool = False) -> dict[str, Any]:
@@ -24,12 +24,12 @@ def _report(*, status: str, sent: int, failed: int, limited: bool = False) -> di
 
 
 def test_error_rate_bound_from_the_spec_or_five_percent() -> None:
-    assert views.error_bound(None) == 0.05
-    assert views.error_bound({"max_error_rate": 0.2}) == 0.2
-    assert views.error_bound({"max_error_rate": "junk"}) == 0.05
+    assert runs_view.error_bound(None) == 0.05
+    assert runs_view.error_bound({"max_error_rate": 0.2}) == 0.2
+    assert runs_view.error_bound({"max_error_rate": "junk"}) == 0.05
 
     def warn(rate: float, spec: dict[str, Any] | None = None) -> list[str]:
-        out = views.trust_warnings(
+        out = runs_view.trust_warnings(
             client_limited=False, notes=[], error_rate=rate, failed=None, spec=spec
         )
         return [w.short for w in out]
@@ -37,7 +37,7 @@ def test_error_rate_bound_from_the_spec_or_five_percent() -> None:
     assert warn(0.05) == []  # at the bound is within it
     assert warn(0.06) == ["errors 6.0% > 5%"]
     assert warn(0.06, {"max_error_rate": 0.1}) == []
-    limited = views.trust_warnings(
+    limited = runs_view.trust_warnings(
         client_limited=True,
         notes=["send lag p99 12.00 ms > 10 ms", "mixed receive stamps"],
         error_rate=0.0,
@@ -50,19 +50,20 @@ def test_error_rate_bound_from_the_spec_or_five_percent() -> None:
 
 
 def test_live_cards_follow_the_job_and_validity_waits_for_data() -> None:
-    live = views.summary_cards(
+    live = runs_view.summary_cards(
         _report(status="queued", sent=0, failed=0), active=True, job_state="running"
     )
     by_id = {c.id: c for c in live if c.id}
     assert by_id["status"].value == "running"  # the job's state, as the progress bar says
     assert by_id["validity"].value == "pending"
-    starting = views.summary_cards(
+    starting = runs_view.summary_cards(
         _report(status="queued", sent=0, failed=0), active=True, job_state="leased"
     )
     assert starting[0].value == "starting"
-    done = {c.id: c for c in views.summary_cards(_report(status="succeeded", sent=10, failed=0))}
+    cards = runs_view.summary_cards(_report(status="succeeded", sent=10, failed=0))
+    done = {c.id: c for c in cards}
     assert done["status"].value == "succeeded" and done["validity"].value == "valid"
-    empty = {c.id: c for c in views.summary_cards(_report(status="failed", sent=0, failed=0))}
+    empty = {c.id: c for c in runs_view.summary_cards(_report(status="failed", sent=0, failed=0))}
     assert empty["validity"].value == "no data"
-    limited = views.summary_cards(_report(status="succeeded", sent=10, failed=0, limited=True))
+    limited = runs_view.summary_cards(_report(status="succeeded", sent=10, failed=0, limited=True))
     assert limited[1].value == "client-limited" and limited[1].tone == "bad"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from app.cli.main import main as cli_main
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from app.worker.job import JobOutcome
 from app.worker.loop import Worker, WorkerOptions
 from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from tests.live_server import LiveServerFactory, live_server  # noqa: F401
 from tests.worker_helpers import (
     api,

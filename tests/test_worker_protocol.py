@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from app.domain import RunSpec
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import SimulatorThread, start_simulator_thread
-from app.wire import CompleteRequest, ResultBatch, WireRequest
+from app.client.spec import RunSpec
+from app.protocol.wire import CompleteRequest, ResultBatch, WireRequest
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import SimulatorThread, start_simulator_thread
 from app.worker import capabilities
 from app.worker.backoff import Backoff
 from app.worker.client import WorkerClient, missing_batches

@@ -12,12 +12,12 @@ from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.app import create_app
-from app.domain import RunSpec
-from app.loadgen.sim_config import SimConfig
-from app.loadgen.simulator import start_simulator_thread
+from app.client.spec import RunSpec
 from app.services.imports import import_csv
 from app.services.runs import execute_bench, open_database
 from app.settings import Settings
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 CSV_LOG = """request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens
 r1,100.000,100.120,100.900,200,50

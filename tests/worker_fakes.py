@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the server side of the worker protocol (``app.wire``), served
+"""An in-memory stand-in for the server side of the worker protocol (``app.protocol.wire``), served
 through ``httpx.MockTransport``: unit tests of the worker's behaviour (dedup, lost leases,
 outages, lost responses) without a database. The real server is tested in test_worker.py."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from app.wire import (
+from app.protocol.wire import (
     CompleteRequest,
     HeartbeatRequest,
     JobProgress,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.importers.prometheus import Series, counter_increase
+from app.protocol.prometheus import Series, counter_increase
 
 
 def _increase(series: Sequence[Series], role: str) -> float | None:

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
 from app.api import (
+    app_metrics,
     routes_compare,
     routes_interop,
     routes_jobs,
@@ -33,11 +34,11 @@ from app.api import (
     routes_sweeps,
     routes_tokens,
     routes_workers,
-    telemetry,
 )
 from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
+from app.protocol.wire import JobKind
 from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
@@ -47,7 +48,6 @@ from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.web.errors import http_error, server_error
 from app.web.mount import mount, static_assets
-from app.wire import JobKind
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         try:
-            expired = await anyio.to_thread.run_sync(job_svc.sweep_expired, sessions)
+            expired = await anyio.to_thread.run_sync(job_svc.expire_lost_leases, sessions)
             for e in expired:
                 log.warning("lease of job %s expired: %s", e.job_id, e.outcome)
         except Exception:
@@ -170,7 +170,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="tokentrace",
         version=__version__,
         description="Benchmark runs, jobs and workers. Writes need a bearer token "
-        "(docs/api.md); the worker protocol is described in app/wire.py.",
+        "(docs/api.md); the worker protocol is described in app/protocol/wire.py.",
         lifespan=lifespan,
         docs_url=None,  # served from local files instead (app.api.docs_ui)
         redoc_url=None,  # ReDoc loads from a CDN: not offered
@@ -189,7 +189,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_compare.router)
     app.include_router(routes_sweeps.router)  # sweeps on workers
     app.include_router(routes_interop.router)  # imports, exports, server metrics
-    telemetry.install(app)  # /metrics (own registry) and /readyz
+    app_metrics.install(app)  # /metrics (own registry) and /readyz
 
     @app.get("/healthz", tags=["health"])
     def healthz(request: Request) -> Health:

@@ -6,9 +6,9 @@ import datetime as dt
 from typing import Any
 
 from app.api.schemas import JobInfo, RequestRow, RunSummary, TokenInfo, WorkerInfo
-from app.services.jobs import public_spec
+from app.protocol.wire import JobRequirements
+from app.services.job_rules import public_spec
 from app.storage.models import ApiToken, Job, Run, Worker
-from app.wire import JobRequirements
 
 
 def run_summary(row: Run) -> RunSummary:

@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.api import convert
 from app.api.deps import MAX_OFFSET, Reader, SessionDep, SessionsDep
 from app.api.schemas import JobInfo, JobList
+from app.protocol.wire import JobKind, JobState
 from app.services.errors import NotFound
 from app.storage import jobs as job_repo
 from app.storage.db import session_scope
 from app.storage.jobs import TERMINAL_STATES
 from app.storage.jsonsafe import json_safe
-from app.wire import JobKind, JobState
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 

@@ -12,9 +12,10 @@ from app.analysis.device_presets import DEVICE_PRESETS
 from app.analysis.model_presets import MODEL_PRESETS
 from app.api.deps import MAX_OFFSET, Reader, Runner, SessionDep, SettingsDep, WorkerCaller
 from app.probes.spec import ProbeKind, ProbeSpec
-from app.probes.wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.protocol.probe_wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
+from app.protocol.wire import JobRequirements
+from app.services import probe_jobs
 from app.services import probes as svc
-from app.wire import JobRequirements
 
 router = APIRouter(prefix="/api/v1", tags=["probes"])
 
@@ -39,7 +40,7 @@ def create_probe(
 ) -> ProbeCreated:
     """Queue a probe job (a worker started with ``--kind probe`` runs it)."""
     spec = ProbeSpec.model_validate(body.model_dump(exclude={"requirements"}))
-    pid, jid = svc.submit(
+    pid, jid = probe_jobs.submit(
         session, spec, requirements=body.requirements, max_attempts=settings.max_attempts
     )
     return ProbeCreated(probe_id=pid, job_id=jid)
@@ -94,7 +95,7 @@ def upload_probe_result(
 ) -> ProbeResultAck:
     """A probe job's result, fingerprint, telemetry and artifacts (base64)."""
     cap = int(settings.probe_artifact_max_mb * 1024 * 1024)
-    return svc.store_result(session, job_id, body, caller, max_artifact_bytes=cap)
+    return probe_jobs.store_result(session, job_id, body, caller, max_artifact_bytes=cap)
 
 
 @router.post("/jobs/{job_id}/telemetry", tags=["worker protocol"])
@@ -102,7 +103,7 @@ def upload_telemetry(
     job_id: str, body: TelemetryUpload, session: SessionDep, caller: WorkerCaller
 ) -> TelemetryAck:
     """Device samples taken during a job (any kind); a retried ``seq`` is a duplicate."""
-    return svc.store_telemetry(session, job_id, body, caller)
+    return probe_jobs.store_telemetry(session, job_id, body, caller)
 
 
 @router.get("/jobs/{job_id}/telemetry", tags=["jobs"])

@@ -36,8 +36,8 @@ from app.api.schemas import (
     TagsResponse,
 )
 from app.domain import EventKind, RunStatus
+from app.services import bench_jobs, targets
 from app.services import jobs as job_svc
-from app.services import targets
 from app.services.errors import Invalid, NotFound
 from app.services.runs import RunNotFound, run_report
 from app.storage import browse
@@ -65,7 +65,7 @@ def create_run(
     """Queue a benchmark: creates the run (status queued) and its bench job together.
     422 naming ``base_url`` when the operator's target allow-list refuses it."""
     targets.check_run_targets(body.base_url, body.metrics_url, settings)
-    run_id, job_id = job_svc.create_bench_run(
+    run_id, job_id = bench_jobs.create_bench_run(
         session,
         body.to_spec(),
         requirements=body.requirements,

@@ -1,5 +1,5 @@
 """/api/v1/sweeps (create on a worker, cancel) and the sweep steps of the worker protocol
-(bodies in app.wire). Reading sweeps lives in routes_compare."""
+(bodies in app.protocol.wire). Reading sweeps lives in routes_compare."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from app.api.deps import (
     WorkerCaller,
 )
 from app.api.schemas import RunCreate
+from app.client.sweep_plan import MAX_STEPS, SweepPlan
+from app.protocol.wire import MAX_SWEEP_STEPS, StepComplete, StepCompleted, StepCreate, StepCreated
 from app.services import sweep_jobs, targets
 from app.services.errors import Invalid
-from app.services.sweeps import MAX_STEPS, SweepPlan
-from app.wire import MAX_SWEEP_STEPS, StepComplete, StepCompleted, StepCreate, StepCreated
 
 router = APIRouter(prefix="/api/v1", tags=["sweeps"])
 
@@ -69,7 +69,7 @@ class SweepCreate(RunCreate):
             }
         )  # fmt: skip
         data["api_key"] = self.api_key
-        from app.domain import RunSpec
+        from app.client.spec import RunSpec
 
         return RunSpec.model_validate(data)
 

@@ -1,4 +1,4 @@
-"""/api/v1/workers and the worker protocol (bodies in app.wire; semantics in its docstring)."""
+"""/api/v1/workers and the worker protocol (bodies and semantics: app.protocol.wire)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ from fastapi import APIRouter, Query, Request
 from app.api import convert
 from app.api.deps import MAX_OFFSET, Reader, SessionDep, SessionsDep, SettingsDep, WorkerCaller
 from app.api.schemas import WorkerList
-from app.services import jobs as job_svc
-from app.services import workers as worker_svc
-from app.storage import workers as worker_repo
-from app.storage.models import utcnow
-from app.wire import (
+from app.protocol.wire import (
     BatchAck,
     CompleteRequest,
     CompleteResponse,
@@ -25,6 +21,10 @@ from app.wire import (
     RegisterResponse,
     ResultBatch,
 )
+from app.services import jobs as job_svc
+from app.services import workers as worker_svc
+from app.storage import workers as worker_repo
+from app.storage.models import utcnow
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 
@@ -70,7 +70,7 @@ def lease(
 ) -> LeaseResponse:
     """The oldest queued job this worker can run (requirements matched), or null."""
     worker = worker_svc.own_worker(session, worker_id, caller)
-    job_svc.sweep_expired(sessions)
+    job_svc.expire_lost_leases(sessions)
     job = job_svc.lease(
         session,
         worker,

@@ -1,4 +1,4 @@
-"""Typed request and response bodies of the REST API (the worker protocol's are in app.wire)."""
+"""Typed request and response bodies of the REST API (the worker protocol's: app.protocol.wire)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.domain import RunSpec, RunStatus
+from app.client.spec import RunSpec
+from app.domain import RunStatus
+from app.protocol.wire import JobKind, JobRequirements, JobState
 from app.services.auth import Scope
-from app.wire import JobKind, JobRequirements, JobState
 
 
 class RunCreate(RunSpec):

@@ -10,7 +10,8 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from app.domain import RunSpec
+from app.client.datasets import DATASETS
+from app.client.spec import RunSpec
 
 
 class UsageError(Exception):
@@ -63,7 +64,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         default="chat",
         help="chat | completions (or the path /v1/chat/completions, /v1/completions)",
     )
-    p.add_argument("--dataset-name", default="random", help="random | jsonl")
+    p.add_argument(
+        "--dataset-name",
+        default="random",
+        choices=list(DATASETS),
+        help="; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items()),
+    )
     p.add_argument("--dataset-path", default=None, help="JSONL prompts (--dataset-name jsonl)")
     p.add_argument("--input-len", "--random-input-len", type=int, default=256, dest="input_len")
     p.add_argument("--output-len", "--random-output-len", type=int, default=128, dest="output_len")

@@ -256,7 +256,8 @@ def compared_runs(result: dict[str, Any]) -> list[str]:
 
 
 def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
-    from app.services.sweeps import SweepPlan, execute_sweep
+    from app.client.sweep_plan import SweepPlan
+    from app.services.sweeps import execute_sweep
 
     spec = spec_from_args(ns)
     if ns.no_save:

@@ -105,7 +105,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"{flag}: a worker's own options decide it (tokentrace worker {flag})")
         return submit_and_follow(spec, ns, console)
     if ns.realtime:
-        from app.loadgen.sched import RealtimeRefused, check_realtime
+        from app.client.sched import RealtimeRefused, check_realtime
 
         try:
             check_realtime()
@@ -191,10 +191,10 @@ def cmd_report(ns: argparse.Namespace, console: Console) -> int:
 def file_figures(sessions: Any, run_id: str) -> dict[str, Any] | None:
     """An imported run's own figures beside ours under the file's definitions, as the run
     page shows them (``app.web.interop_view.import_comparison``); None for other runs."""
+    from app.services.import_compare import import_comparison
     from app.storage import interop as interop_repo
     from app.storage import repository as repo
     from app.storage.db import session_scope
-    from app.web.interop_view import import_comparison
 
     with session_scope(sessions) as s:
         info = interop_repo.get_import(s, run_id)
@@ -251,7 +251,7 @@ def cmd_import(ns: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
-    from app.services.demo import run_demo, run_real_model_demo
+    from app.cli.demo_cmd import run_demo, run_real_model_demo
 
     if ns.real_model:
         return run_real_model_demo(_sessions(ns.database_url), console)
@@ -266,7 +266,7 @@ def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "sim":
-        from app.loadgen.simulator import main as sim_main
+        from app.targets.simulator import main as sim_main
 
         return sim_main(args[1:])
     parser = build_parser()

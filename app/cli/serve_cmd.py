@@ -119,14 +119,14 @@ def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
     if ns.no_local_worker:
         overrides["local_worker"] = False
     if ns.realtime:
-        from app.loadgen.sched import RealtimeRefused, check_realtime
+        from app.client.sched import RealtimeRefused, check_realtime
 
         try:
             check_realtime()
         except RealtimeRefused as e:
             raise UsageError(f"--realtime: {e}") from None
         overrides["local_worker_realtime"] = True
-    from app.loadgen.connpool import raise_nofile_limit
+    from app.client.connpool import raise_nofile_limit
 
     raise_nofile_limit()  # clients, workers and loads all hold sockets
     settings = Settings(**overrides)

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.cli.args import UsageError
-from app.domain import RunSpec
-from app.wire import TERMINAL_JOB_STATES, JobKind
+from app.client.spec import RunSpec
+from app.protocol.wire import TERMINAL_JOB_STATES, JobKind
 
 Handler = Callable[[argparse.Namespace, Console], int]
 TOKEN_ENV = "TOKENTRACE_WORKER_TOKEN"
@@ -122,14 +122,14 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if ns.realtime:
-        from app.loadgen.sched import RealtimeRefused, check_realtime
+        from app.client.sched import RealtimeRefused, check_realtime
 
         try:
             check_realtime()
         except RealtimeRefused as e:
             raise UsageError(f"--realtime: {e}") from None
     kinds: list[JobKind] = ns.kind or ["bench", "sweep"]
-    from app.loadgen.connpool import raise_nofile_limit
+    from app.client.connpool import raise_nofile_limit
     from app.settings import get_settings
 
     raise_nofile_limit()

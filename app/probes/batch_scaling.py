@@ -14,8 +14,8 @@ from typing import Any
 
 from app.analysis.knee import find_knee
 from app.probes.device import ProbeError, import_torch, synchronize
+from app.probes.device_telemetry import Sampler, window
 from app.probes.spec import RANDOM_TINY_LLAMA, BatchScalingParams
-from app.probes.telemetry import Sampler, window
 
 TINY_LLAMA = {
     "vocab_size": 256,

@@ -7,13 +7,24 @@ import contextlib
 import importlib
 import os
 import platform
+from pathlib import Path
 from typing import Any
-
-from app.worker.capabilities import cpu_model
 
 
 class ProbeError(Exception):
     """A probe cannot run (missing torch, no CUDA, a bad model path): one clear line."""
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip() and key.strip() in ("model name", "Model", "Hardware"):
+            return value.strip()
+    return platform.processor() or None
 
 
 def import_torch() -> Any:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.probes.device import fingerprint, resolve
+from app.probes.device_telemetry import Sampler
 from app.probes.linear import Artifact
 from app.probes.spec import BatchScalingParams, CeilingsParams, LinearParams, ProbeSpec
-from app.probes.telemetry import Sampler
 
 
 @dataclass

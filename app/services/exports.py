@@ -21,13 +21,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.phases import user_ttft_ms_of_row
 from app.domain import PHASES, EventKind
+from app.protocol.packing import unpack_many
 from app.services import runs as run_svc
 from app.storage import browse
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
-from app.storage.packing import unpack_many
 
 PAGE = 5000
 EVENT_PAGE = 200  # requests per page of an events export (x events each)

@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 from app.analysis import roofline as rl
 from app.analysis.device_presets import device_preset, preset_for_device_name
 from app.analysis.model_presets import ModelConfig, dtype_bytes
+from app.protocol.wire import RunMeta, WorkerCapabilities
 from app.storage import probes as probe_repo
 from app.storage import repository as repo
 from app.storage.models import Worker
-from app.wire import RunMeta, WorkerCapabilities
 
 log = logging.getLogger(__name__)
 

@@ -26,15 +26,15 @@ from app.analysis.metrics import compute_metrics, per_request_metrics
 from app.analysis.profiles import profile_metrics
 from app.analysis.request_columns import RequestColumns, request_columns
 from app.domain import PerRequestMetrics, RunTrace
+from app.figures.runs import run_figures
+from app.figures.scriptjson import plotly_json
+from app.services.import_compare import import_metrics
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
+from app.storage import run_columns
 from app.storage import summaries as summary_repo
-from app.storage import views as view_repo
 from app.storage.db import session_scope
 from app.storage.interop import ImportInfo
-from app.web.interop_view import import_metrics
-from app.web.plotdata import run_figures
-from app.web.scriptjson import plotly_json
 
 I64 = npt.NDArray[np.int64]
 SUMMARY_VERSION = 1  # bump when what is stored (or how it is computed) changes
@@ -168,8 +168,8 @@ def compute_summary(
 ) -> RunSummary:
     """Decode the run's events once and summarize them (nothing stored)."""
     trace = repo.load_trace(s, run_id)
-    sched, sent = view_repo.schedule_columns(s, run_id)
-    indexes = view_repo.measured_indexes(s, run_id)
+    sched, sent = run_columns.schedule_columns(s, run_id)
+    indexes = run_columns.measured_indexes(s, run_id)
     info = interop_repo.get_import(s, run_id)
     return summarize(
         trace,

@@ -4,7 +4,6 @@ and storage; holds no SQL and no metric arithmetic of its own."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import platform
 import secrets
 import signal
@@ -20,29 +19,21 @@ from app.analysis.metrics import compute_metrics, metrics_with_slos, per_request
 from app.analysis.profiles import profile_metrics
 from app.analysis.server_timing import beside_client
 from app.analysis.trust import (
-    DEFAULT_MAX_ERROR_RATE,
-    failure_note,
     over_error_bound,
-    run_status,
     spec_error_bound,
     tally,
 )
-from app.domain import (
-    ClockSource,
-    RequestRecord,
-    RequestStatus,
-    RunSpec,
-    RunStatus,
-    trace_from_records,
-)
-from app.loadgen import eventloop
-from app.loadgen.runner import LoadResult, Progress, run_load
-from app.services import run_summaries, served_models, server_metrics
+from app.client import eventloop
+from app.client.execute import execute
+from app.client.runner import LoadResult, Progress, run_load
+from app.client.spec import RunSpec
+from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
+from app.protocol.wire import RunMeta
+from app.services import run_summaries, server_metrics
 from app.services.run_summaries import RunSummary
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.storage.jsonsafe import json_safe
-from app.wire import RunMeta
 
 PROFILES = ("tokentrace", "vllm", "guidellm", "aiperf")
 
@@ -63,127 +54,6 @@ class BenchOutcome:
     report: dict[str, Any]
     failed: bool  # no request succeeded, or the error rate exceeded the run's bound
     status: RunStatus = RunStatus.SUCCEEDED
-
-
-def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
-    """How often the tokenizer's count and the server's usage disagreed."""
-    both = [
-        r
-        for r in records
-        if not r.warmup
-        and r.status is RequestStatus.OK
-        and r.usage_completion_tokens is not None
-        and r.tokenizer_output_tokens is not None
-    ]
-    differing = [r for r in both if r.usage_completion_tokens != r.tokenizer_output_tokens]
-    sources = sorted({r.token_source for r in records if r.token_source})
-    prompts = [
-        r
-        for r in records
-        if not r.warmup
-        and r.status is RequestStatus.OK
-        and r.usage_prompt_tokens is not None
-        and r.tokenizer_input_tokens is not None
-    ]
-    n_prompts = len(prompts)
-    usage_in = sum(r.usage_prompt_tokens or 0 for r in prompts)
-    client_in = sum(r.tokenizer_input_tokens or 0 for r in prompts)
-    server_used = bool(prompts) and all(r.input_tokens == r.usage_prompt_tokens for r in prompts)
-    return {
-        "requests_with_both_counts": len(both),
-        "requests_disagreeing": len(differing),
-        "tokenizer_output_tokens": sum(r.tokenizer_output_tokens or 0 for r in both),
-        "usage_completion_tokens": sum(r.usage_completion_tokens or 0 for r in both),
-        "token_sources": sources,
-        "prompt_requests_with_both_counts": n_prompts,
-        "prompt_requests_disagreeing": sum(
-            1 for r in prompts if r.usage_prompt_tokens != r.tokenizer_input_tokens
-        ),
-        "usage_prompt_tokens": usage_in,
-        "tokenizer_prompt_tokens": client_in,
-        "prompt_token_source": ("usage" if server_used else "tokenizer") if n_prompts else None,
-    }
-
-
-def prompt_token_note(check: dict[str, Any]) -> str | None:
-    """The note when the two prompt counts disagreed on any request, e.g. "prompt tokens:
-    server usage 158 vs client tokenizer 128 on average ...; the server's count is used"."""
-    n = check.get("prompt_requests_with_both_counts") or 0
-    if not n or not check.get("prompt_requests_disagreeing"):
-        return None
-    usage = check["usage_prompt_tokens"] / n
-    client = check["tokenizer_prompt_tokens"] / n
-    whose = "the server's" if check.get("prompt_token_source") == "usage" else "the client's"
-    return (
-        f"prompt tokens: server usage {usage:,.4g} vs client tokenizer {client:,.4g} on average "
-        f"({check['prompt_requests_disagreeing']} of {n} requests differ); {whose} count is used"
-    )
-
-
-def validity_notes(
-    result: LoadResult, check: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
-) -> list[str]:
-    failed = failure_note(result.records, max_error_rate)
-    notes = ([failed] if failed else []) + list(result.client_limited_reasons) + list(result.notes)
-    if result.stopped == "stopped":
-        notes.append("stopped before the end: the report covers what was measured")
-    elif result.stopped == "max_duration":
-        notes.append("the run reached its time limit (--max-duration): unsent requests skipped")
-    if check["requests_disagreeing"]:
-        notes.append(
-            f"token counts disagree on {check['requests_disagreeing']} of "
-            f"{check['requests_with_both_counts']} requests: tokenizer "
-            f"{check['tokenizer_output_tokens']} vs server usage "
-            f"{check['usage_completion_tokens']} output tokens"
-        )
-    prompt_note = prompt_token_note(check)
-    if prompt_note:
-        notes.append(prompt_note)
-    return notes
-
-
-def load_stats(result: LoadResult) -> dict[str, Any]:
-    return {
-        "achieved_send_rate_rps": result.achieved_send_rate,
-        "send_lag_ms": dataclasses.asdict(result.send_lag),
-        "loop_lag_ms": dataclasses.asdict(result.loop_lag),
-        "read_delay_ms": dataclasses.asdict(result.read_delay),
-        "cpu_wait_ms": dataclasses.asdict(result.cpu_wait),
-        "cpu_wait_total_ms": result.cpu_wait_total_ms,
-        "scheduling": result.scheduling.as_dict(),
-        "max_in_flight": result.max_in_flight,
-        "stopped": result.stopped,
-        "counts": result.counts,
-        "clock_drift_max_ns": result.clock_drift_max_ns,
-        "tokenizer": result.tokenizer,
-        "measure_start_ns": result.measure_start_ns,
-        "end_ns": result.end_ns,
-        "notes": result.notes,
-        "send_clock": result.send_clock_source.value,
-        "connections": dict(result.connections),
-    }
-
-
-def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:
-    """The run's status by the one rule (``app.analysis.trust.run_status``)."""
-    return run_status(
-        tally(result.records), stopped=result.stopped == "stopped", max_error_rate=max_error_rate
-    )
-
-
-def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunMeta:
-    """What a finished load says about the run as a whole (validity, client health)."""
-    check = token_count_check(result.records)
-    return RunMeta(
-        start_mono_ns=result.start_mono_ns,
-        started_at=result.start_wall,
-        clock_source=result.clock_source.value,
-        client_limited=result.client_limited,
-        validity=validity_notes(result, check, max_error_rate),
-        load_stats=load_stats(result) | {"token_counts": check},
-        client_host=platform.node(),
-        client_version=__version__,
-    )
 
 
 def store_requests(session: Session, run_id: str, records: list[RequestRecord]) -> int:
@@ -237,6 +107,12 @@ def store_summaries(
     return report
 
 
+def _mark_failed(sessions: sessionmaker[Session] | None, run_id: str | None) -> None:
+    if sessions is not None and run_id is not None:
+        with session_scope(sessions) as s:
+            repo.finish_run(s, run_id, status=RunStatus.FAILED)
+
+
 async def _load(
     spec: RunSpec,
     tag: str,
@@ -278,7 +154,7 @@ def execute_bench(
     """Run the load here, then store the run (unless ``sessions`` is None) and report it.
 
     ``kernel_stamps=False`` forces user-space receive stamps; ``realtime`` runs the load thread
-    at real-time priority (``app.loadgen.sched``)."""
+    at real-time priority (``app.client.sched``)."""
     run_id: str | None = None
     if sessions is not None:
         with session_scope(sessions) as s:
@@ -292,23 +168,20 @@ def execute_bench(
                 client_host=platform.node(),
             )
     tag = run_id or secrets.token_hex(6)
-    served = served_models.fetch(spec)  # GET /v1/models once, before the load
-    scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
     try:
-        result = eventloop.run(
-            _load(spec, tag, on_progress, handle_sigint, kernel_stamps, realtime)
+        done = eventloop.run(
+            execute(
+                spec, lambda: _load(spec, tag, on_progress, handle_sigint, kernel_stamps, realtime)
+            )
         )
     except BaseException:
-        server_metrics.finish(scraper, None)
-        if sessions is not None and run_id is not None:
-            with session_scope(sessions) as s:
-                repo.finish_run(s, run_id, status=RunStatus.FAILED)
+        _mark_failed(sessions, run_id)
         raise
-    scraped = server_metrics.finish(scraper, result.start_mono_ns)
-    meta = run_meta(result, spec.max_error_rate)
-    server_metrics.attach(meta.load_stats, scraped, result.records)
-    served_models.record(meta.load_stats, meta.validity, spec.model, served)
-    status = outcome_status(result, spec.max_error_rate)
+    if done.result is None or done.meta is None:
+        _mark_failed(sessions, run_id)
+        raise done.error or RuntimeError("the load ended without a result")
+    result, meta = done.result, done.meta
+    status = done.status()
     failed = status is RunStatus.FAILED or over_error_bound(
         tally(result.records), spec.max_error_rate
     )
@@ -336,7 +209,7 @@ def execute_bench(
         return BenchOutcome(None, report, failed, status)
     with session_scope(sessions) as s:
         store_requests(s, run_id, result.records)
-        server_metrics.store(s, run_id, scraped.series)
+        server_metrics.store(s, run_id, done.series)
     report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
     return BenchOutcome(run_id, report, failed, status)
 

@@ -1,9 +1,9 @@
 """Sweeps on workers (job kind ``sweep``): queue one, let the leasing worker create each
 step's run as it goes, finalize each step, and end the sweep with why it stopped.
 
-The worker drives the plan with ``app.services.sweeps.drive`` (the same planning and
+The worker drives the plan with ``app.client.sweep_plan.drive`` (the same planning and
 saturation rules as a local sweep); the server stores what it reports. Protocol in
-``app.wire``.
+``app.protocol.wire``.
 
 A lost lease with attempts left requeues the job (``expired``): each completed step keeps
 its run and the summary the worker was answered; the next attempt's lease carries them
@@ -23,13 +23,36 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analysis.sweep import DEFAULT_MAX_ERROR_RATE, DEFAULT_MIN_RATIO, LoadKind
-from app.domain import RunSpec, RunStatus
+from app.analysis.sweep import LoadKind
+from app.client import sweep_plan
+from app.client.spec import RunSpec
+from app.domain import RunStatus
+from app.protocol.wire import (
+    CompleteRequest,
+    CompleteResponse,
+    JobKind,
+    JobRequirements,
+    JobState,
+    ResultBatch,
+    ResumedStep,
+    StepComplete,
+    StepCompleted,
+    StepCreate,
+    StepCreated,
+    SweepResume,
+)
 from app.services import hardware
-from app.services import jobs as job_svc
-from app.services import sweeps as sweep_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
+from app.services.job_rules import (
+    ACTIVE_RUN,
+    MAX_MISSING_NAMED,
+    Outcome,
+    decide,
+    leased_job,
+    planned_of,
+    public_spec,
+)
 from app.services.runs import finalize_run
 from app.services.secretbox import SecretBox
 from app.storage import compare_repo
@@ -41,48 +64,12 @@ from app.storage.jobs import ACTIVE_STATES
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Job, utcnow
 from app.storage.models_compare import SweepStep
-from app.wire import (
-    CompleteRequest,
-    CompleteResponse,
-    JobRequirements,
-    JobState,
-    ResultBatch,
-    ResumedStep,
-    StepComplete,
-    StepCompleted,
-    StepCreate,
-    StepCreated,
-    SweepResume,
-)
-
-ACTIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING)
-
-
-def plan_dict(plan: sweep_svc.SweepPlan) -> dict[str, Any]:
-    return {
-        "mode": plan.mode,
-        "loads": list(plan.loads),
-        "auto_steps": plan.auto_steps,
-        "min_ratio": plan.min_ratio,
-        "max_error_rate": plan.max_error_rate,
-    }
-
-
-def plan_of(data: dict[str, Any]) -> sweep_svc.SweepPlan:
-    """Raises ValueError for a plan that is not valid."""
-    return sweep_svc.SweepPlan(
-        data["mode"],
-        tuple(float(x) for x in data.get("loads") or ()),
-        int(data.get("auto_steps") or 5),
-        float(data.get("min_ratio") or DEFAULT_MIN_RATIO),
-        float(data.get("max_error_rate", DEFAULT_MAX_ERROR_RATE)),
-    )
 
 
 def create_sweep_job(
     session: Session,
     spec: RunSpec,
-    plan: sweep_svc.SweepPlan,
+    plan: sweep_plan.SweepPlan,
     *,
     requirements: JobRequirements,
     name: str | None,
@@ -102,7 +89,7 @@ def create_sweep_job(
     job_spec: dict[str, Any] = {
         "sweep_id": sweep_id,
         "name": name or f"sweep {sweep_id}",
-        "plan": plan_dict(plan),
+        "plan": sweep_plan.plan_dict(plan),
         "bench": json_safe(spec.model_dump(mode="json")),
     }
     if spec.api_key:
@@ -124,7 +111,7 @@ def _sweep_id(job: Job) -> str:
 
 
 def _sweep_job(session: Session, job_id: str, lease_id: str, principal: Principal) -> Job:
-    job = job_svc._leased_job(session, job_id, lease_id, principal)
+    job = leased_job(session, job_id, lease_id, principal)
     if job.kind != "sweep":
         raise Conflict(f"job {job_id!r} is a {job.kind} job, not a sweep")
     return job
@@ -177,7 +164,7 @@ def missing_batches(session: Session, job: Job, total_batches: int) -> list[int]
     arrived; earlier attempts' numbers are theirs."""
     first = compare_repo.first_batch_no(session, job.id, job.attempt)
     present = job_repo.batch_numbers(session, job.id)
-    return job_repo.missing_numbers(first, total_batches, present, job_svc.MAX_MISSING_NAMED)
+    return job_repo.missing_numbers(first, total_batches, present, MAX_MISSING_NAMED)
 
 
 # ------------------------------------------------------------------------------ steps
@@ -211,11 +198,11 @@ def create_step(
         data.pop("request_rate", None)
     base = RunSpec.model_validate(data)  # the step run's spec: its dump never has the key
     try:
-        spec = sweep_svc.step_spec(base, load, req.load_kind)
+        spec = sweep_plan.step_spec(base, load, req.load_kind)
     except ValueError as e:
         raise Invalid(f"load: {e}", loc=("body", "load")) from None
     now = utcnow()
-    name = f"{job.spec.get('name')} · {sweep_svc.step_label(load, req.load_kind)}"
+    name = f"{job.spec.get('name')} · {sweep_plan.step_label(load, req.load_kind)}"
     run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.RUNNING)
     repo.start_run(session, run_id, started_at=now)
     stored_load = -1.0 if math.isinf(load) else load
@@ -302,8 +289,8 @@ def _summary(sessions: sessionmaker[Session], step: _StepRow, report: dict[str, 
     with session_scope(sessions) as s:
         trace = repo.load_trace(s, step.run_id)
     load = math.inf if step.load < 0 else step.load
-    summ = sweep_svc.step_summary(step.step_idx, load, step.load_kind, report, trace, step.run_id)
-    return json_safe(sweep_svc.step_dict(summ, step.role))
+    summ = sweep_plan.step_summary(step.step_idx, load, step.load_kind, report, trace, step.run_id)
+    return json_safe(sweep_plan.step_dict(summ, step.role))
 
 
 def complete_step(
@@ -354,7 +341,10 @@ def complete_step(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "
             "upload them, then complete the step again"
         )
-    outcome = job_svc.decide(session, job, step.run_id, req.status, req.error, req.run_meta)
+    planned = planned_of(dict(job.spec.get("bench") or {}))
+    outcome = decide(
+        session, job, step.run_id, req.status, req.error, req.run_meta, planned=planned
+    )
     hardware.stamp_run(session, step.run_id, job.worker_id, req.run_meta)
     if req.run_meta is not None:
         meta = req.run_meta
@@ -439,7 +429,7 @@ def complete_sweep(
         error=req.error if state == "failed" else None,
         finished_at=now,
         lease_expires_at=None,
-        spec=job_svc.public_spec(job.spec),
+        spec=public_spec(job.spec),
     )
     if not changed:
         raise Conflict(f"lease lost: job {job.id!r} changed while completing")
@@ -454,8 +444,8 @@ def complete_sweep(
     return CompleteResponse(job_id=job.id, state=state, run_id=None)
 
 
-def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, job_svc.Outcome]]:
-    """After a sweep job's lease was lost (``app.services.jobs.sweep_expired``): mark the
+def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome]]:
+    """After a sweep job's lease was lost (``app.services.jobs.expire_lost_leases``): mark the
     sweep, and return its unfinished step runs with the outcome to finalize them with.
     Requeued (attempts left): the sweep is queued again, its steps kept; the interrupted
     step's run is finalized now and replaced when the next attempt re-runs the step."""
@@ -467,7 +457,7 @@ def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, job_svc
             f"worker lost during this step (lease expired on attempt {job.attempt}); the "
             f"sweep was requeued to resume: attempt {job.attempt + 1} re-runs this step"
         )
-        return [(rid, job_svc.Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
+        return [(rid, Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
     n_steps = step_count(session, job)
     now = utcnow()
     if outcome == "partial":
@@ -482,7 +472,7 @@ def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, job_svc
             session, sweep_id, status=status, stop_reason=reason, finished_at=now
         )
     note = "worker lost during this step (lease expired)"
-    return [(rid, job_svc.Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
+    return [(rid, Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
 
 
 def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
@@ -501,7 +491,7 @@ def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
         from_states=("queued",),
         state="cancelled",
         finished_at=now,
-        spec=job_svc.public_spec(job.spec),
+        spec=public_spec(job.spec),
     ):
         n_steps = step_count(session, job)
         reason = (
@@ -520,3 +510,50 @@ def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
         return {"sweep_id": sweep_id, "job_id": job.id, "state": job.state,
                 "cancel_requested": True}  # fmt: skip
     raise Conflict(f"sweep {sweep_id!r} cannot be cancelled: its job is {job.state}")
+
+
+# ----------------------------------------------------------------------- the contract
+
+
+class SweepKind:
+    """``JobKindRules`` of a sweep job: its batches go to its step runs, numbered on from
+    earlier attempts; a lost lease requeues it to resume while attempts remain."""
+
+    name: JobKind = "sweep"
+
+    def bench_spec(self, job: Job) -> dict[str, Any]:
+        return dict((job.spec or {}).get("bench") or {})  # every step plans the base spec's
+
+    def lease_resume(self, session: Session, job: Job) -> SweepResume | None:
+        return resume_of(session, job)
+
+    def batch_run(self, session: Session, job: Job, batch: ResultBatch) -> str | None:
+        return batch_run(session, job, batch)
+
+    def missing_batches(self, session: Session, job: Job, total_batches: int) -> list[int]:
+        return missing_batches(session, job, total_batches)
+
+    def recomplete(
+        self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
+    ) -> None:
+        return None  # a sweep's completion has nothing left half-done: its steps finalized
+
+    def complete(
+        self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
+    ) -> CompleteResponse:
+        return complete_sweep(session, sessions, job, req)
+
+    def kept_uploads(self, session: Session, job: Job) -> int:
+        return job_repo.count_batches(session, job.id) or step_count(session, job)
+
+    def resumes_after_loss(self, job: Job) -> bool:
+        return True
+
+    def loss_notes(self, session: Session, job: Job) -> list[str]:
+        return []
+
+    def after_loss(self, session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome]]:
+        return expired(session, job, outcome)
+
+
+SWEEP = SweepKind()

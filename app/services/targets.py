@@ -18,7 +18,7 @@ address and public URL, and loopback at its port: a run would load, or read thro
 errors, the dashboard's own API) nor link-local addresses (169.254.0.0/16, fe80::/10: cloud
 metadata services), unless ``target_allow_self`` / ``target_allow_link_local`` say so. The
 same checks apply to ``metrics_url``. Workers refuse a target *name* that resolves to a
-link-local address (``app.loadgen.runner``), which the server cannot see.
+link-local address (``app.client.runner``), which the server cannot see.
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from app.protocol.wire import JobRequirements, RegisterRequest, RegisterResponse, WorkerCapabilities
 from app.services.auth import Principal
 from app.services.errors import Forbidden, NotFound
 from app.settings import Settings
 from app.storage import workers as worker_repo
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Job, Worker
-from app.wire import JobRequirements, RegisterRequest, RegisterResponse, WorkerCapabilities
 
 
 def register(

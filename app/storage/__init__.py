@@ -3,6 +3,7 @@
 Callers create engines (``make_engine``) and own sessions and commits (``session_scope``).
 """
 
+from app.protocol.packing import EventArrays, pack_events, unpack_events, unpack_many
 from app.storage import models_interop as models_interop  # imports, server metrics (0005)
 from app.storage import models_probes as models_probes  # probe tables (0003_probes)
 from app.storage.db import (
@@ -15,7 +16,6 @@ from app.storage.db import (
 )
 from app.storage.models import Base, Request, Run
 from app.storage.models_compare import Baseline, Sweep, SweepStep  # noqa: F401
-from app.storage.packing import EventArrays, pack_events, unpack_events, unpack_many
 from app.storage.repository import (
     NotFoundError,
     count_requests,

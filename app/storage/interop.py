@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from app.importers.prometheus import Series, parse_label_set
+from app.protocol.prometheus import Series, parse_label_set
 from app.storage.jsonsafe import json_safe
 from app.storage.models_interop import RunImport, ServerMetricSample
 

@@ -1,7 +1,7 @@
 """Tables: ``runs`` (one benchmark or import) and ``requests`` (one row per request).
 
 Nanosecond times are BigInteger everywhere. The per-token event log of a request is one
-packed blob (see ``app.storage.packing``); summary latencies sit in plain columns so SQL can
+packed blob (see ``app.protocol.packing``); summary latencies sit in plain columns so SQL can
 filter on them. The same DDL works on SQLite and PostgreSQL (migrations/versions/0001).
 """
 

@@ -62,7 +62,7 @@ class SweepStep(Base):
     role: Mapped[str] = mapped_column(String(16), default="step")  # step | probe (auto plan)
     # the job attempt that created the step's current run (1 for local sweeps)
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    # ``app.services.sweeps.step_dict`` as answered to the worker when the step completed;
+    # ``app.client.sweep_plan.step_dict`` as answered to the worker when the step completed;
     # None: not completed (running, interrupted, or a local sweep's step)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 

@@ -17,21 +17,21 @@ from sqlalchemy import Select, String, cast, delete, exists, func, literal, sele
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from app.client.spec import RunSpec
 from app.domain import (
     PHASES,
     ClockSource,
     PerRequestMetrics,
     RequestRecord,
     RequestStatus,
-    RunSpec,
     RunStatus,
     RunTrace,
 )
+from app.protocol.packing import EventArrays, pack_events, unpack_events, unpack_many
 from app.storage.bulk import fetch_rows, insert_rows
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Request, Run, utcnow
 from app.storage.models_compare import SweepStep
-from app.storage.packing import EventArrays, pack_events, unpack_events, unpack_many
 
 INSERT_CHUNK = 2000  # requests packed and sent per executemany
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request, Response
+from fastapi.responses import RedirectResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup
@@ -183,6 +184,14 @@ def reads_allowed(request: Request, principal: Principal | None) -> bool:
     if not settings_of(request).auth_reads:
         return True
     return principal is not None and principal.has("read")
+
+
+def read_gate(request: Request) -> tuple[Principal | None, Response | None]:
+    """The signed-in principal, and a redirect to sign-in when reads need a token."""
+    principal = principal_of(request)
+    if reads_allowed(request, principal):
+        return principal, None
+    return principal, RedirectResponse(f"/signin?next={request.url.path}", status_code=303)
 
 
 def render(

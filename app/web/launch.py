@@ -9,8 +9,7 @@ from urllib.parse import parse_qsl, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.services import auth, targets, web_sessions
-from app.services import jobs as job_svc
+from app.services import auth, bench_jobs, targets, web_sessions
 from app.services.errors import ServiceError
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -105,7 +104,7 @@ async def launch_submit(request: Request) -> Response:
         spec = created.to_spec()
         targets.check_run_targets(spec.base_url, spec.metrics_url, settings)
         with session_scope(sessions_of(request)) as s:
-            run_id, _job_id = job_svc.create_bench_run(
+            run_id, _job_id = bench_jobs.create_bench_run(
                 s,
                 created.to_spec(),
                 requirements=created.requirements,

@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.api.schemas import RunCreate
-from app.domain import RunSpec
+from app.client.datasets import DATASETS
+from app.client.spec import RunSpec
 from app.settings import Settings
 
 
@@ -48,7 +49,7 @@ FIELDS: tuple[FormField, ...] = (
         "API key variable",
         help="TOKENTRACE_TARGET_KEY_<NAME> on the worker: the key never reaches this server",
     ),
-    FormField("dataset", "Dataset", "select", choices=("random", "jsonl"), group="Workload"),
+    FormField("dataset", "Dataset", "select", choices=tuple(DATASETS), group="Workload"),
     FormField("dataset_path", "Dataset path", help="JSONL file on the worker", group="Workload"),
     FormField("input_len", "Input length (tokens)", "number", group="Workload"),
     FormField("output_len", "Output length (tokens)", "number", group="Workload"),

@@ -5,16 +5,18 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from app.web import (
-    exports,
-    interop_pages,
+    compare,
+    interop,
     launch,
-    live,
-    pages,
-    pages_compare,
-    pages_probes,
-    probe_launch,
-    run_actions,
-    sweep_pages,
+    probes,
+    probes_launch,
+    runs,
+    runs_actions,
+    runs_exports,
+    runs_live,
+    sweeps,
+    sweeps_launch,
+    workers,
 )
 from app.web.assets import HashedStaticFiles, StaticAssets
 from app.web.context import asset_dir
@@ -37,14 +39,16 @@ def mount(app: FastAPI) -> None:
     """
     if any(getattr(r, "path", None) == "/static" for r in app.routes):
         return
-    app.include_router(pages_compare.router)  # before pages: owns /compare
-    app.include_router(pages.router)
-    app.include_router(exports.router)
+    app.include_router(compare.router)  # /compare: runs or sweeps side by side
+    app.include_router(sweeps.router)  # the sweeps list and a sweep's page
+    app.include_router(runs.router)  # the runs list, a run, its requests
+    app.include_router(runs_exports.router)
+    app.include_router(runs_actions.router)  # a run's forms: tags, note, baseline, cancel
+    app.include_router(runs_live.router)  # a running run's live figures
     app.include_router(launch.router)
-    app.include_router(run_actions.router)  # run page forms (issue 17)
-    app.include_router(live.router)  # live run figures (issue 17)
-    app.include_router(pages_probes.router)
-    app.include_router(sweep_pages.router)  # sweep form, live sweep state, cancel
-    app.include_router(probe_launch.router)  # probe form
-    app.include_router(interop_pages.router)  # import page, more exports
+    app.include_router(sweeps_launch.router)  # sweep form, live sweep state, cancel
+    app.include_router(probes.router)
+    app.include_router(probes_launch.router)  # probe form
+    app.include_router(workers.router)  # workers and the queue
+    app.include_router(interop.router)  # import page, more exports
     app.mount("/static", HashedStaticFiles(static_assets(app)), name="static")

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.protocol.wire import JobRequirements, WorkerCapabilities
 from app.services.workers import matches
 from app.storage.models import Job, Worker
-from app.wire import JobRequirements, WorkerCapabilities
 
 
 @dataclass(frozen=True, slots=True)

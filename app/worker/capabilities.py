@@ -18,19 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.wire import GPUInfo, WorkerCapabilities
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and value.strip() and key.strip() in ("model name", "Model", "Hardware"):
-            return value.strip()
-    return platform.processor() or None
+from app.probes.device import cpu_model
+from app.protocol.wire import GPUInfo, WorkerCapabilities
 
 
 def memory_total_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:

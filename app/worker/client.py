@@ -1,4 +1,4 @@
-"""A typed HTTP client for the worker protocol (``app.wire``), over httpx.
+"""A typed HTTP client for the worker protocol (``app.protocol.wire``), over httpx.
 
 Failures come out as distinct exceptions so the worker loop can react to each:
 
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from app.wire import (
+from app.protocol.wire import (
     BatchAck,
     CompleteRequest,
     CompleteResponse,

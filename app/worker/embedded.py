@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.wire import JobKind
+from app.protocol.wire import JobKind
 from app.worker.loop import Worker, WorkerOptions
 
 log = logging.getLogger(__name__)

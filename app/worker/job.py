@@ -17,16 +17,15 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from pydantic import ValidationError
-
-from app.domain import RequestRecord, RequestStatus, RunSpec, RunStatus
-from app.loadgen.runner import LoadResult, Progress
-from app.services import served_models, server_metrics
-from app.services.runs import outcome_status, run_meta
-from app.wire import (
+from app.client.execute import outcome_status
+from app.client.runner import LoadResult, Progress
+from app.client.spec import RunSpec
+from app.domain import RequestRecord, RequestStatus, RunStatus
+from app.protocol.wire import (
     CompleteRequest,
     HeartbeatRequest,
     JobProgress,
@@ -42,8 +41,8 @@ from app.worker.client import (
     ProtocolError,
     ServerUnreachable,
     WorkerClient,
-    describe,
 )
+from app.worker.device_telemetry import job_telemetry
 from app.worker.load_thread import LoadThread
 from app.worker.spool import JobSpool
 from app.worker.uploader import Uploader
@@ -107,7 +106,16 @@ def failure_reason(result: LoadResult) -> str:
     return f"{msg}; first error: {first}" if first else msg
 
 
+class WorkerJobKind(Protocol):
+    """A job kind on the worker: run a leased job of that kind to its outcome."""
+
+    def __call__(self, jr: JobRun) -> Awaitable[JobOutcome]: ...
+
+
 class JobRun:
+    """A leased job's shared machinery: its spool, uploader and heartbeats, the records a
+    load hands over and their batches, and completion."""
+
     def __init__(
         self,
         client: WorkerClient,
@@ -135,99 +143,35 @@ class JobRun:
 
     # ---- callbacks from the load thread (cheap, thread-safe)
 
-    def _on_record(self, rec: RequestRecord) -> None:
+    def on_record(self, rec: RequestRecord) -> None:
         self.records.append(rec)
 
-    def _on_progress(self, p: Progress) -> None:
+    def on_progress(self, p: Progress) -> None:
         self.progress = p
 
-    def _stop_load(self) -> None:
+    def stop_load(self) -> None:
         if self.load is not None:
             self.load.stop()
 
     # ---- main
 
-    async def run(self) -> JobOutcome:
-        from app.worker.probe_job import job_telemetry  # GPU telemetry for every job
-
+    async def run(self, kind: WorkerJobKind) -> JobOutcome:
+        """Run the job as its kind does (``app.worker.kinds``), with the uploader and the
+        device telemetry every job gets."""
         self.uploader.start()
         try:
             async with job_telemetry(self.client, self.job):
-                return await self._run()
+                return await kind(self)
         finally:
             await self.uploader.close()
 
-    async def _run(self) -> JobOutcome:
-        job = self.job
-        if job.kind == "probe":
-            return await self._run_probe()
-        if job.kind == "sweep":
-            from app.worker.sweep_job import SweepRun
+    async def load_result(self) -> LoadResult:
+        """Start the load thread and wait for its result."""
+        assert self.load is not None
+        self.load.start()
+        return await self.load.result()
 
-            return await SweepRun(self).run()
-        if job.kind != "bench":
-            return await self._complete("failed", f"this worker cannot run {job.kind!r} jobs")
-        try:
-            spec = spec_from_job(job.spec)
-        except ValidationError as e:
-            return await self._complete("failed", f"invalid run spec: {e}")
-        self.load = LoadThread(
-            spec,
-            run_tag=job.run_id or job.job_id,
-            on_record=self._on_record,
-            on_progress=self._on_progress,
-            kernel_stamps=self.opts.kernel_stamps,
-            realtime=self.opts.realtime,
-            dataset_dirs=self.opts.dataset_dirs,
-            allow_link_local=self.opts.allow_link_local,
-        )
-        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
-        scraper = server_metrics.start_scraper(spec)  # the target's /metrics, beside the load
-        side = [
-            asyncio.create_task(self._heartbeats(), name=f"heartbeat-{job.job_id}"),
-            asyncio.create_task(self._cutter(), name=f"cut-{job.job_id}"),
-            asyncio.create_task(self._watch_stop(), name=f"watch-{job.job_id}"),
-        ]
-        try:
-            self.load.start()
-            try:
-                result: LoadResult | None = await self.load.result()
-                error = None
-            except Exception as e:
-                result, error = None, f"the load failed: {describe(e)}"
-                log.exception("job %s: load failed", job.job_id)
-            start_ns = result.start_mono_ns if result is not None else None
-            scraped = await asyncio.to_thread(server_metrics.finish, scraper, start_ns)
-            scraper = None
-            await self._cut_all()
-            if self.uploader.lost is not None:
-                return self._drop(self.uploader.lost)
-            status, error = self._status(result, error)
-            meta = run_meta(result, spec.max_error_rate) if result is not None else None
-            if meta is not None and result is not None:
-                server_metrics.attach(meta.load_stats, scraped, result.records)
-                served_models.record(meta.load_stats, meta.validity, spec.model, served)
-                self.server_series = server_metrics.to_wire(scraped.series) or None
-            return await self._complete(status, error, meta)
-        finally:
-            if scraper is not None:
-                await asyncio.to_thread(server_metrics.finish, scraper, None)
-            self._stop_load()
-            for t in side:
-                t.cancel()
-            for t in side:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-
-    async def _run_probe(self) -> JobOutcome:
-        from app.worker.probe_job import ProbeJob
-
-        probe = ProbeJob(self.client, self.job, self.opts.heartbeat_interval_s, self.worker_stop)
-        status, detail = await probe.run()
-        await asyncio.to_thread(self.spool.remove)
-        return JobOutcome(self.job.job_id, status, detail)  # type: ignore[arg-type]
-
-    def _status(
+    def final_status(
         self, result: LoadResult | None, error: str | None
     ) -> tuple[CompleteStatus, str | None]:
         if self.cancelled:
@@ -244,7 +188,7 @@ class JobRun:
             return "failed", failure_reason(result)
         return "succeeded", None
 
-    async def _complete(
+    async def complete(
         self,
         status: CompleteStatus,
         error: str | None,
@@ -264,10 +208,10 @@ class JobRun:
         # spooled first: a worker restarted before the server answered still completes it
         await asyncio.to_thread(self.spool.write_complete, req)
         if not await self.uploader.drain(self.deadline):
-            return self._give_up()
+            return self.give_up()
         resp = await self.uploader.complete(req, self.deadline)
         if resp is None:
-            return self._give_up()
+            return self.give_up()
         await asyncio.to_thread(self.spool.remove)
         log.info(
             "job %s: %s (%d batches, %d requests stored)%s",
@@ -279,19 +223,19 @@ class JobRun:
         )
         return JobOutcome(job.job_id, status, error)
 
-    def _give_up(self) -> JobOutcome:
+    def give_up(self) -> JobOutcome:
         if self.uploader.lost is not None:
-            return self._drop(self.uploader.lost)
+            return self.drop(self.uploader.lost)
         log.warning("job %s: not completed before shutdown; results stay spooled", self.job.job_id)
         return JobOutcome(self.job.job_id, None, "left spooled at shutdown")
 
-    def _drop(self, reason: str) -> JobOutcome:
+    def drop(self, reason: str) -> JobOutcome:
         self.spool.remove()
         return JobOutcome(self.job.job_id, None, reason)
 
     # ---- side tasks
 
-    def _job_progress(self) -> JobProgress:
+    def progress_now(self) -> JobProgress:
         p = job_progress(self.progress)
         if self.step_info is not None:
             p.step, p.steps = self.step_info
@@ -299,40 +243,40 @@ class JobRun:
             p.phase = f"step {p.step + 1} of {p.steps}: {p.phase}"
         return p
 
-    async def _cut(self) -> None:
+    async def cut(self) -> None:
         n = min(len(self.records), self.opts.batch_max_requests)
         if n and self.uploader.lost is None:
             await self.uploader.add(
                 [self.records.popleft() for _ in range(n)], run_id=self.step_run
             )
 
-    async def _cut_all(self) -> None:
+    async def cut_all(self) -> None:
         while self.records and self.uploader.lost is None:
-            await self._cut()
+            await self.cut()
 
-    async def _cutter(self) -> None:
+    async def cutter(self) -> None:
         last = time.monotonic()
         while True:
             await asyncio.sleep(CUT_POLL_S)
             full = len(self.records) >= self.opts.batch_max_requests
             if full or (self.records and time.monotonic() - last >= self.opts.batch_interval_s):
-                await self._cut()
+                await self.cut()
                 last = time.monotonic()
 
-    async def _heartbeats(self) -> None:
+    async def heartbeats(self) -> None:
         job = self.job
         lost = self.uploader.lost_event()
         while True:
             try:
                 resp = await self.client.heartbeat(
                     job.job_id,
-                    HeartbeatRequest(lease_id=job.lease_id, progress=self._job_progress()),
+                    HeartbeatRequest(lease_id=job.lease_id, progress=self.progress_now()),
                 )
             except ServerUnreachable as e:
                 log.info("job %s: heartbeat not sent: %s", job.job_id, e)
             except (LeaseLost, NotFound) as e:
                 self.uploader.lose(f"lease lost at heartbeat: {e}")
-                self._stop_load()
+                self.stop_load()
                 return
             except (AuthError, ProtocolError) as e:
                 log.warning("job %s: heartbeat refused: %s", job.job_id, e)
@@ -340,16 +284,16 @@ class JobRun:
                 if resp.cancel and not self.cancelled:
                     log.info("job %s: cancel requested; stopping the load", job.job_id)
                     self.cancelled = True
-                    self._stop_load()
+                    self.stop_load()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lost.wait(), self.opts.heartbeat_interval_s)
             if lost.is_set():
-                self._stop_load()
+                self.stop_load()
                 return
 
-    async def _watch_stop(self) -> None:
+    async def watch_stop(self) -> None:
         await self.worker_stop.wait()
         log.info("job %s: worker stopping; ending the load", self.job.job_id)
         self.stopping = True
         self.deadline = time.monotonic() + self.opts.shutdown_grace_s
-        self._stop_load()
+        self.stop_load()

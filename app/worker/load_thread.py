@@ -1,4 +1,4 @@
-"""Run one load (``app.loadgen.runner.run_load``) on its own thread and event loop.
+"""Run one load (``app.client.runner.run_load``) on its own thread and event loop.
 
 The measurement loop then shares nothing with the worker's control loop (heartbeats,
 uploads, disk writes): a slow server or a fsync never delays a stream read.
@@ -12,9 +12,10 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from app.domain import RequestRecord, RunSpec
-from app.loadgen import eventloop
-from app.loadgen.runner import LoadResult, Progress, run_load
+from app.client import eventloop
+from app.client.runner import LoadResult, Progress, run_load
+from app.client.spec import RunSpec
+from app.domain import RequestRecord
 
 
 class LoadThread:

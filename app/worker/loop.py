@@ -19,7 +19,13 @@ from typing import TypeVar
 
 import httpx
 
-from app.wire import JobKind, LeasedJob, RegisterRequest, RegisterResponse, WorkerCapabilities
+from app.protocol.wire import (
+    JobKind,
+    LeasedJob,
+    RegisterRequest,
+    RegisterResponse,
+    WorkerCapabilities,
+)
 from app.worker.backoff import Backoff, sleep_or_stop
 from app.worker.capabilities import collect
 from app.worker.client import (
@@ -30,6 +36,7 @@ from app.worker.client import (
     WorkerClient,
 )
 from app.worker.job import JobOptions, JobOutcome, JobRun
+from app.worker.kinds import runner_of
 from app.worker.spool import Spool, StateDirLock, default_state_root, worker_key
 from app.worker.uploader import Uploader
 
@@ -46,8 +53,8 @@ class WorkerOptions:
     batch_max_requests: int = 256
     shutdown_grace_s: float = 10.0
     kernel_stamps: bool = True
-    realtime: bool = False  # run loads at real-time priority (app.loadgen.sched)
-    # where a run's dataset_path may point (app.loadgen.datasets.open_dataset); empty: nowhere
+    realtime: bool = False  # run loads at real-time priority (app.client.sched)
+    # where a run's dataset_path may point (app.client.datasets.open_dataset); empty: nowhere
     dataset_dirs: tuple[str, ...] = ()
     allow_link_local: bool = False  # targets resolving to 169.254/16, fe80::/10 (metadata)
     heartbeat_interval_s: float | None = None  # None: what the server asks for
@@ -239,7 +246,8 @@ class Worker:
             job.attempt,
         )
         spool = await asyncio.to_thread(self._spool.open_job, job)
-        return await JobRun(self._client, spool, self._job_options(), stop).run()
+        run = JobRun(self._client, spool, self._job_options(), stop)
+        return await run.run(runner_of(job.kind))
 
     async def _recover(self, stop: asyncio.Event) -> None:
         """Re-send batches (and the completion) an earlier worker process left spooled.

@@ -1,6 +1,5 @@
-"""Execute a leased probe job: heartbeat while the probe runs on a thread, upload its
-result (fingerprint, result, telemetry, artifacts) and complete the job. Also: device
-telemetry for every job on a GPU worker (``job_telemetry``)."""
+"""Job kind ``probe`` on the worker: heartbeat while the probe runs on a thread, upload its
+result (fingerprint, result, telemetry, artifacts) and complete the job."""
 
 from __future__ import annotations
 
@@ -9,20 +8,23 @@ import base64
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from app.probes.spec import ProbeSpec
-from app.probes.wire import (
+from app.protocol.probe_wire import (
     ArtifactUpload,
     ProbeResultAck,
     ProbeResultUpload,
-    TelemetryAck,
-    TelemetryUpload,
 )
-from app.wire import CompleteRequest, CompleteResponse, HeartbeatRequest, JobProgress, LeasedJob
+from app.protocol.wire import (
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    JobProgress,
+    LeasedJob,
+)
 from app.worker.client import (
     AuthError,
     LeaseLost,
@@ -32,53 +34,10 @@ from app.worker.client import (
     WorkerClient,
     describe,
 )
+from app.worker.device_telemetry import post_retrying
+from app.worker.job import JobOutcome, JobRun
 
 log = logging.getLogger(__name__)
-POST_TRIES = 5
-
-
-async def _post(client: WorkerClient, path: str, body: BaseModel, model: type[Any]) -> Any:
-    """POST with a few retries while the server is unreachable."""
-    delay = 0.5
-    for attempt in range(POST_TRIES):
-        try:
-            return await client._post(path, body, model)
-        except ServerUnreachable:
-            if attempt == POST_TRIES - 1:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 8.0)
-    raise AssertionError("unreachable")
-
-
-def _gpu_index(job: LeasedJob) -> int | None:
-    """The GPU a job uses for telemetry: a probe's CUDA device, else GPU 0."""
-    if job.kind == "probe":
-        probe = job.spec.get("probe") or {}
-        if probe.get("device") == "cpu":
-            return None
-        return int(probe.get("device_index") or 0)
-    return 0
-
-
-@contextlib.asynccontextmanager
-async def job_telemetry(client: WorkerClient, job: LeasedJob) -> AsyncIterator[None]:
-    """Sample the job's GPU about once a second (NVML); upload the series at the end.
-    Without NVML or a GPU nothing is sampled and nothing is sent."""
-    from app.probes.telemetry import Sampler
-
-    index = _gpu_index(job)
-    sampler = await asyncio.to_thread(Sampler.start, index) if index is not None else None
-    try:
-        yield
-    finally:
-        if sampler is not None:
-            samples = await asyncio.to_thread(sampler.stop)
-            body = TelemetryUpload(lease_id=job.lease_id, seq=0, samples=samples)  # type: ignore[arg-type]
-            try:
-                await _post(client, f"/jobs/{job.job_id}/telemetry", body, TelemetryAck)
-            except Exception as e:  # telemetry is an extra: the job's outcome stands
-                log.warning("job %s: telemetry not uploaded: %s", job.job_id, describe(e))
 
 
 class ProbeJob:
@@ -174,7 +133,8 @@ class ProbeJob:
 
     async def _upload(self, body: ProbeResultUpload) -> tuple[str | None, str | None]:
         try:
-            await _post(self.client, f"/jobs/{self.job.job_id}/probe-result", body, ProbeResultAck)
+            path = f"/jobs/{self.job.job_id}/probe-result"
+            await post_retrying(self.client, path, body, ProbeResultAck)
         except (LeaseLost, NotFound) as e:
             return None, f"lease lost: {e}"
         except ProtocolError as e:  # e.g. an artifact over the server's limit
@@ -189,8 +149,17 @@ class ProbeJob:
             total_batches=0,
         )
         try:
-            await _post(self.client, f"/jobs/{self.job.job_id}/complete", req, CompleteResponse)
+            path = f"/jobs/{self.job.job_id}/complete"
+            await post_retrying(self.client, path, req, CompleteResponse)
         except (LeaseLost, NotFound) as e:
             return None, f"lease lost: {e}"
         log.info("job %s: probe %s%s", self.job.job_id, status, f": {error}" if error else "")
         return status, error
+
+
+async def run_probe(jr: JobRun) -> JobOutcome:
+    """``WorkerJobKind`` of a probe job."""
+    probe = ProbeJob(jr.client, jr.job, jr.opts.heartbeat_interval_s, jr.worker_stop)
+    status, detail = await probe.run()
+    await asyncio.to_thread(jr.spool.remove)
+    return JobOutcome(jr.job.job_id, status, detail)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from typing import IO
 import platformdirs
 from pydantic import BaseModel, ValidationError
 
-from app.wire import CompleteRequest, LeasedJob, ResultBatch
+from app.protocol.wire import CompleteRequest, LeasedJob, ResultBatch
 
 BATCH_PREFIX = "batch-"
 

@@ -1,6 +1,6 @@
 """Execute one leased sweep job: the steps in order, each a run created on the server.
 
-The plan is driven by ``app.services.sweeps.drive`` (the same planning and saturation
+The plan is driven by ``app.client.sweep_plan.drive`` (the same planning and saturation
 rules as a local sweep) on a thread; each step it asks for runs here, on the worker's event
 loop: create the step's run (``POST /jobs/{id}/steps``), run the load, upload its requests
 through the job's spooled ``Uploader`` (batches name the step's run), then finalize the step
@@ -24,16 +24,21 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from app.analysis.sweep import LoadKind, StepSummary
-from app.services import served_models, server_metrics
-from app.services.runs import run_meta
-from app.services.sweep_jobs import plan_of
-from app.services.sweeps import drive, planned_steps, step_from_dict, step_label, step_spec
-from app.wire import ResumedStep, StepComplete, StepCreate
+from app.client.execute import execute, series_to_wire
+from app.client.sweep_plan import (
+    drive,
+    plan_of,
+    planned_steps,
+    step_from_dict,
+    step_label,
+    step_spec,
+)
+from app.protocol.wire import ResumedStep, StepComplete, StepCreate
 from app.worker.backoff import Backoff
 from app.worker.client import (
     AuthError,
@@ -44,11 +49,8 @@ from app.worker.client import (
     ServerUnreachable,
     describe,
 )
-from app.worker.job import CompleteStatus, JobOutcome, spec_from_job
+from app.worker.job import CompleteStatus, JobOutcome, JobRun, spec_from_job
 from app.worker.load_thread import LoadThread
-
-if TYPE_CHECKING:
-    from app.worker.job import JobRun
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,7 +112,7 @@ class Replay:
 
 
 class _Bridge:
-    """``app.services.sweeps.StepRunner`` for ``drive`` (on a thread): a step completed by an
+    """``app.client.sweep_plan.StepRunner`` for ``drive`` (on a thread): a step completed by an
     earlier attempt is replayed; any other runs as a coroutine on the worker's loop."""
 
     def __init__(self, sweep: SweepRun, loop: asyncio.AbstractEventLoop) -> None:
@@ -147,7 +149,7 @@ class SweepRun:
                 bench["api_key"] = job.spec["api_key"]
             self.base = spec_from_job(bench)
         except (KeyError, TypeError, ValueError, ValidationError) as e:
-            return await jr._complete("failed", f"invalid sweep spec: {e}")
+            return await jr.complete("failed", f"invalid sweep spec: {e}")
         self.total = planned_steps(plan)
         if job.resume is not None:
             up = jr.uploader  # batch numbers stay unique per job: go on after earlier ones
@@ -155,7 +157,7 @@ class SweepRun:
             try:
                 self.replay = Replay(job.resume.completed)
             except ReplayMismatch as e:
-                return await jr._complete("failed", str(e), stop_reason=str(e))
+                return await jr.complete("failed", str(e), stop_reason=str(e))
             log.info(
                 "job %s: attempt %d resumes after %d completed step(s)",
                 job.job_id,
@@ -163,9 +165,9 @@ class SweepRun:
                 len(self.replay),
             )
         side = [
-            asyncio.create_task(jr._heartbeats(), name=f"heartbeat-{job.job_id}"),
-            asyncio.create_task(jr._cutter(), name=f"cut-{job.job_id}"),
-            asyncio.create_task(jr._watch_stop(), name=f"watch-{job.job_id}"),
+            asyncio.create_task(jr.heartbeats(), name=f"heartbeat-{job.job_id}"),
+            asyncio.create_task(jr.cutter(), name=f"cut-{job.job_id}"),
+            asyncio.create_task(jr.watch_stop(), name=f"watch-{job.job_id}"),
         ]
         try:
             bridge = _Bridge(self, asyncio.get_running_loop())
@@ -180,7 +182,7 @@ class SweepRun:
                     )
             except SweepStopped as e:
                 if e.status is None:
-                    return jr._drop(jr.uploader.lost or e.reason)
+                    return jr.drop(jr.uploader.lost or e.reason)
                 status, error, stop = e.status, e.error, e.reason
             except ReplayMismatch as e:
                 log.error("job %s: %s", job.job_id, e)
@@ -189,11 +191,11 @@ class SweepRun:
                 log.exception("job %s: sweep failed", job.job_id)
                 status, error, stop = "failed", f"the sweep failed: {describe(e)}", None
             if jr.uploader.lost is not None:
-                return jr._drop(jr.uploader.lost)
+                return jr.drop(jr.uploader.lost)
             log.info("job %s: sweep ends (%s) after %d steps", job.job_id, status, self.next_idx)
-            return await jr._complete(status, error, stop_reason=stop)
+            return await jr.complete(status, error, stop_reason=stop)
         finally:
-            jr._stop_load()
+            jr.stop_load()
             for t in side:
                 t.cancel()
             for t in side:
@@ -248,37 +250,27 @@ class SweepRun:
         jr.load = LoadThread(
             spec,
             run_tag=run_id,
-            on_record=jr._on_record,
-            on_progress=jr._on_progress,
+            on_record=jr.on_record,
+            on_progress=jr.on_progress,
             kernel_stamps=jr.opts.kernel_stamps,
             realtime=jr.opts.realtime,
             dataset_dirs=jr.opts.dataset_dirs,
             allow_link_local=jr.opts.allow_link_local,
         )
-        served = await asyncio.to_thread(served_models.fetch, spec)  # GET /v1/models once
-        scraper = server_metrics.start_scraper(spec)
-        jr.load.start()
-        try:
-            result = await jr.load.result()
-            error: str | None = None
-        except Exception as e:
-            result, error = None, f"the load failed: {describe(e)}"
-            log.exception("job %s: step %d load failed", job.job_id, idx)
-        start_ns = result.start_mono_ns if result is not None else None
-        scraped = await asyncio.to_thread(server_metrics.finish, scraper, start_ns)
-        await jr._cut_all()
+        done = await execute(spec, jr.load_result)
+        error: str | None = None
+        if done.error is not None:
+            error = f"the load failed: {describe(done.error)}"
+            log.error("job %s: step %d load failed", job.job_id, idx, exc_info=done.error)
+        await jr.cut_all()
         if not await jr.uploader.drain(jr.deadline):
             if jr.uploader.lost is not None:
                 raise SweepStopped(None, jr.uploader.lost)
             raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
-        status, error = jr._status(result, error)
-        meta = run_meta(result, spec.max_error_rate) if result is not None else None
-        series = None
-        if meta is not None and result is not None:
-            server_metrics.attach(meta.load_stats, scraped, result.records)
-            served_models.record(meta.load_stats, meta.validity, spec.model, served)
-            series = server_metrics.to_wire(scraped.series) or None
-        done = StepComplete(
+        status, error = jr.final_status(done.result, error)
+        meta = done.meta
+        series = (series_to_wire(done.series) or None) if meta is not None else None
+        complete = StepComplete(
             lease_id=job.lease_id,
             status=status,
             error=error,
@@ -286,7 +278,7 @@ class SweepRun:
             run_meta=meta,
             server_metrics=series,
         )
-        resp = await self._call(lambda: jr.client.complete_step(job.job_id, idx, done))
+        resp = await self._call(lambda: jr.client.complete_step(job.job_id, idx, complete))
         log.info("job %s: step %d %s", job.job_id, idx, resp.status)
         if status == "cancelled":
             self._check_going()
@@ -322,3 +314,8 @@ class SweepRun:
                 continue
             self.backoff.reset()
             return out
+
+
+async def run_sweep(jr: JobRun) -> JobOutcome:
+    """``WorkerJobKind`` of a sweep job."""
+    return await SweepRun(jr).run()

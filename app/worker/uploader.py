@@ -15,7 +15,7 @@ import time
 from collections import deque
 
 from app.domain import RequestRecord
-from app.wire import CompleteRequest, CompleteResponse, ResultBatch, WireRequest
+from app.protocol.wire import CompleteRequest, CompleteResponse, ResultBatch, WireRequest
 from app.worker.backoff import Backoff
 from app.worker.client import (
     AuthError,

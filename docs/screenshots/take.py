@@ -13,7 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from app.loadgen.sim_config import SimConfig  # noqa: E402
+from app.targets.sim_config import SimConfig  # noqa: E402
 from app.services.runs import open_database  # noqa: E402
 from tests.browser_support import CHROMIUM, DashboardServer  # noqa: E402
 from tests.web_support import bench  # noqa: E402

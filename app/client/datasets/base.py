@@ -1,0 +1,149 @@
+"""What every dataset type shares: the contract (``DatasetType``), the prompts and workload it
+builds, the run's workload fields it reads, and the confined reading of a dataset file.
+
+A dataset file is hostile input when a run names it on a worker: ``open_dataset`` takes
+only regular files (no devices, FIFOs or directories) inside the worker's configured
+directories, at most ``MAX_DATASET_BYTES``, and its errors name the run's field, never what
+exists on the worker's file system. Building is cancellable (``check_cancel`` polls
+``cancelled`` every ``CANCEL_CHECK_EVERY`` prompts).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
+
+AnyTokenizer = BuiltinTokenizer | HFTokenizer
+MAX_DATASET_BYTES = 512 << 20
+MAX_PROMPT_TOKENS = 200_000_000  # a run's prompts built in memory, warm-ups included (~1 GB)
+CANCEL_CHECK_EVERY = 256
+REFUSED = (
+    "dataset_path: not a dataset file this worker may read (a regular file inside its "
+    "dataset directories: TOKENTRACE_DATASET_DIRS or --dataset-dir)"
+)
+
+
+class WorkloadCancelled(Exception):
+    """The run was cancelled while its prompts were being built."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    prompt: str | None  # text prompt (completions, or a single user message for chat)
+    messages: list[dict[str, Any]] | None  # chat messages from a dataset file
+    input_tokens: int  # by the client's tokenizer (for messages: their contents)
+    output_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    warmup: list[Prompt]
+    measured: list[Prompt]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadParams:
+    """The run spec's fields every dataset type may read (its own are its ``options``)."""
+
+    num_prompts: int
+    warmup_requests: int
+    input_len: int
+    output_len: int
+    seed: int
+    dataset_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    tokenizer: AnyTokenizer
+    dataset_dirs: Sequence[str] | None = None  # see ``open_dataset``
+    cancelled: Callable[[], bool] | None = None  # polled; ``WorkloadCancelled``
+
+
+class NoOptions(BaseModel):
+    """A dataset type with no fields of its own (``dataset_options`` must be empty)."""
+
+    model_config = {"extra": "forbid"}
+
+
+class DatasetType(Protocol):
+    """One dataset type: its name, its own spec fields, their checks, and how it builds the
+    run's prompts. Registered in ``app.client.datasets.DATASETS``."""
+
+    name: str
+    summary: str  # one line, for --help, the API schema and the launch form
+    options: type[BaseModel]  # its fields, given in RunSpec.dataset_options (extra forbidden)
+
+    def check(self, params: WorkloadParams, options: BaseModel) -> None:
+        """Cross-field checks: a ``ValueError`` whose text starts with the field's name."""
+        ...
+
+    def prompt_tokens(self, params: WorkloadParams, options: BaseModel) -> int | None:
+        """The prompt tokens it builds in memory (warm-ups included), when known before
+        reading anything: the client's budget (``MAX_PROMPT_TOKENS``) bounds it."""
+        ...
+
+    def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
+        """The warm-up and measured prompts; warm-ups never change the measured ones."""
+        ...
+
+
+def check_cancel(cancelled: Callable[[], bool] | None, i: int) -> None:
+    if cancelled is not None and i % CANCEL_CHECK_EVERY == 0 and cancelled():
+        raise WorkloadCancelled("cancelled while building the workload")
+
+
+def open_dataset(path: str, dirs: Sequence[str] | None) -> Iterator[str]:
+    """The lines of a dataset file. ``dirs`` None: any file the process can read (the local
+    CLI's own files); else only a regular file inside one of ``dirs`` (symlinks resolved).
+    Every refusal reads the same, whatever the reason (missing, elsewhere, a device)."""
+    if dirs is not None:
+        try:
+            real = os.path.realpath(path, strict=True)
+        except (OSError, ValueError):
+            raise ValueError(REFUSED) from None
+        roots = [os.path.realpath(d) for d in dirs]
+        if not any(os.path.commonpath([real, r]) == r for r in roots):
+            raise ValueError(REFUSED)
+        path = real
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    except (OSError, ValueError) as e:
+        if dirs is not None:
+            raise ValueError(REFUSED) from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"dataset_path: cannot open {path!r}: {reason}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(REFUSED if dirs is not None else "dataset_path: not a regular file")
+        if st.st_size > MAX_DATASET_BYTES:
+            raise ValueError(
+                f"dataset_path: the file is larger than {MAX_DATASET_BYTES >> 20} MiB"
+            )
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, encoding="utf-8", errors="strict")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        read = 0
+        try:
+            for line in f:
+                read += len(line)
+                if read > MAX_DATASET_BYTES:  # it grew while being read
+                    raise ValueError(
+                        f"dataset_path: the file is larger than {MAX_DATASET_BYTES >> 20} MiB"
+                    )
+                yield line
+        except UnicodeDecodeError:
+            raise ValueError("dataset_path: the file is not UTF-8 text") from None
+
+

@@ -1,0 +1,105 @@
+"""Dataset type ``jsonl``: prompts from a JSONL file (``dataset_path``).
+
+One object per line, ``{"prompt": "..."}`` or ``{"messages": [...]}``, optionally
+``"output_len": N``. Blank lines are skipped; anything else is a ``ValueError`` naming the
+line. When the file has fewer prompts than asked for, it is cycled; warm-ups come from the
+end of the file, so the measured prompts do not depend on the warm-up count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from pydantic import BaseModel
+
+from app.client.datasets.base import (
+    AnyTokenizer,
+    BuildContext,
+    NoOptions,
+    Prompt,
+    Workload,
+    WorkloadParams,
+    check_cancel,
+    open_dataset,
+)
+
+
+def _parse_line(line: str, lineno: int, tok: AnyTokenizer, out_len: int) -> Prompt:
+    where = f"dataset_path line {lineno}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object with 'prompt' or 'messages'")
+    ol = obj.get("output_len", out_len)
+    if not isinstance(ol, int) or isinstance(ol, bool) or ol < 1:
+        raise ValueError(f"{where}: 'output_len' must be a positive integer")
+    if "prompt" in obj:
+        p = obj["prompt"]
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+        return Prompt(p, None, tok.count(p), ol)
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError(f"{where}: 'messages' must be a non-empty list")
+        n_in = 0
+        for m in msgs:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise ValueError(f"{where}: each message needs a 'role' and 'content'")
+            c = m.get("content")
+            if isinstance(c, str):
+                n_in += tok.count(c)
+            elif c is not None and not isinstance(c, list):
+                raise ValueError(f"{where}: message 'content' must be a string or a list")
+        return Prompt(None, msgs, n_in, ol)
+    raise ValueError(f"{where}: expected a 'prompt' or 'messages' key")
+
+
+def load_jsonl(
+    path: str,
+    tok: AnyTokenizer,
+    default_output_len: int,
+    *,
+    dirs: Sequence[str] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> list[Prompt]:
+    out: list[Prompt] = []
+    for lineno, line in enumerate(open_dataset(path, dirs), start=1):
+        check_cancel(cancelled, lineno)
+        if line.strip():
+            out.append(_parse_line(line, lineno, tok, default_output_len))
+    if not out:
+        raise ValueError("dataset_path: no prompts in the file")
+    return out
+
+
+class JsonlDataset:
+    name = "jsonl"
+    summary = "prompts or chat messages from a JSONL file (dataset_path)"
+    options: type[BaseModel] = NoOptions
+
+    def check(self, params: WorkloadParams, options: BaseModel) -> None:
+        if not params.dataset_path:
+            raise ValueError("dataset_path is required when dataset is 'jsonl'")
+
+    def prompt_tokens(self, params: WorkloadParams, options: BaseModel) -> int | None:
+        return None  # bounded by the file's size (MAX_DATASET_BYTES)
+
+    def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
+        assert params.dataset_path is not None
+        items = load_jsonl(
+            params.dataset_path,
+            ctx.tokenizer,
+            params.output_len,
+            dirs=ctx.dataset_dirs,
+            cancelled=ctx.cancelled,
+        )
+        measured = [items[i % len(items)] for i in range(params.num_prompts)]
+        warm = [items[-1 - (i % len(items))] for i in range(params.warmup_requests)]
+        return Workload(warm, measured)
+
+
+JSONL = JsonlDataset()

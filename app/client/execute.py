@@ -1,0 +1,250 @@
+"""Execute one load with its observers, and say what it was: the one path every bench run,
+sweep step and worker job takes.
+
+``execute`` asks the target which models it serves (GET /v1/models, once), scrapes its
+``/metrics`` beside the load (``metrics_scraper``), runs the load, then builds the run's
+metadata (``RunMeta``: validity notes, load statistics, token-count agreement, the scrape's
+status and the server's own timing). The status of a finished load follows the one rule,
+``app.analysis.trust.run_status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import platform
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app import __version__
+from app.analysis.server_timing import server_timing
+from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
+from app.client import served_models
+from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
+from app.client.runner import LoadResult
+from app.client.spec import RunSpec
+from app.domain import RequestRecord, RequestStatus, RunStatus
+from app.protocol.prometheus import Series, wanted
+from app.protocol.wire import RunMeta, ServerMetricSeries
+
+SCRAPE_STATS_KEY = "server_metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    """A load's outcome: its result and metadata, or the exception it raised."""
+
+    spec: RunSpec
+    result: LoadResult | None  # None: the load raised ``error``
+    error: Exception | None
+    meta: RunMeta | None  # None with ``result``
+    series: list[Series]  # the target's /metrics, on the run's time axis
+
+    def status(self) -> RunStatus:
+        """The finished load's status by the one rule (``outcome_status``)."""
+        if self.result is None:
+            return RunStatus.FAILED
+        return outcome_status(self.result, self.spec.max_error_rate)
+
+
+async def execute(spec: RunSpec, load: Callable[[], Awaitable[LoadResult]]) -> Executed:
+    """Run ``load()`` with the served-models check and the /metrics scraper around it.
+
+    An ``Exception`` from the load is returned (``Executed.error``); anything else (a
+    cancellation, Ctrl-C) stops the scraper and propagates."""
+    served = await asyncio.to_thread(served_models.fetch, spec)
+    scraper = start_scraper(spec)
+    try:
+        result = await load()
+    except Exception as e:
+        await asyncio.to_thread(finish_scrape, scraper, None)
+        return Executed(spec, None, e, None, [])
+    except BaseException:
+        await asyncio.to_thread(finish_scrape, scraper, None)
+        raise
+    scraped = await asyncio.to_thread(finish_scrape, scraper, result.start_mono_ns)
+    meta = run_meta(result, spec.max_error_rate)
+    attach_scrape(meta.load_stats, scraped, result.records)
+    served_models.record(meta.load_stats, meta.validity, spec.model, served)
+    return Executed(spec, result, None, meta, scraped.series)
+
+
+def token_count_check(records: list[RequestRecord]) -> dict[str, Any]:
+    """How often the tokenizer's count and the server's usage disagreed."""
+    both = [
+        r
+        for r in records
+        if not r.warmup
+        and r.status is RequestStatus.OK
+        and r.usage_completion_tokens is not None
+        and r.tokenizer_output_tokens is not None
+    ]
+    differing = [r for r in both if r.usage_completion_tokens != r.tokenizer_output_tokens]
+    sources = sorted({r.token_source for r in records if r.token_source})
+    prompts = [
+        r
+        for r in records
+        if not r.warmup
+        and r.status is RequestStatus.OK
+        and r.usage_prompt_tokens is not None
+        and r.tokenizer_input_tokens is not None
+    ]
+    n_prompts = len(prompts)
+    usage_in = sum(r.usage_prompt_tokens or 0 for r in prompts)
+    client_in = sum(r.tokenizer_input_tokens or 0 for r in prompts)
+    server_used = bool(prompts) and all(r.input_tokens == r.usage_prompt_tokens for r in prompts)
+    return {
+        "requests_with_both_counts": len(both),
+        "requests_disagreeing": len(differing),
+        "tokenizer_output_tokens": sum(r.tokenizer_output_tokens or 0 for r in both),
+        "usage_completion_tokens": sum(r.usage_completion_tokens or 0 for r in both),
+        "token_sources": sources,
+        "prompt_requests_with_both_counts": n_prompts,
+        "prompt_requests_disagreeing": sum(
+            1 for r in prompts if r.usage_prompt_tokens != r.tokenizer_input_tokens
+        ),
+        "usage_prompt_tokens": usage_in,
+        "tokenizer_prompt_tokens": client_in,
+        "prompt_token_source": ("usage" if server_used else "tokenizer") if n_prompts else None,
+    }
+
+
+def prompt_token_note(check: dict[str, Any]) -> str | None:
+    """The note when the two prompt counts disagreed on any request, e.g. "prompt tokens:
+    server usage 158 vs client tokenizer 128 on average ...; the server's count is used"."""
+    n = check.get("prompt_requests_with_both_counts") or 0
+    if not n or not check.get("prompt_requests_disagreeing"):
+        return None
+    usage = check["usage_prompt_tokens"] / n
+    client = check["tokenizer_prompt_tokens"] / n
+    whose = "the server's" if check.get("prompt_token_source") == "usage" else "the client's"
+    return (
+        f"prompt tokens: server usage {usage:,.4g} vs client tokenizer {client:,.4g} on average "
+        f"({check['prompt_requests_disagreeing']} of {n} requests differ); {whose} count is used"
+    )
+
+
+def validity_notes(
+    result: LoadResult, check: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+) -> list[str]:
+    failed = failure_note(result.records, max_error_rate)
+    notes = ([failed] if failed else []) + list(result.client_limited_reasons) + list(result.notes)
+    if result.stopped == "stopped":
+        notes.append("stopped before the end: the report covers what was measured")
+    elif result.stopped == "max_duration":
+        notes.append("the run reached its time limit (--max-duration): unsent requests skipped")
+    if check["requests_disagreeing"]:
+        notes.append(
+            f"token counts disagree on {check['requests_disagreeing']} of "
+            f"{check['requests_with_both_counts']} requests: tokenizer "
+            f"{check['tokenizer_output_tokens']} vs server usage "
+            f"{check['usage_completion_tokens']} output tokens"
+        )
+    prompt_note = prompt_token_note(check)
+    if prompt_note:
+        notes.append(prompt_note)
+    return notes
+
+
+def load_stats(result: LoadResult) -> dict[str, Any]:
+    return {
+        "achieved_send_rate_rps": result.achieved_send_rate,
+        "send_lag_ms": dataclasses.asdict(result.send_lag),
+        "loop_lag_ms": dataclasses.asdict(result.loop_lag),
+        "read_delay_ms": dataclasses.asdict(result.read_delay),
+        "cpu_wait_ms": dataclasses.asdict(result.cpu_wait),
+        "cpu_wait_total_ms": result.cpu_wait_total_ms,
+        "scheduling": result.scheduling.as_dict(),
+        "max_in_flight": result.max_in_flight,
+        "stopped": result.stopped,
+        "counts": result.counts,
+        "clock_drift_max_ns": result.clock_drift_max_ns,
+        "tokenizer": result.tokenizer,
+        "measure_start_ns": result.measure_start_ns,
+        "end_ns": result.end_ns,
+        "notes": result.notes,
+        "send_clock": result.send_clock_source.value,
+        "connections": dict(result.connections),
+    }
+
+
+def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:
+    """The run's status by the one rule (``app.analysis.trust.run_status``)."""
+    return run_status(
+        tally(result.records), stopped=result.stopped == "stopped", max_error_rate=max_error_rate
+    )
+
+
+def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunMeta:
+    """What a finished load says about the run as a whole (validity, client health)."""
+    check = token_count_check(result.records)
+    return RunMeta(
+        start_mono_ns=result.start_mono_ns,
+        started_at=result.start_wall,
+        clock_source=result.clock_source.value,
+        client_limited=result.client_limited,
+        validity=validity_notes(result, check, max_error_rate),
+        load_stats=load_stats(result) | {"token_counts": check},
+        client_host=platform.node(),
+        client_version=__version__,
+    )
+
+
+
+@dataclass(slots=True)
+class ScrapeOutcome:
+    status: dict[str, Any]  # goes to load_stats["server_metrics"]
+    series: list[Series] = field(default_factory=list)  # run-relative times
+
+
+def metrics_url(spec: RunSpec) -> str | None:
+    """Where to scrape: ``spec.metrics_url``, else ``base_url`` + ``/metrics`` (``/v1`` cut);
+    None when scraping is off."""
+    if not spec.scrape_metrics:
+        return None
+    if spec.metrics_url:
+        return spec.metrics_url
+    base = spec.base_url.rstrip("/")
+    base = base.removesuffix("/v1")
+    return f"{base}/metrics"
+
+
+def start_scraper(spec: RunSpec) -> MetricsScraper | None:
+    url = metrics_url(spec)
+    if url is None:
+        return None
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
+    return MetricsScraper(url, wanted(spec.metrics_series), headers=headers).start()
+
+
+def finish_scrape(scraper: MetricsScraper | None, start_mono_ns: int | None) -> ScrapeOutcome:
+    """Stop the scraper; series move onto the run's axis (``start_mono_ns``). A finished
+    load (``start_mono_ns`` given) gets one last scrape, after its last request ended."""
+    if scraper is None:
+        return ScrapeOutcome({"status": "off (scrape_metrics is false)"})
+    res: ScrapeResult = scraper.stop(final_scrape=start_mono_ns is not None)
+    series = to_run_axis(res.series, start_mono_ns) if start_mono_ns is not None else []
+    return ScrapeOutcome(res.summary(), series)
+
+
+def attach_scrape(
+    load_stats: dict[str, Any], outcome: ScrapeOutcome, records: Sequence[RequestRecord] = ()
+) -> None:
+    """The scrape's status in the run's load statistics, with the server's own prefill and
+    decode time (``timing``) where its counters give them."""
+    status = dict(outcome.status)
+    ok = sum(1 for r in records if r.status is RequestStatus.OK)
+    timing = server_timing(outcome.series, requests=ok)
+    if timing is not None:
+        status["timing"] = timing
+    load_stats[SCRAPE_STATS_KEY] = status
+
+
+def series_to_wire(series: list[Series]) -> list[ServerMetricSeries]:
+    return [
+        ServerMetricSeries(name=s.name, labels=s.labels, kind=s.kind, t_ns=s.t_ns, values=s.values)
+        for s in series
+    ]
+
+

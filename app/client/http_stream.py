@@ -1,0 +1,1400 @@
+"""The hot path: one streaming HTTP/1.1 request on a raw non-blocking socket.
+
+Timing model
+------------
+* ``t0`` is ``time.monotonic_ns()`` taken right before ``connect``: connection setup is part
+  of TTFT (one connection per request, as a fresh client would see it).
+* Plain HTTP on Linux: the socket has ``SO_TIMESTAMPNS`` on and every read is a
+  ``recvmsg`` whose ``SCM_TIMESTAMPNS`` control message is the kernel's receive time of the
+  (last) segment the read returned, on ``CLOCK_REALTIME``. ``ClockMap`` converts it to the
+  monotonic clock with an offset ``realtime - monotonic`` sampled at run start and re-sampled
+  during the run (the runner's monitor does it about once a second and records the drift),
+  so an NTP slew or step cannot bend a run by more than about a second's worth of slew.
+  Kernel stamps do not depend on when the event loop got round to reading: a busy client
+  still measures arrival times right, as long as the reads do not coalesce several events
+  (events completed by one read all share its stamp).
+* HTTPS gets the same kernel stamps: TLS runs over the same raw socket through
+  ``ssl.SSLContext.wrap_bio`` (memory BIOs), driven by the same loop callbacks. Each TCP read
+  is stamped as above, fed to the TLS object, and the plaintext it made available (possibly
+  none) is recorded with that read's stamp. So an event gets the stamp of the TCP read that
+  completed the TLS record holding its last byte. The TLS handshake counts in TTFT, like
+  ``connect``; reads that only carried handshake bytes count for ``RawStream.clock`` too.
+* Otherwise (non-Linux, option refused, ``kernel_stamps=False``) each read is stamped
+  with ``time.monotonic_ns()`` first thing in the read callback (user-space stamps).
+
+HTTP framing: the request bytes are formatted once (``build_request``, the runner does it
+before the request is due). The read callback does as little as possible: one
+``recvmsg_into`` into a per-thread buffer, the stamp, an append of the bytes to the stream's
+``bytearray`` and of ``(stamp, user stamp, end offset)`` to three int lists, then a cheap end
+check: the response head is parsed once (status, chunked / Content-Length / until-close); the
+end is the terminal chunk at the tail (``\r\n0\r\n\r\n``; with trailers, the server's close),
+the byte count, EOF, or a complete ``data: [DONE]`` line near the tail. A raw byte cap
+(``max_response_bytes``) bounds memory. No chunk decoding, SSE splitting or JSON happens there.
+
+``RawStream.finalize()`` (run by ``StreamRequest.run()``, or by the runner between I/O rounds)
+decodes the body, splits the SSE events (max event size checked there) and maps each event's
+last byte back to the read that delivered it: an event gets that read's stamp, the same
+semantics as decoding in the callback, at a fraction of the per-read cost.
+
+An EOF (read-until-close body) carries no segment, hence no kernel stamp: its read is
+stamped in user space and not counted against ``RawStream.clock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import re
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from app.client.connpool import (
+    Conn,
+    ConnPool,
+    enable_tx_stamps,
+    first_stamp_at_or_after,
+    is_stale_error,
+    read_tx_stamps,
+    tcp_mss,
+    tx_stamps_supported,
+)
+from app.client.eventloop import StampingSelector, stamping_selector
+from app.client.events import http_error_text
+from app.client.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
+from app.domain import ClockSource, RequestStatus
+
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+SCM_TIMESTAMPNS: int = getattr(socket, "SCM_TIMESTAMPNS", SO_TIMESTAMPNS)
+_TIMESPEC = struct.Struct("@qq")  # struct timespec on 64-bit Linux
+_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_ERROR_BODY_CAP = 2048
+_DONE = b"[DONE]"
+_SOL_SOCKET = socket.SOL_SOCKET
+USER_AGENT = "tokentrace/0.1"
+
+
+# --------------------------------------------------------------------------- clocks
+
+
+def sample_clock_offset(tries: int = 7) -> int:
+    """``CLOCK_REALTIME - CLOCK_MONOTONIC`` in ns, from the tightest of a few bracketed reads."""
+    best_gap = -1
+    offset = 0
+    for _ in range(tries):
+        a = time.monotonic_ns()
+        r = time.time_ns()
+        b = time.monotonic_ns()
+        if best_gap < 0 or b - a < best_gap:
+            best_gap = b - a
+            offset = r - (a + b) // 2
+    return offset
+
+
+@dataclass(slots=True)
+class ClockMap:
+    """Maps kernel ``CLOCK_REALTIME`` stamps onto ``time.monotonic_ns()``.
+
+    ``offset_ns`` is the current ``realtime - monotonic``; ``resample()`` updates it and
+    tracks how far it moved since the first sample (``max_drift_ns``).
+    """
+
+    offset_ns: int = field(default_factory=sample_clock_offset)
+    initial_offset_ns: int = 0
+    max_drift_ns: int = 0
+    samples: int = 1
+
+    def __post_init__(self) -> None:
+        self.initial_offset_ns = self.offset_ns
+        keep_kernel_stamps_on()
+
+    def resample(self) -> int:
+        self.offset_ns = sample_clock_offset()
+        self.samples += 1
+        drift = abs(self.offset_ns - self.initial_offset_ns)
+        self.max_drift_ns = max(self.max_drift_ns, drift)
+        return self.offset_ns
+
+    def to_monotonic(self, realtime_ns: int) -> int:
+        return realtime_ns - self.offset_ns
+
+
+def kernel_stamps_supported() -> bool:
+    return sys.platform.startswith("linux") and _ANCBUF > 0
+
+
+_stamp_keeper: socket.socket | None = None
+
+
+def keep_kernel_stamps_on() -> None:
+    """Hold one socket with ``SO_TIMESTAMPNS`` open for the process's lifetime.
+
+    Linux turns receive timestamping on system-wide only while some socket wants it, and it
+    does so asynchronously (a deferred static-key switch): the first segments a fresh socket
+    receives right after ``setsockopt`` can come without a stamp. Turning it on early (at
+    clock setup, before any request), waiting until a datagram to itself comes back stamped
+    (at most ~0.5 s), and keeping it on avoids that race.
+    """
+    global _stamp_keeper
+    if _stamp_keeper is not None or not kernel_stamps_supported():
+        return
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(0.05)
+        deadline = time.monotonic() + 0.5
+        while True:
+            s.sendto(b"t", s.getsockname())
+            _data, anc, _flags, _addr = s.recvmsg(16, _ANCBUF)
+            if any(lvl == socket.SOL_SOCKET and typ == SCM_TIMESTAMPNS for lvl, typ, _ in anc):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.002)  # the switch is done by a kernel worker: give it time
+    except OSError:
+        return
+    _stamp_keeper = s
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    base_path: str  # without trailing slash; "" or e.g. "/v1"
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.tls else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def path_for(self, endpoint: str) -> str:
+        tail = "/chat/completions" if endpoint == "chat" else "/completions"
+        base = self.base_path if self.base_path.endswith("/v1") else self.base_path + "/v1"
+        return base + tail
+
+
+_default_contexts: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """``ssl.create_default_context()`` (verification on), made once and shared: loading the
+    trust store takes milliseconds, too long to do per request. Keyed by ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR``, which OpenSSL reads when the context is made."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    ctx = _default_contexts.get(key)
+    if ctx is None:
+        ctx = _default_contexts[key] = ssl.create_default_context()
+    return ctx
+
+
+def parse_target(base_url: str) -> Target:
+    u = urlsplit(base_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"unsupported target URL {base_url!r}")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return Target(u.scheme, u.hostname, port, u.path.rstrip("/"))
+
+
+def request_body(
+    *,
+    endpoint: str,
+    model: str,
+    prompt: str | None,
+    messages: list[dict[str, Any]] | None,
+    output_len: int,
+    ignore_eos: bool,
+    extra_body: Mapping[str, object] | None = None,
+) -> bytes:
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "chat":
+        body["messages"] = (
+            messages if messages is not None else [{"role": "user", "content": prompt or ""}]
+        )
+    else:
+        if prompt is None:
+            raise ValueError("the completions endpoint needs a text prompt, not messages")
+        body["prompt"] = prompt
+    body["max_tokens"] = output_len
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = output_len
+    if extra_body:
+        body.update(extra_body)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def request_headers(
+    target: Target, request_id: str, api_key: str | None, *, keep_alive: bool = True
+) -> list[tuple[str, str]]:
+    headers = [
+        ("Host", target.host_header),
+        ("User-Agent", USER_AGENT),
+        ("Content-Type", "application/json"),
+        ("Accept", "text/event-stream"),
+        ("Connection", "keep-alive" if keep_alive else "close"),
+        ("X-Request-Id", request_id),
+    ]
+    if api_key:
+        headers.append(("Authorization", f"Bearer {api_key}"))
+    return headers
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+class BodyError(ValueError):
+    """The response body's framing is broken."""
+
+
+# --------------------------------------------------------------------------- one stream
+
+_MODE_HEAD = 0  # still reading the response head
+_MODE_CHUNKED = 1
+_MODE_LENGTH = 2  # Content-Length (or an empty body: 204/304, HEAD)
+_MODE_CLOSE = 3  # read until the server closes
+_LAST_CHUNK = b"\r\n0\r\n\r\n"
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_MAX_HEAD_BYTES = 64 * 1024
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+FINALIZE_STEP_EVENTS = 64  # events stamped per resumable piece of RawStream.finalize_steps
+
+# How the capture ended (RawStream._end), decided in the read callback; ``finalize`` turns it
+# into status and error once the body has been decoded.
+_END_NONE = 0  # cut off: timeout, abort, read error (status and error already final)
+_END_BODY = 1  # the body ended normally (terminal chunk, byte count, or close)
+_END_DONE = 2  # a "data: [DONE]" event ended the stream
+_END_EOF = 3  # the server closed the connection before the body ended
+_END_CAP = 4  # the response outgrew the client's byte cap
+
+
+def _done_at(buf: bytearray, j: int, body_start: int) -> int:
+    """If ``buf[j:]`` starts a complete ``[DONE]`` line ending an event, the offset just past
+    that event's blank line, else -1. ``j`` points at ``[DONE]``."""
+    if buf[j - 6 : j] == b"data: ":
+        k = j - 6
+    elif buf[j - 5 : j] == b"data:":
+        k = j - 5
+    else:
+        return -1
+    if k > body_start and buf[k - 1] not in (10, 13):
+        return -1  # not at the start of a line
+    e = j + 6
+    tail = bytes(buf[e : e + 4])
+    if tail.startswith(b"\n\n") or tail.startswith(b"\r\r"):
+        return e + 2
+    if tail == b"\r\n\r\n":
+        return e + 4
+    return -1
+
+
+def dechunk_steps(
+    buf: bytes | bytearray, start: int, step_chunks: int = 64
+) -> Generator[None, None, tuple[bytes, list[int], list[int], bool, str | None]]:
+    """Decode a chunked body from ``buf[start:]``, in resumable pieces: yields every
+    ``step_chunks`` chunks (``buf`` must not change meanwhile).
+
+    Returns ``(payload, seg_payload, seg_raw, done, error)``: the payload bytes; where each
+    chunk's data starts, in the payload and in ``buf`` (to map payload offsets back to the
+    raw stream); whether the terminal chunk was reached; a framing error, if any (the
+    payload before it is kept). An incomplete last chunk is not an error.
+    """
+    mv = memoryview(buf)
+    n = len(buf)
+    pos = start
+    parts: list[memoryview] = []  # views into buf, joined (copied) once at the end
+    seg_p: list[int] = []
+    seg_r: list[int] = []
+    plen = 0
+    find = buf.find
+    error: str | None = None
+    done = False
+    try:
+        while pos < n:
+            if len(parts) % step_chunks == step_chunks - 1:
+                yield
+            i = find(b"\n", pos)
+            if i < 0:
+                if n - pos > 1024:
+                    error = "chunked body: chunk-size line too long"
+                break
+            line = buf[pos:i]
+            if b";" in line:
+                line = line.split(b";", 1)[0]
+            line = line.strip()
+            try:
+                size = int(line, 16)
+            except ValueError:
+                error = f"chunked body: bad chunk size {bytes(line[:40])!r}"
+                break
+            if size < 0:
+                error = "chunked body: negative chunk size"
+                break
+            pos = i + 1
+            if size == 0:
+                done = True
+                break
+            end = pos + size
+            seg_p.append(plen)
+            seg_r.append(pos)
+            if end > n:  # cut off inside this chunk's data
+                parts.append(mv[pos:n])
+                break
+            parts.append(mv[pos:end])
+            plen += size
+            if n - end < 2:
+                break
+            if buf[end] != 13 or buf[end + 1] != 10:
+                error = "chunked body: missing CRLF after chunk data"
+                break
+            pos = end + 2
+        payload = b"".join(parts)
+    finally:
+        parts.clear()
+        mv.release()
+    return payload, seg_p, seg_r, done, error
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    """Status code and (lower-cased) headers of one response head; ValueError if malformed."""
+    lines = head.split(b"\n")
+    status_line = lines[0].rstrip(b"\r")
+    parts = status_line.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3:
+        raise ValueError(f"bad status line {status_line[:60]!r}")
+    try:
+        status = int(parts[1])
+    except ValueError:
+        raise ValueError(f"bad status line {status_line[:60]!r}") from None
+    headers: dict[bytes, bytes] = {}
+    for ln in lines[1:]:
+        ln = ln.rstrip(b"\r")
+        if not ln:
+            continue
+        name, sep, value = ln.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise ValueError(f"bad header line {ln[:60]!r}")
+        key = name.lower()
+        v = value.strip()
+        if key in headers and key in (b"transfer-encoding",):
+            headers[key] = headers[key] + b"," + v
+        elif key == b"content-length" and key in headers and headers[key] != v:
+            raise ValueError("conflicting Content-Length headers")
+        else:
+            headers[key] = v
+    return status, headers
+
+
+@dataclass(slots=True)
+class RawStream:
+    """What one request observed, before classification. Times: absolute monotonic ns.
+
+    The read callback only fills the capture (``buf``: the raw response bytes; per read its
+    stamp, user-space stamp and end offset in ``buf``); ``finalize()`` decodes the body,
+    splits the SSE events and fills ``ev_*``, each event stamped by the read in which its
+    last byte arrived. ``StreamRequest.run()`` finalizes unless told not to.
+    """
+
+    request_id: str
+    t0_ns: int = 0
+    end_ns: int = 0
+    done_ns: int | None = None
+    status: RequestStatus = RequestStatus.OK
+    error: str | None = None
+    http_status: int | None = None
+    clock: ClockSource = ClockSource.USERSPACE
+    ev_t: list[int] = field(default_factory=list)  # stamp per SSE event (kernel or user)
+    ev_user_t: list[int] = field(default_factory=list)  # user-space stamp of the same read
+    ev_bytes: list[int] = field(default_factory=list)
+    ev_data: list[bytes | None] = field(default_factory=list)
+    kernel_reads: int = 0
+    user_reads: int = 0
+    body_bytes: int = 0
+    # ---- capture (filled by the read callback, consumed by finalize)
+    buf: bytearray = field(default_factory=bytearray, repr=False)
+    read_t: list[int] = field(default_factory=list, repr=False)
+    read_user_t: list[int] = field(default_factory=list, repr=False)
+    read_end: list[int] = field(default_factory=list, repr=False)
+    body_start: int = -1  # offset of the body in buf, once the head is parsed
+    body_end: int = -1  # Content-Length bodies: where the body ends in buf
+    mode: int = _MODE_HEAD
+    end_kind: int = _END_NONE
+    end_stamp: int = 0
+    count_events: bool = False  # append "(N events received)" to the error on finalize
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    finalized: bool = False
+    # ---- phases (SPEC 1b), absolute monotonic ns; 0 where the phase did not happen
+    io_start_ns: int = 0  # the request's I/O began (a connection taken or being opened)
+    connect_start_ns: int = 0
+    connect_end_ns: int = 0
+    tls_end_ns: int = 0
+    sent_end_ns: int = 0  # the request's last byte left (transmit stamp or after the send)
+    head_ns: int = 0  # stamp of the read that completed the response head
+    send_clock: ClockSource = ClockSource.USERSPACE  # where t0 came from
+    sent_any: bool = False  # some of the request's bytes reached the kernel
+    conn_id: int = 0
+    conn_reused: bool = False
+    retries: int = 0
+    keep_alive: bool = False  # the connection stayed open for the next request
+    read_to_close: bool = False  # the response was framed by the server closing
+    server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
+    content_type: str | None = None
+
+    def finalize(self) -> RawStream:
+        """Decode the captured body into events (idempotent); never raises."""
+        for _ in self.finalize_steps():
+            pass
+        return self
+
+    def finalize_steps(self) -> Iterator[None]:
+        """``finalize`` in resumable pieces: it yields between pieces (body decoding, SSE
+        splitting, every ``FINALIZE_STEP_EVENTS`` events stamped) so a caller can serve I/O
+        in between. The stream is final once the iterator is exhausted."""
+        if self.finalized:
+            return
+        self.finalized = True
+        try:
+            yield from self._finalize()
+        except Exception as e:  # a bug here must not lose the request
+            self.status = RequestStatus.ERROR
+            self.error = f"client failed to decode the stream: {e!r}"
+        self.buf = bytearray()
+        self.read_t = []
+        self.read_user_t = []
+        self.read_end = []
+
+    def _finalize(self) -> Iterator[None]:
+        end = self.end_kind
+        if self.mode == _MODE_HEAD:
+            if self.count_events:
+                self.error = f"{self.error} (0 events received)"
+            return
+        buf = self.buf
+        bs = self.body_start
+        mode = self.mode
+        seg_p: list[int] = [0]
+        seg_r: list[int] = [bs]
+        body_error: str | None = None
+        complete = end in (_END_BODY, _END_DONE)
+        if mode == _MODE_CHUNKED:
+            payload, seg_p, seg_r, chunk_done, body_error = yield from dechunk_steps(buf, bs)
+            if chunk_done:
+                complete = complete or end == _END_EOF  # terminal chunk with trailers
+        elif mode == _MODE_LENGTH:
+            stop = min(len(buf), self.body_end)
+            payload = bytes(buf[bs:stop])
+            complete = complete or stop == self.body_end
+        else:
+            payload = bytes(buf[bs:])
+            complete = complete or end == _END_EOF
+        self.body_bytes = len(payload)
+        yield
+        if self.http_status != 200:
+            if complete and self.status is RequestStatus.OK:
+                self.status = RequestStatus.ERROR
+                self.error = http_error_text(
+                    self.http_status, self.content_type, payload[:_ERROR_BODY_CAP]
+                )
+            elif self.count_events:
+                self.error = f"{self.error} (0 events received)"
+            return
+        ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
+        rt, ru, re_ = self.read_t, self.read_user_t, self.read_end
+        nseg = len(seg_p)
+        s = 0  # current chunk segment
+        k = 0  # current read
+        nreads = len(re_)
+        done_i = -1
+        # LF-only payloads are split a piece at a time; one using CR is split whole
+        step = 0 if b"\r" in payload else FINALIZE_STEP_EVENTS
+        rest = 0
+        while done_i < 0:  # split and stamp the events, a resumable piece at a time
+            events, rest, sse_error = split_events(
+                payload, self.max_event_bytes, start=rest, limit=step
+            )
+            for data, nbytes, e in events:
+                last = e - 1  # payload offset of the event's last byte
+                while s + 1 < nseg and seg_p[s + 1] <= last:
+                    s += 1
+                raw_pos = seg_r[s] + (last - seg_p[s])
+                while k + 1 < nreads and re_[k] <= raw_pos:
+                    k += 1
+                ev_t.append(rt[k])
+                ev_u.append(ru[k])
+                ev_b.append(nbytes)
+                ev_d.append(data)
+                if data == _DONE:
+                    done_i = len(ev_t) - 1
+                    break
+            if not step or sse_error is not None or len(events) < step:
+                break
+            yield
+        if done_i >= 0:
+            self.done_ns = ev_t[done_i]
+            if self.status is RequestStatus.OK or end in (_END_EOF, _END_CAP):
+                self.status, self.error = RequestStatus.OK, None
+            return
+        error = body_error or sse_error
+        if error is None and end == _END_CAP:
+            error = f"response larger than {len(buf)} bytes (client cap)"
+        if error is not None:
+            self.status, self.error = RequestStatus.ERROR, error
+            return
+        if end == _END_DONE:  # a "[DONE]" look-alike that was not an event: cut short
+            self.status = RequestStatus.ERROR
+            self.error = f"stream cut short at a false [DONE] marker ({len(ev_t)} events received)"
+            return
+        if complete and self.status is RequestStatus.OK:
+            ev = trailing_event(payload[rest:])
+            if ev is not None:
+                ev_t.append(self.end_stamp)
+                ev_u.append(self.end_stamp)
+                ev_b.append(ev[1])
+                ev_d.append(ev[0])
+            self.done_ns = self.end_stamp
+            return
+        if end == _END_EOF:
+            self.status = RequestStatus.ERROR
+            self.error = f"connection closed mid-stream ({len(ev_t)} events received)"
+        elif self.count_events:
+            self.error = f"{self.error} ({len(ev_t)} events received)"
+
+
+_tls = threading.local()
+
+
+def _read_buffer(size: int) -> list[memoryview]:
+    """A per-thread receive buffer (reads are copied out of it at once)."""
+    bufs: dict[int, list[memoryview]] | None = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    b = bufs.get(size)
+    if b is None:
+        b = bufs[size] = [memoryview(bytearray(size))]
+    return b
+
+
+def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """The HTTP/1.1 request bytes (fixed and simple: no h11 needed)."""
+    lines = [f"POST {path} HTTP/1.1"]
+    for k, v in headers:
+        if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
+            raise ValueError(f"invalid header {k!r}")
+        lines.append(f"{k}: {v}")
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+DONE_GRACE_S = 0.5  # keep-alive: how long after "[DONE]" the body's own end may take
+
+
+class StreamRequest:
+    """One streaming request. ``await run()`` returns its ``RawStream``; ``abort()`` ends it.
+
+    ``addr`` is a resolved socket address (resolve once per run: DNS is not part of TTFT).
+    ``request_bytes``, when given, is the prebuilt request (``build_request``).
+    ``ssl_context`` is used for ``https`` targets; by default the system's trust store with
+    certificate and host name verification on (``default_ssl_context``).
+
+    ``pool``: where the request takes an open connection from and gives it back once the
+    response ended cleanly (keep-alive); without one, or in a pool that does not keep
+    connections, every request opens its own and closes it. A request that fails on a
+    reused connection before any response byte (the server had closed it) is retried once
+    on a new connection (``raw.retries``).
+    """
+
+    __slots__ = (
+        "_addr",
+        "_anc",
+        "_app_end",
+        "_app_start",
+        "_clock",
+        "_conn",
+        "_done",
+        "_done_grace_s",
+        "_done_seen",
+        "_done_stamp",
+        "_done_timer",
+        "_family",
+        "_finished",
+        "_hs_done",
+        "_keep_alive",
+        "_kernel",
+        "_loop",
+        "_max_bytes",
+        "_pool",
+        "_rbuf",
+        "_reader_fd",
+        "_req_bytes",
+        "_sel",
+        "_sent",
+        "_ssl_ctx",
+        "_target",
+        "_timeout_s",
+        "_timer",
+        "_tls_out",
+        "_tx",
+        "_writer_fd",
+        "raw",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        target: Target,
+        addr: tuple[Any, ...],
+        family: int,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        *,
+        request_id: str,
+        timeout_s: float,
+        clock: ClockMap,
+        kernel_stamps: bool = True,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        bufsize: int = 65536,
+        request_bytes: bytes | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        pool: ConnPool | None = None,
+        done_grace_s: float = DONE_GRACE_S,
+    ) -> None:
+        self._target = target
+        self._addr = addr
+        self._family = family
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._kernel = kernel_stamps and kernel_stamps_supported()
+        self._tx = self._kernel and tx_stamps_supported()
+        self._anc = _ANCBUF if self._kernel else 0
+        self._rbuf = _read_buffer(bufsize)
+        self._max_bytes = max_response_bytes
+        self._req_bytes = (
+            request_bytes if request_bytes is not None else build_request(path, headers, body)
+        )
+        self._pool = pool
+        self._keep_alive = pool is not None and pool.keep_alive
+        self._done_grace_s = done_grace_s
+        self._sent = 0  # bytes of this request handed to the socket (plain HTTP)
+        self._app_start = 0  # connection byte offset of the request's first byte
+        self._app_end = 0  # ... just past its last byte (TLS: ciphertext offsets)
+        self.raw = RawStream(request_id=request_id, max_event_bytes=max_event_bytes)
+        self._finished = False
+        self._conn: Conn | None = None
+        self._reader_fd = -1
+        self._writer_fd = -1
+        self._timer: asyncio.TimerHandle | None = None
+        self._done_timer: asyncio.TimerHandle | None = None
+        self._done_seen = False
+        self._done_stamp = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sel: StampingSelector | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._ssl_ctx = (ssl_context or default_ssl_context()) if target.tls else None
+        self._tls_out = bytearray()  # ciphertext not yet accepted by the socket
+        self._hs_done = False
+
+    # ---- control
+
+    def abort(self, status: RequestStatus, reason: str) -> None:
+        """End the request now (timeout, run stopped); what was measured is kept."""
+        self.raw.count_events = False
+        self._finish(status, reason, time.monotonic_ns())
+
+    def _on_timeout(self) -> None:
+        r = self.raw
+        conn = self._conn
+        msg = f"request timeout after {self._timeout_s:g} s, "
+        if conn is not None and conn.ssl is not None and not self._hs_done:
+            msg += "during the TLS handshake"
+        elif r.mode == _MODE_HEAD:
+            msg += "waiting for the response headers"
+        else:
+            msg += "streaming"
+            r.count_events = True
+        self._finish(RequestStatus.TIMEOUT, msg, time.monotonic_ns())
+
+    def _unregister(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if self._reader_fd >= 0:
+            loop.remove_reader(self._reader_fd)
+            self._reader_fd = -1
+        if self._writer_fd >= 0:
+            loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+
+    def _finish(self, status: RequestStatus, error: str | None, t_ns: int) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        r = self.raw
+        r.status = status
+        r.error = error
+        r.end_ns = t_ns
+        self._unregister()
+        if self._done_timer is not None:
+            self._done_timer.cancel()
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _end(self, kind: int, stamp: int) -> None:
+        """The response ended (``kind``): keep the connection when its framing ended
+        cleanly and nobody asked to close it."""
+        r = self.raw
+        r.end_kind = kind
+        r.end_stamp = stamp
+        r.keep_alive = (
+            self._keep_alive
+            and kind == _END_BODY
+            and r.mode in (_MODE_CHUNKED, _MODE_LENGTH)
+            and not r.server_close
+            and (r.mode != _MODE_LENGTH or len(r.buf) == r.body_end)
+        )
+        self._finish(RequestStatus.OK, None, stamp)
+
+    # ---- run
+
+    async def run(self, *, finalize: bool = True) -> RawStream:
+        """Run the request. With ``finalize=False`` the body is left undecoded: call
+        ``raw.finalize()`` later (the runner does it between I/O rounds)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._sel = stamping_selector(loop)
+        self._done = loop.create_future()
+        self._timer = loop.call_later(self._timeout_s, self._on_timeout)
+        try:
+            self._start()
+            await self._done
+        finally:
+            self._timer.cancel()
+            if not self._finished:  # cancelled from outside
+                self._finish(RequestStatus.CANCELLED, "request cancelled", time.monotonic_ns())
+            self._release()
+        r = self.raw
+        if r.kernel_reads and not r.user_reads:
+            r.clock = ClockSource.KERNEL
+        return r.finalize() if finalize else r
+
+    def _release(self) -> None:
+        """Resolve ``t0`` from the transmit stamps, then keep or close the connection."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        r = self.raw
+        if conn.tx:
+            read_tx_stamps(conn.sock, conn.tx_stamps)
+            self._resolve_send_stamps(conn)
+        pool = self._pool
+        if r.keep_alive and pool is not None:
+            conn.requests += 1
+            pool.give(conn)
+        elif pool is not None:
+            pool.discard(conn)
+        else:
+            conn.close()
+        if r.server_close and pool is not None:
+            pool.stats.closed_by_server += 1
+        if r.read_to_close and pool is not None:
+            pool.stats.read_to_close += 1
+
+    def _resolve_send_stamps(self, conn: Conn) -> None:
+        """``t0`` = the transmit stamp of the send that carried the request's first byte;
+        the end of sending = that of its last byte. A stamp that is missing, or later than
+        the first byte of the response, leaves the user-space times in place."""
+        r = self.raw
+        stamps = conn.tx_stamps
+        if r.sent_any and stamps:
+            first = first_stamp_at_or_after(stamps, self._app_start)
+            last = first_stamp_at_or_after(stamps, self._app_end - 1)
+            limit = r.read_t[0] if r.read_t else (r.end_ns or time.monotonic_ns())
+            if first is not None:
+                t0 = self._clock.to_monotonic(first)
+                if r.io_start_ns <= t0 <= limit:
+                    r.t0_ns = t0
+                    r.send_clock = ClockSource.KERNEL
+                    if last is not None:
+                        t1 = self._clock.to_monotonic(last)
+                        if t0 <= t1 <= limit:
+                            r.sent_end_ns = t1
+        stamps.clear()
+
+    def _start(self) -> None:
+        """Take an open connection or open one; send from callbacks (no futures or task
+        switches on the way)."""
+        r = self.raw
+        r.io_start_ns = r.t0_ns = time.monotonic_ns()
+        conn = self._pool.take() if self._keep_alive and self._pool is not None else None
+        if conn is None:
+            self._open()
+            return
+        assert self._pool is not None
+        self._pool.stats.reused += 1
+        self._conn = conn
+        r.conn_id = conn.id
+        r.conn_reused = True
+        self._hs_done = True
+        self._request_start()
+
+    def _open(self) -> None:
+        """A new connection: socket, options, non-blocking connect."""
+        r = self.raw
+        loop = self._loop
+        assert loop is not None
+        ssl_obj = in_bio = out_bio = None
+        if self._ssl_ctx is not None:
+            try:
+                in_bio = ssl.MemoryBIO()
+                out_bio = ssl.MemoryBIO()
+                ssl_obj = self._ssl_ctx.wrap_bio(
+                    in_bio, out_bio, server_hostname=self._target.host
+                )
+            except (ssl.SSLError, ValueError) as e:
+                self._finish(RequestStatus.ERROR, _os_error("tls setup", e), time.monotonic_ns())
+                return
+        try:
+            sock = socket.socket(self._family, socket.SOCK_STREAM)
+        except OSError as e:
+            self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
+            return
+        pool = self._pool
+        conn = Conn(id=pool.new_id() if pool is not None else 1, sock=sock, family=self._family)
+        conn.ssl, conn.in_bio, conn.out_bio = ssl_obj, in_bio, out_bio
+        self._conn = conn
+        self._hs_done = ssl_obj is None
+        r.conn_id = conn.id
+        r.conn_reused = False
+        sock.setblocking(False)
+        if self._kernel:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            except OSError:
+                self._kernel = False
+                self._tx = False
+                self._anc = 0
+        if self._family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        r.connect_start_ns = time.monotonic_ns()
+        err = sock.connect_ex(self._addr)
+        if err == 0 or err == errno.EISCONN:
+            self._connected()
+        elif err in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+            self._writer_fd = sock.fileno()
+            loop.add_writer(self._writer_fd, self._on_writable)
+        else:
+            self._connect_failed(err)
+
+    def _connect_failed(self, err: int) -> None:
+        e = OSError(err, os.strerror(err))  # OSError picks the subclass from errno
+        self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
+
+    def _connected(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        self.raw.connect_end_ns = time.monotonic_ns()
+        if self._tx:
+            conn.tx = enable_tx_stamps(conn.sock)
+            if conn.tx:
+                conn.mss = tcp_mss(conn.sock)
+        if conn.ssl is not None:
+            self._tls_advance()
+        else:
+            self._request_start()
+
+    def _request_start(self) -> None:
+        """The connection is ready: send the request (t0's fallback is read right here)."""
+        conn = self._conn
+        assert conn is not None
+        if conn.ssl is not None:
+            self._tls_write_request()
+            return
+        self._app_start = conn.sent
+        self._app_end = conn.sent + len(self._req_bytes)
+        self._sent = 0
+        self.raw.t0_ns = time.monotonic_ns()
+        self._send()
+
+    def _retry(self) -> bool:
+        """A reused connection failed before any response byte (the server had closed it):
+        send the request once more on a new connection. False when that is not allowed."""
+        r = self.raw
+        conn = self._conn
+        if conn is None or not r.conn_reused or r.retries or r.read_end or self._finished:
+            return False
+        self._unregister()
+        self._conn = None
+        if self._pool is not None:
+            self._pool.discard(conn)
+            self._pool.stats.retried += 1
+        else:
+            conn.close()
+        r.retries += 1
+        r.buf = bytearray()
+        r.read_t, r.read_user_t, r.read_end = [], [], []
+        r.mode, r.body_start, r.body_end = _MODE_HEAD, -1, -1
+        r.kernel_reads = r.user_reads = 0
+        r.head_ns = r.sent_end_ns = 0
+        r.sent_any = r.server_close = r.read_to_close = False
+        r.send_clock = ClockSource.USERSPACE
+        self._sent = 0
+        self._tls_out = bytearray()
+        self._done_seen = False
+        self._open()
+        return True
+
+    def _on_writable(self) -> None:
+        conn = self._conn
+        assert conn is not None and self._loop is not None
+        if conn.tx:
+            read_tx_stamps(conn.sock, conn.tx_stamps)
+        if not self.raw.connect_end_ns and not self.raw.conn_reused:
+            err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self._connect_failed(err)
+                return
+            self._loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+            self._connected()
+            return
+        if conn.ssl is not None:
+            self._tls_advance()
+        else:
+            self._send()
+
+    def _send(self) -> None:
+        conn = self._conn
+        loop = self._loop
+        assert conn is not None and loop is not None
+        sock = conn.sock
+        req = self._req_bytes
+        total = len(req)
+        while self._sent < total:
+            # the first segment goes alone: its transmit stamp is the first byte's
+            end = min(total, conn.mss) if self._sent == 0 and conn.tx else total
+            try:
+                n = sock.send(req[self._sent : end] if self._sent or end < total else req)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as e:
+                if not (is_stale_error(e.errno or 0) and self._retry()):
+                    self._finish(
+                        RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns()
+                    )
+                return
+            if n:
+                self.raw.sent_any = True
+            self._sent += n
+            conn.sent += n
+            if n < end - (self._sent - n):
+                break  # the socket took less: wait until it is writable
+        fd = sock.fileno()
+        if self._sent < total:
+            if self._writer_fd < 0:
+                self._writer_fd = fd
+                loop.add_writer(fd, self._on_writable)
+            return
+        self.raw.sent_end_ns = time.monotonic_ns()
+        if conn.tx:
+            read_tx_stamps(sock, conn.tx_stamps)
+        if self._writer_fd >= 0:
+            loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+        if self._reader_fd < 0:
+            self._reader_fd = fd
+            loop.add_reader(fd, self._on_readable)
+
+    # ---- TLS over the raw socket (memory BIOs)
+
+    def _tls_advance(self) -> None:
+        """Drive the handshake as far as the received bytes allow; once it is done, hand
+        the request to TLS. Then send what TLS produced and make sure we read."""
+        conn = self._conn
+        assert conn is not None and conn.ssl is not None
+        if not self._hs_done:
+            try:
+                conn.ssl.do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                pass  # more bytes from the server needed (memory BIOs never block writes)
+            except (ssl.SSLError, ValueError) as e:  # ValueError: host name checks
+                self._tls_flush(best_effort=True)  # the alert, if any, tells the server why
+                self._finish(
+                    RequestStatus.ERROR, _os_error("tls handshake", e), time.monotonic_ns()
+                )
+                return
+            else:
+                self._hs_done = True
+                self.raw.tls_end_ns = time.monotonic_ns()
+                self._tls_write_request()
+                return
+        self._tls_flush()
+
+    def _tls_write_request(self) -> None:
+        """Encrypt the request after whatever handshake bytes wait to be sent; remember
+        where its ciphertext starts and ends in the connection's byte stream."""
+        conn = self._conn
+        assert conn is not None and conn.ssl is not None and conn.out_bio is not None
+        self._app_start = conn.sent + len(self._tls_out) + conn.out_bio.pending
+        self.raw.t0_ns = time.monotonic_ns()
+        req = memoryview(self._req_bytes)
+        off = 0
+        while off < len(req):  # a memory BIO takes it all; the loop is for form
+            off += conn.ssl.write(req[off:])
+        self._app_end = conn.sent + len(self._tls_out) + conn.out_bio.pending
+        self._tls_flush()
+
+    def _tls_flush(self, *, best_effort: bool = False) -> None:
+        """Send the ciphertext TLS produced; what the socket does not take waits for
+        writability. Also makes sure the socket is being read."""
+        conn = self._conn
+        loop = self._loop
+        assert conn is not None and loop is not None and conn.out_bio is not None
+        sock = conn.sock
+        out = self._tls_out
+        if conn.out_bio.pending:
+            out += conn.out_bio.read()
+        while out:
+            limit = len(out)
+            if conn.tx and conn.sent <= self._app_start < conn.sent + limit:
+                limit = min(limit, self._app_start - conn.sent + conn.mss)
+            try:
+                n = sock.send(out if limit == len(out) else out[:limit])
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as e:
+                if best_effort:
+                    return
+                if self._hs_done and is_stale_error(e.errno or 0) and self._retry():
+                    return
+                phase = "tls send" if self._hs_done else "tls handshake"
+                self._finish(RequestStatus.ERROR, _os_error(phase, e), time.monotonic_ns())
+                return
+            del out[:n]
+            if self._hs_done and n and conn.sent + n > self._app_start:
+                self.raw.sent_any = True
+            conn.sent += n
+            if n < limit:
+                break
+        if best_effort:
+            return
+        if self._hs_done and not self.raw.sent_end_ns and conn.sent >= self._app_end > 0:
+            self.raw.sent_end_ns = time.monotonic_ns()
+        if conn.tx:
+            read_tx_stamps(sock, conn.tx_stamps)
+        fd = sock.fileno()
+        if out:
+            if self._writer_fd < 0:
+                self._writer_fd = fd
+                loop.add_writer(fd, self._on_writable)
+        elif self._writer_fd >= 0:
+            loop.remove_writer(self._writer_fd)
+            self._writer_fd = -1
+        if self._reader_fd < 0:
+            self._reader_fd = fd
+            loop.add_reader(fd, self._on_readable_tls)
+
+    # ---- the read callbacks (keep them small: no decoding here)
+
+    def _stamp(self, anc: list[tuple[int, int, bytes]], t_user: int) -> int:
+        """A read's stamp: the kernel's receive time when ``anc`` carries it, else the
+        user-space one: when the poll that reported this socket returned (the data was there
+        then), else ``t_user`` (now)."""
+        sel = self._sel
+        stamp = sel.ready_ns if sel is not None and 0 < sel.ready_ns <= t_user else t_user
+        for level, typ, cdata in anc:
+            if level == _SOL_SOCKET and typ == SCM_TIMESTAMPNS:
+                sec, nsec = _TIMESPEC.unpack_from(cdata)
+                k = sec * 1_000_000_000 + nsec - self._clock.offset_ns
+                stamp = k if k < t_user else t_user
+        return stamp
+
+    def _on_readable(self) -> None:
+        t_user = time.monotonic_ns()
+        rbuf = self._rbuf
+        conn = self._conn
+        assert conn is not None
+        try:
+            n, anc, _flags, _addr = conn.sock.recvmsg_into(rbuf, self._anc)
+        except (BlockingIOError, InterruptedError):
+            if conn.tx:  # woken by the error queue (a transmit stamp), not by data
+                read_tx_stamps(conn.sock, conn.tx_stamps)
+            return
+        except OSError as e:
+            if not (is_stale_error(e.errno or 0) and self._retry()):
+                self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
+            return
+        r = self.raw
+        stamp = self._stamp(anc, t_user)
+        if anc:
+            r.kernel_reads += 1
+        elif n:
+            r.user_reads += 1
+        else:  # an EOF read carries no segment, hence no kernel stamp: not counted
+            if not self._retry():
+                self._on_eof(t_user)
+            return
+        buf = r.buf
+        old = len(buf)
+        buf += rbuf[0][:n]
+        self._took(old, n, stamp, t_user)
+
+    def _on_readable_tls(self) -> None:
+        """``_on_readable`` for TLS: the read's stamp goes to the plaintext it made
+        available (none while handshaking, or when it only completed part of a record)."""
+        t_user = time.monotonic_ns()
+        rbuf = self._rbuf
+        conn = self._conn
+        assert conn is not None
+        try:
+            n, anc, _flags, _addr = conn.sock.recvmsg_into(rbuf, self._anc)
+        except (BlockingIOError, InterruptedError):
+            if conn.tx:
+                read_tx_stamps(conn.sock, conn.tx_stamps)
+            return
+        except OSError as e:
+            if self._hs_done and is_stale_error(e.errno or 0) and self._retry():
+                return
+            phase = "read" if self._hs_done else "tls handshake"
+            self._finish(RequestStatus.ERROR, _os_error(phase, e), t_user)
+            return
+        r = self.raw
+        stamp = self._stamp(anc, t_user)
+        if anc:
+            r.kernel_reads += 1
+        elif n:
+            r.user_reads += 1
+        else:  # TCP EOF without the server's close_notify (that one ends the read below)
+            if not self._retry():
+                self._tls_eof(t_user)
+            return
+        sslobj = conn.ssl
+        assert sslobj is not None and conn.in_bio is not None
+        conn.in_bio.write(rbuf[0][:n])
+        if not self._hs_done:
+            self._tls_advance()
+            if not self._hs_done or self._finished:
+                return
+        parts: list[bytes] = []
+        closed = False
+        while True:
+            try:
+                data = sslobj.read(65536)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:  # close_notify: the server ended the session
+                closed = True
+                break
+            except ssl.SSLError as e:
+                self._tls_error("tls read failed", e, t_user)
+                return
+            if not data:  # close_notify
+                closed = True
+                break
+            parts.append(data)
+        if parts:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            buf = r.buf
+            old = len(buf)
+            buf += data
+            self._took(old, len(data), stamp, t_user)
+        if self._finished:
+            return
+        if closed:
+            if not r.read_end and self._retry():
+                return
+            self._on_eof(stamp)
+        elif conn.out_bio is not None and conn.out_bio.pending:  # e.g. a key update
+            self._tls_flush()
+
+    def _tls_eof(self, t_user: int) -> None:
+        if not self._hs_done:
+            self._finish(
+                RequestStatus.ERROR,
+                "tls handshake failed: the server closed the connection",
+                t_user,
+            )
+            return
+        self.raw.count_events = True
+        self._finish(
+            RequestStatus.ERROR,
+            "tls: the server closed the connection without close_notify (truncated)",
+            t_user,
+        )
+
+    def _tls_error(self, what: str, e: BaseException, t_ns: int) -> None:
+        self.raw.count_events = True
+        self._finish(RequestStatus.ERROR, f"{what}: {e.__class__.__name__}: {e}", t_ns)
+
+    def _took(self, old: int, n: int, stamp: int, t_user: int) -> None:
+        """Record a read of ``n`` bytes appended at ``old``; detect the end of the response."""
+        r = self.raw
+        buf = r.buf
+        total = old + n
+        r.read_t.append(stamp)
+        r.read_user_t.append(t_user)
+        r.read_end.append(total)
+        mode = r.mode
+        if mode == _MODE_HEAD:
+            self._on_head(stamp)
+            mode = r.mode
+            if mode == _MODE_HEAD or self._finished:
+                return
+        if mode == _MODE_CHUNKED:
+            if buf.endswith(_LAST_CHUNK):
+                self._end(_END_BODY, stamp)
+                return
+        elif mode == _MODE_LENGTH and total >= r.body_end:
+            self._end(_END_BODY, stamp)
+            return
+        if not self._done_seen:
+            bs = r.body_start
+            j = buf.find(b"[DONE]", max(bs, old - 12))
+            if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
+                self._done_seen = True
+                if self._keep_alive and mode == _MODE_CHUNKED and not r.server_close:
+                    # the connection is reused only once the body's own end is read
+                    self._done_stamp = stamp
+                    assert self._loop is not None
+                    self._done_timer = self._loop.call_later(self._done_grace_s, self._done_late)
+                else:
+                    self._end(_END_DONE, stamp)
+                    return
+        if total > self._max_bytes:
+            self._end(_END_CAP, stamp)
+
+    def _done_late(self) -> None:
+        """``[DONE]`` came but the body never ended: the stream is complete, the connection
+        is not reused."""
+        self._end(_END_DONE, self._done_stamp)
+
+    def _on_head(self, stamp: int) -> None:
+        """Parse the final response head once it is complete (1xx heads are skipped)."""
+        r = self.raw
+        buf = r.buf
+        pos = r.body_start if r.body_start > 0 else 0  # after a 1xx head
+        while True:
+            m = _HEAD_END.search(buf, pos)
+            if m is None:
+                if len(buf) - pos > _MAX_HEAD_BYTES:
+                    self._finish(RequestStatus.ERROR, "HTTP protocol error: head too large", stamp)
+                return
+            try:
+                status, headers = _parse_head(bytes(buf[pos : m.start()]))
+            except ValueError as e:
+                self._finish(RequestStatus.ERROR, f"HTTP protocol error: {e}", stamp)
+                return
+            head_pos = pos
+            pos = m.end()
+            if 100 <= status < 200:
+                r.body_start = pos
+                continue
+            r.http_status = status
+            r.body_start = pos
+            r.head_ns = stamp
+            ctype = headers.get(b"content-type")
+            r.content_type = ctype.decode("latin-1") if ctype is not None else None
+            conn_hdr = headers.get(b"connection", b"").lower()
+            http10 = bytes(buf[head_pos : head_pos + 8]) == b"HTTP/1.0"
+            if b"close" in conn_hdr or (http10 and b"keep-alive" not in conn_hdr):
+                r.server_close = True
+            te = headers.get(b"transfer-encoding", b"").lower()
+            cl = headers.get(b"content-length")
+            if status in (204, 304):
+                r.mode, r.body_end = _MODE_LENGTH, pos
+            elif b"chunked" in te:
+                r.mode = _MODE_CHUNKED
+            elif cl is not None:
+                try:
+                    length = int(cl)
+                    if length < 0:
+                        raise ValueError
+                except ValueError:
+                    self._finish(
+                        RequestStatus.ERROR,
+                        f"HTTP protocol error: bad Content-Length {cl[:40]!r}",
+                        stamp,
+                    )
+                    return
+                r.mode, r.body_end = _MODE_LENGTH, pos + length
+            else:
+                r.mode = _MODE_CLOSE
+                r.read_to_close = True
+            return
+
+    def _on_eof(self, stamp: int) -> None:
+        r = self.raw
+        if r.mode == _MODE_HEAD:
+            self._finish(
+                RequestStatus.ERROR, "server closed the connection without a response", stamp
+            )
+        elif r.mode == _MODE_CLOSE:
+            self._end(_END_BODY, stamp)
+        else:  # finalize decides: a chunked body may have ended with trailers
+            r.end_kind = _END_EOF
+            r.end_stamp = stamp
+            self._finish(RequestStatus.OK, None, stamp)
+
+
+def _os_error(phase: str, e: BaseException) -> str:
+    if isinstance(e, ConnectionRefusedError):
+        return f"connection refused ({phase})"
+    if isinstance(e, ConnectionResetError):
+        return f"connection reset by peer ({phase})"
+    return f"{phase} failed: {e.__class__.__name__}: {e}"
+
+
+def reserve_fds(n: int) -> None:
+    """Grow the process's file-descriptor table now so it holds ``n`` more sockets.
+
+    The kernel grows it by doubling when a new fd does not fit; in a process with threads
+    (asyncio's resolver pool) that waits for an RCU grace period inside ``socket()``:
+    10-20 ms, once per doubling, in the middle of a burst of request starts.
+    """
+    try:
+        import fcntl
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fd = os.open(os.devnull, os.O_RDONLY)
+    except (ImportError, OSError, ValueError):
+        return
+    try:
+        want = min(soft - 1, fd + n + 32) if soft > 0 else fd + n + 32
+        if want > fd:
+            high = fcntl.fcntl(fd, fcntl.F_DUPFD, want)  # lowest free fd >= want: no clobbering
+            os.close(high)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+async def resolve(target: Target) -> tuple[int, tuple[Any, ...]]:
+    """Resolve the target once: ``(family, sockaddr)``."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"cannot resolve {target.host}")
+    family, _type, _proto, _canon, sockaddr = infos[0]
+    return int(family), tuple(sockaddr)

@@ -1,0 +1,834 @@
+"""Run a load: warm-up requests, then the measured schedule, on one asyncio event loop.
+
+``run_load`` never raises for target problems: connection refused, HTTP errors, timeouts and
+broken streams become per-request records. It stops early, keeping what was measured, on
+``spec.max_duration_s`` (a whole-run limit, warm-up included) or when ``stop`` is set:
+unsent requests are not sent (``counts["unsent"]``) and in-flight ones end as CANCELLED.
+
+Client health is measured alongside: send lag (actual send minus when the request was due:
+its scheduled time, or the moment a concurrency slot freed if it had to wait for one), and
+event-loop lag (a monitor task sleeping ~5 ms records how late it wakes). With an unlimited
+rate, the initial burst (every request due at t=0) is excluded from send lag and reported as a
+note: it has no schedule to fall behind. Either p99 above
+``spec.client_lag_bound_ms`` marks the run ``client_limited``. With kernel receive stamps
+``read_delay`` (user-space stamp minus kernel stamp of the same read) shows how late the
+client read data it had already received: timings stay exact, but events that one read
+returns together share that read's stamp. ``cpu_wait`` (per monitor tick, from the thread's
+scheduler statistics) tells how much of the loop lag was the CPU being held by other tasks;
+``realtime=True`` runs the load thread at real-time priority to avoid that
+(``app.client.sched``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import ipaddress
+import math
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+
+from app.client import eventloop
+from app.client.connpool import ConnPool, raise_nofile_limit
+from app.client.datasets.base import Prompt, Workload
+from app.client.http_stream import (
+    ClockMap,
+    RawStream,
+    StreamRequest,
+    Target,
+    build_request,
+    kernel_stamps_supported,
+    parse_target,
+    request_body,
+    request_headers,
+    reserve_fds,
+    resolve,
+)
+from app.client.records import record_steps
+from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
+from app.client.shapes import schedule_for
+from app.client.spec import RunSpec
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
+from app.client.workload import build_workload
+from app.domain import ClockSource, RequestRecord, RequestStatus
+
+MONITOR_PERIOD_S = 0.005
+POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
+BURST_STARTS = 4  # request starts between two I/O rounds during a burst
+CLOCK_RESAMPLE_S = 1.0
+CPU_WAIT_NOTE_MS = 1.0  # a longer wait for a CPU within one monitor tick is noted in the run
+PROGRESS_PERIOD_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    elapsed_s: float
+    phase: str  # "warmup" | "measure" | "done"
+    planned: int  # measured requests planned
+    sent: int  # measured requests sent
+    done: int  # measured requests finished (any status)
+    errors: int  # measured requests finished not OK (of those already post-processed)
+    in_flight: int  # all requests in flight (warm-up included)
+    output_tokens: int  # output tokens of finished, post-processed measured requests
+    tokens_per_s: float  # output_tokens / time since the measured phase began
+
+
+@dataclass(frozen=True, slots=True)
+class LagStats:
+    """Milliseconds; None where there were no samples."""
+
+    n: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+    @staticmethod
+    def of_ns(samples: list[int] | np.ndarray) -> LagStats:
+        a = np.asarray(samples, np.float64)
+        if a.size == 0:
+            return LagStats(0, None, None, None)
+        p50, p99 = np.percentile(a, [50, 99])
+        return LagStats(int(a.size), float(p50) / 1e6, float(p99) / 1e6, float(a.max()) / 1e6)
+
+
+@dataclass(slots=True)
+class LoadResult:
+    records: list[RequestRecord]  # ordered by index; warm-ups included, flagged
+    start_mono_ns: int  # run start on time.monotonic_ns(); record times are relative to it
+    start_wall: datetime  # the same instant, UTC wall clock
+    measure_start_ns: int  # run-relative start of the measured phase (after warm-up)
+    end_ns: int  # run-relative end of the run
+    clock_source: ClockSource
+    achieved_send_rate: float | None  # measured req/s: (sent-1)/(last send - first send)
+    send_lag: LagStats
+    loop_lag: LagStats
+    read_delay: LagStats  # kernel stamp -> user-space read, per event (kernel clock only)
+    cpu_wait: LagStats  # per monitor tick: time the load thread was runnable without a CPU
+    client_limited: bool
+    client_limited_reasons: list[str]
+    counts: dict[str, int]
+    max_in_flight: int
+    stopped: str | None  # why the run ended early ("max_duration", "stopped"), or None
+    clock_offset_ns: int  # realtime - monotonic at run start
+    clock_drift_max_ns: int  # largest change of that offset seen during the run
+    tokenizer: str
+    notes: list[str] = field(default_factory=list)
+    scheduling: Scheduling = NORMAL  # the load thread's CPU scheduling policy
+    cpu_wait_total_ms: float | None = None  # None where the OS does not report it
+    # where t0 came from: kernel transmit stamps, or the clock read right before the send
+    send_clock_source: ClockSource = ClockSource.USERSPACE
+    connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
+
+
+FD_RESERVE = 64  # descriptors kept for everything but the run's connections
+
+
+def connection_budget(wanted: int) -> int:
+    """How many connections a run may hold open: ``wanted``, within the descriptors the
+    process may open (the soft limit is raised to the hard one first), keeping
+    ``FD_RESERVE`` for everything else."""
+    soft = raise_nofile_limit()
+    if soft is None:
+        return max(1, wanted)
+    return max(1, min(wanted, soft - FD_RESERVE))
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    due_ns: int  # when the request could start: scheduled, or when its slot was free
+    scheduled_ns: int  # when the load shape scheduled it (absolute)
+    fresh_slot: bool  # it took a slot no earlier request of its phase had used
+
+
+@dataclass(slots=True)
+class _Item:
+    index: int
+    prompt: Prompt
+    warmup: bool
+    scheduled_ns: int  # run-relative
+
+
+class _Run:
+    """Mutable state of one run (one instance per ``run_load`` call)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_tag: str,
+        tok: BuiltinTokenizer | HFTokenizer,
+        target: Target,
+        on_progress: Callable[[Progress], None] | None,
+        stop: asyncio.Event | None,
+        kernel_stamps: bool,
+    ) -> None:
+        self.spec = spec
+        self.run_tag = run_tag
+        self.tok = tok
+        self.target = target
+        self.path = target.path_for(spec.endpoint)
+        self.on_progress = on_progress
+        self.stop = stop
+        self.on_record: Callable[[RequestRecord], None] | None = None
+        self.kernel_stamps = kernel_stamps
+        self.clock = ClockMap()
+        self.start_ns = time.monotonic_ns()
+        self.start_wall = datetime.now(UTC)
+        self.deadline_ns = (
+            self.start_ns + int(spec.max_duration_s * 1e9) if spec.max_duration_s else None
+        )
+        # one slot per connection the run may hold open: the concurrency, or (rate-driven
+        # runs) what the descriptor budget allows
+        self.capped = spec.max_concurrency is not None
+        wanted = spec.max_concurrency or max(spec.num_prompts, spec.warmup_requests)
+        self.slots = connection_budget(wanted)
+        self.fd_capped = self.capped and self.slots < wanted
+        self.sem = asyncio.Semaphore(self.slots)
+        self.slots_taken = 0  # slots handed out that no earlier request of the phase used
+        self.release_times: deque[int] = deque()  # when each slot was given back (FIFO)
+        self.pool_waits = 0  # measured requests of a rate-driven run that waited for a slot
+        self.pool = ConnPool(keep_alive=spec.connection_mode == "keep-alive", bound=self.slots)
+        self.addr: tuple[int, tuple[object, ...]] | None = None
+        self.resolve_error: str | None = None
+        self.records: list[RequestRecord] = []
+        self.active: set[StreamRequest] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.halted: str | None = None
+        self.wake: asyncio.Future[None] | None = None
+        self.phase = "warmup"
+        self.measure_start_ns = 0
+        self.sent_measured = 0
+        self.sent_total = 0
+        self.send_times: list[int] = []
+        self.send_lag: list[int] = []
+        self.burst_lag: list[int] = []
+        self.loop_lag: list[int] = []
+        self.cpu_wait = CpuWait()  # opened on the loop's thread: it measures that thread
+        self.cpu_wait_ticks: list[int] = []
+        self.cpu_wait_first: int | None = self.cpu_wait.read()
+        self.cpu_wait_last: int | None = self.cpu_wait_first
+        self.scheduling: Scheduling = NORMAL
+        self.read_delay: list[np.ndarray] = []
+        self.in_flight = 0
+        self.backlog: deque[tuple[_Item, RawStream, _Timing]] = deque()
+        self.backlog_ready = asyncio.Event()
+        self.current: Iterator[None] | None = None  # the stream being post-processed
+        self.finished = 0
+        self.max_in_flight = 0
+        self.done = 0
+        self.errors = 0
+        self.tokens = 0
+        self.kernel_streams = 0
+        self.user_streams = 0
+        self.kernel_sends = 0
+        self.user_sends = 0
+
+    # ---- control
+
+    def halt(self, reason: str, message: str) -> None:
+        if self.halted is not None:
+            return
+        self.halted = reason
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+        for sr in list(self.active):
+            sr.abort(RequestStatus.CANCELLED, message)
+
+    async def sleep_until(self, t_ns: int) -> None:
+        delay = (t_ns - time.monotonic_ns()) / 1e9
+        if delay <= 0 or self.halted:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self.wake = fut
+        h = loop.call_later(delay, _set_once, fut)
+        try:
+            await fut
+        finally:
+            h.cancel()
+            self.wake = None
+
+    # ---- requests
+
+    async def dispatch(self, items: list[_Item]) -> None:
+        spec = self.spec
+        burst = 0
+        # every slot is free when a phase starts (the previous one waited for its requests)
+        self.slots_taken = 0
+        self.release_times.clear()
+        keep_alive = spec.connection_mode == "keep-alive"
+        for it in items:
+            if self.halted:
+                break
+            body = request_body(
+                endpoint=spec.endpoint,
+                model=spec.model,
+                prompt=it.prompt.prompt,
+                messages=it.prompt.messages,
+                output_len=it.prompt.output_len,
+                ignore_eos=spec.ignore_eos,
+                extra_body=spec.extra_body,
+            )
+            # the request bytes are built before the request is due: starting it is then
+            # only socket setup, connect and one send
+            rid = f"{self.run_tag}-{it.index}"
+            headers = request_headers(self.target, rid, spec.api_key, keep_alive=keep_alive)
+            req = build_request(self.path, headers, body)
+            scheduled = self.start_ns + it.scheduled_ns
+            if scheduled > time.monotonic_ns():
+                await self.sleep_until(scheduled)
+                burst = 0
+            if self.halted:
+                break
+            waited = self.sem.locked()
+            await self.sem.acquire()
+            if self.halted:
+                self.sem.release()
+                break
+            # When the request could start: when it was due, or when the slot it took was
+            # given back, if later (the k-th slot taken past the first ``slots`` is the k-th
+            # one given back). Only requests on a never-used slot can be the initial burst.
+            fresh_slot = self.slots_taken < self.slots
+            if fresh_slot:
+                self.slots_taken += 1
+                due = scheduled
+            else:
+                due = max(scheduled, self.release_times.popleft())
+            if waited and not self.capped and not it.warmup:
+                self.pool_waits += 1
+            task = asyncio.create_task(self.one(it, rid, req, due, scheduled, fresh_slot))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            self.sent_total += 1
+            if not it.warmup:
+                self.sent_measured += 1
+            # a burst of starts (rate inf, or a late schedule) lets the new requests connect
+            # and the running streams read every few starts: ~0.2 ms of work per start
+            burst += 1
+            if burst >= BURST_STARTS:
+                await asyncio.sleep(0)
+                burst = 0
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))
+
+    async def one(
+        self, it: _Item, rid: str, req: bytes, due_ns: int, scheduled_ns: int, fresh_slot: bool
+    ) -> None:
+        spec = self.spec
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.addr is None:
+                now = time.monotonic_ns()
+                raw = RawStream(request_id=rid, t0_ns=now, end_ns=now)
+                raw.status = RequestStatus.ERROR
+                raw.error = self.resolve_error or "target address unknown"
+            else:
+                family, addr = self.addr
+                sr = StreamRequest(
+                    self.target,
+                    addr,
+                    family,
+                    self.path,
+                    b"",
+                    [],
+                    request_id=rid,
+                    timeout_s=spec.request_timeout_s,
+                    clock=self.clock,
+                    kernel_stamps=self.kernel_stamps,
+                    request_bytes=req,
+                    pool=self.pool,
+                )
+                self.active.add(sr)
+                try:
+                    # the body is decoded later, in post-processing slices
+                    raw = await sr.run(finalize=False)
+                finally:
+                    self.active.discard(sr)
+        finally:
+            self.in_flight -= 1
+            self.release_times.append(time.monotonic_ns())
+            self.sem.release()
+        if not it.warmup:
+            self.finished += 1
+        self.backlog.append((it, raw, _Timing(due_ns, scheduled_ns, fresh_slot)))
+        self.backlog_ready.set()
+
+    async def postprocess(self) -> None:
+        """Decode and classify finished streams in resumable pieces (~0.1 ms each: body
+        decoding, SSE splitting, a batch of events stamped or classified, token counting)
+        run in slices of <= ~POSTPROCESS_SLICE_NS between I/O rounds, so no post-processing
+        holds up reads for long, not even one long stream's."""
+        while True:
+            if self.current is None and not self.backlog:
+                self.backlog_ready.clear()
+                await self.backlog_ready.wait()
+                continue
+            t_end = time.monotonic_ns() + POSTPROCESS_SLICE_NS
+            while time.monotonic_ns() < t_end and self.step():
+                pass
+            await asyncio.sleep(0)
+
+    def step(self) -> bool:
+        """Run one piece of post-processing; False when there is nothing left to do."""
+        if self.current is None:
+            if not self.backlog:
+                return False
+            self.current = self.finish_steps(*self.backlog.popleft())
+        try:
+            next(self.current)
+        except StopIteration:
+            self.current = None
+        return True
+
+    def drain(self) -> None:
+        while self.step():
+            pass
+
+    def finish(self, it: _Item, raw: RawStream, timing: _Timing) -> None:
+        """Post-process one finished stream at once."""
+        for _ in self.finish_steps(it, raw, timing):
+            pass
+
+    def finish_steps(self, it: _Item, raw: RawStream, timing: _Timing) -> Iterator[None]:
+        try:
+            rec = yield from record_steps(
+                raw,
+                index=it.index,
+                scheduled_ns=it.scheduled_ns,
+                run_start_ns=self.start_ns,
+                tokenizer=self.tok,
+                token_counting=self.spec.token_counting,
+                warmup=it.warmup,
+                input_tokens=it.prompt.input_tokens,
+            )
+        except Exception as e:  # a bug here must not lose the run
+            rec = RequestRecord(
+                index=it.index,
+                scheduled_ns=it.scheduled_ns,
+                sent_ns=raw.t0_ns - self.start_ns if raw.t0_ns else None,
+                end_ns=raw.end_ns - self.start_ns if raw.end_ns else None,
+                status=RequestStatus.ERROR,
+                error=f"client failed to process the stream: {e!r}",
+                warmup=it.warmup,
+            )
+        rec.queued_ns = max(0, timing.due_ns - timing.scheduled_ns)
+        self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+        if raw.sent_any:
+            if raw.send_clock is ClockSource.KERNEL:
+                self.kernel_sends += 1
+            else:
+                self.user_sends += 1
+        if raw.t0_ns:
+            if raw.clock is ClockSource.KERNEL:
+                self.kernel_streams += 1
+                if not it.warmup and raw.ev_t:
+                    self.read_delay.append(
+                        np.asarray(raw.ev_user_t, np.int64) - np.asarray(raw.ev_t, np.int64)
+                    )
+            elif raw.kernel_reads or raw.user_reads:
+                self.user_streams += 1
+        if it.warmup:
+            return
+        if raw.t0_ns:
+            started = raw.io_start_ns or raw.t0_ns
+            lag = max(0, started - timing.due_ns)
+            # With an unlimited rate every request is due at once: how long the client takes
+            # to start that burst (the requests on a never-used slot) is reported apart: it
+            # offers no schedule to fall behind. Every other request's lag counts.
+            burst = math.isinf(self.spec.request_rate) and timing.fresh_slot
+            (self.burst_lag if burst else self.send_lag).append(lag)
+            self.send_times.append(raw.t0_ns)
+        self.done += 1
+        if rec.status is not RequestStatus.OK:
+            self.errors += 1
+        elif rec.output_tokens:
+            self.tokens += rec.output_tokens
+
+    # ---- monitor
+
+    def progress(self) -> Progress:
+        now = time.monotonic_ns()
+        t_meas = (now - self.start_ns - self.measure_start_ns) / 1e9
+        return Progress(
+            elapsed_s=(now - self.start_ns) / 1e9,
+            phase=self.phase,
+            planned=self.spec.num_prompts,
+            sent=self.sent_measured,
+            done=self.finished,
+            errors=self.errors,
+            in_flight=self.in_flight,
+            output_tokens=self.tokens,
+            tokens_per_s=self.tokens / t_meas if self.phase != "warmup" and t_meas > 0 else 0.0,
+        )
+
+    def sample_cpu_wait(self) -> None:
+        w = self.cpu_wait.read()
+        if w is not None and self.cpu_wait_last is not None:
+            self.cpu_wait_ticks.append(max(0, w - self.cpu_wait_last))
+            self.cpu_wait_last = w
+
+    async def monitor(self) -> None:
+        period_ns = int(MONITOR_PERIOD_S * 1e9)
+        next_clock = time.monotonic_ns() + int(CLOCK_RESAMPLE_S * 1e9)
+        next_progress = time.monotonic_ns()
+        while True:
+            t = time.monotonic_ns()
+            await asyncio.sleep(MONITOR_PERIOD_S)
+            now = time.monotonic_ns()
+            self.loop_lag.append(max(0, now - t - period_ns))
+            self.sample_cpu_wait()
+            # Objects that survived until now leave the cycle collector's view (O(1)): its
+            # older generations would otherwise grow with every stream's capture lists and
+            # records, and one collection over them stalls the loop for milliseconds.
+            # Cyclic garbage frozen this way is reclaimed after the run (``run_load``).
+            gc.freeze()
+            if self.stop is not None and self.stop.is_set():
+                self.halt("stopped", "run stopped by the user")
+            if self.deadline_ns is not None and now >= self.deadline_ns:
+                self.halt("max_duration", f"run hit max_duration_s={self.spec.max_duration_s:g}")
+            if now >= next_clock:
+                self.clock.resample()
+                next_clock = now + int(CLOCK_RESAMPLE_S * 1e9)
+            if self.on_progress is not None and now >= next_progress:
+                self.on_progress(self.progress())
+                next_progress = now + int(PROGRESS_PERIOD_S * 1e9)
+
+
+def with_api_key_from_env(spec: RunSpec) -> RunSpec:
+    """``spec`` with ``api_key`` read from ``api_key_env`` here; ValueError when unset."""
+    if not spec.api_key_env:
+        return spec
+    key = os.environ.get(spec.api_key_env)
+    if not key:
+        raise ValueError(f"api_key_env: {spec.api_key_env} is not set where the load runs")
+    return spec.model_copy(update={"api_key": key})
+
+
+def _link_local(host: object) -> bool:
+    try:
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_link_local
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _items(spec: RunSpec, prompts_w: list[Prompt], prompts_m: list[Prompt]) -> list[_Item]:
+    warm = [_Item(i, p, True, 0) for i, p in enumerate(prompts_w)]
+    w = len(warm)
+    return warm + [_Item(w + i, p, False, 0) for i, p in enumerate(prompts_m)]
+
+
+async def run_load(
+    spec: RunSpec,
+    *,
+    run_tag: str,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop: asyncio.Event | None = None,
+    kernel_stamps: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    realtime: bool = False,
+    dataset_dirs: Sequence[str] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    allow_link_local: bool = True,
+) -> LoadResult:
+    """Run ``spec`` against its target and return every request's record plus client health.
+
+    ``run_tag`` prefixes each request's ``X-Request-Id`` (``<run_tag>-<index>``; warm-ups
+    take indices 0..W-1, measured requests W..W+N-1). ``kernel_stamps=False`` forces
+    user-space receive stamps. ``on_record`` is called with each request's record (warm-ups
+    included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
+    ``realtime=True`` runs the load thread at real-time priority (``app.client.sched``); it
+    raises ``RealtimeRefused`` before anything is sent when the OS refuses it.
+    ``dataset_dirs``: where ``spec.dataset_path`` may point (a worker's configured
+    directories; None: anywhere, the local CLI's own files). ``cancelled`` is polled while
+    the workload is built: ``WorkloadCancelled`` then, before anything is sent.
+    ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
+    address (cloud metadata services): every request then fails saying so, none is sent.
+    """
+    spec = with_api_key_from_env(spec)
+    tok = load_tokenizer(spec.tokenizer)
+    workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
+    target = parse_target(spec.base_url)
+
+    # Everything allocated so far (modules, tokenizer, prompts) leaves the collector's view:
+    # a full collection over it took ~40 ms, a stall long enough to merge stream reads.
+    gc.collect()
+    gc.freeze()
+    try:
+        with realtime_priority(realtime) as scheduling:
+            return await _run(
+                spec,
+                run_tag,
+                tok,
+                target,
+                workload,
+                on_progress,
+                stop,
+                kernel_stamps,
+                on_record,
+                scheduling,
+                allow_link_local,
+            )
+    finally:
+        gc.unfreeze()
+
+
+async def _run(
+    spec: RunSpec,
+    run_tag: str,
+    tok: BuiltinTokenizer | HFTokenizer,
+    target: Target,
+    workload: Workload,
+    on_progress: Callable[[Progress], None] | None,
+    stop: asyncio.Event | None,
+    kernel_stamps: bool,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    scheduling: Scheduling = NORMAL,
+    allow_link_local: bool = True,
+) -> LoadResult:
+    schedule = schedule_for(spec)
+    items = _items(spec, workload.warmup, workload.measured)
+    warm, measured = items[: len(workload.warmup)], items[len(workload.warmup) :]
+    r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
+    r.on_record = on_record
+    r.scheduling = scheduling
+    try:
+        r.addr = await resolve(target)
+    except OSError as e:
+        r.resolve_error = f"cannot resolve {target.host}: {e}"
+    if r.addr is not None and not allow_link_local and _link_local(r.addr[1][0]):
+        r.resolve_error = (
+            f"base_url: {target.host} resolves to a link-local address, which this worker "
+            "refuses (--allow-link-local-targets)"
+        )
+        r.addr = None
+    # sockets for every stream that can be open at once, allocated before the clock matters
+    reserve_fds(r.slots + 8)
+    mon = asyncio.create_task(r.monitor())
+    post = asyncio.create_task(r.postprocess())
+    try:
+        if warm:
+            for it in warm:
+                it.scheduled_ns = time.monotonic_ns() - r.start_ns
+            await r.dispatch(warm)
+        r.phase = "measure"
+        r.measure_start_ns = time.monotonic_ns() - r.start_ns
+        for it, t in zip(measured, schedule.times_ns.tolist(), strict=True):
+            it.scheduled_ns = r.measure_start_ns + int(t)
+        if not r.halted:
+            await r.dispatch(measured)
+    finally:
+        if r.tasks:  # only when cancelled from outside: end streams, keep their records
+            r.halt("stopped", "run cancelled")
+            await asyncio.gather(*r.tasks, return_exceptions=True)
+        r.phase = "done"
+        for t in (mon, post):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        r.drain()
+        r.pool.close_all()
+        r.sample_cpu_wait()
+        r.cpu_wait.close()
+    end_ns = time.monotonic_ns() - r.start_ns
+    r.clock.resample()
+    if on_progress is not None:
+        on_progress(r.progress())
+    return _result(r, end_ns)
+
+
+def _result(r: _Run, end_ns: int) -> LoadResult:
+    spec = r.spec
+    records = sorted(r.records, key=lambda rec: rec.index)
+    measured = [rec for rec in records if not rec.warmup]
+    statuses = [rec.status for rec in measured]
+    counts = {
+        "planned": spec.num_prompts,
+        "warmup": sum(1 for rec in records if rec.warmup),
+        "sent": r.sent_measured,
+        "unsent": spec.num_prompts - r.sent_measured,
+        "ok": statuses.count(RequestStatus.OK),
+        "error": statuses.count(RequestStatus.ERROR),
+        "timeout": statuses.count(RequestStatus.TIMEOUT),
+        "cancelled": statuses.count(RequestStatus.CANCELLED),
+    }
+    notes: list[str] = []
+    if r.kernel_streams and not r.user_streams:
+        clock = ClockSource.KERNEL
+    elif r.kernel_streams == 0 and r.user_streams == 0:
+        would = r.kernel_stamps and kernel_stamps_supported()
+        clock = ClockSource.KERNEL if would else ClockSource.USERSPACE
+    else:
+        clock = ClockSource.USERSPACE
+        if r.kernel_streams:
+            notes.append(
+                f"mixed receive stamps: {r.kernel_streams} streams kernel, "
+                f"{r.user_streams} user-space; reported as user-space"
+            )
+    st = sorted(r.send_times)
+    rate: float | None = None
+    if len(st) >= 2 and st[-1] > st[0]:
+        rate = (len(st) - 1) / ((st[-1] - st[0]) / 1e9)
+    elif len(st) >= 2:
+        rate = math.inf
+    send_lag = LagStats.of_ns(r.send_lag)
+    loop_lag = LagStats.of_ns(r.loop_lag)
+    read_delay = LagStats.of_ns(
+        np.concatenate(r.read_delay) if r.read_delay else np.zeros(0, np.int64)
+    )
+    bound = spec.client_lag_bound_ms
+    reasons: list[str] = []
+    if send_lag.p99_ms is not None and send_lag.p99_ms > bound:
+        reasons.append(f"send lag p99 {send_lag.p99_ms:.2f} ms > {bound:g} ms")
+    if loop_lag.p99_ms is not None and loop_lag.p99_ms > bound:
+        reasons.append(f"event-loop lag p99 {loop_lag.p99_ms:.2f} ms > {bound:g} ms")
+    if len(r.burst_lag) > 1:
+        notes.append(
+            f"starting the initial burst of {len(r.burst_lag)} requests took "
+            f"{max(r.burst_lag) / 1e6:.1f} ms (TTFT counts from each request's own start)"
+        )
+    if r.fd_capped:
+        reasons.append(
+            f"concurrency capped at {r.slots} (asked {spec.max_concurrency}): the process may "
+            "not open more sockets (RLIMIT_NOFILE)"
+        )
+    if r.pool_waits:
+        reasons.append(
+            f"{r.pool_waits} requests waited for a free connection (the client allows "
+            f"{r.slots} open at once)"
+        )
+    notes.extend(_connection_notes(r.pool.stats.to_dict()))
+    if r.kernel_sends and not r.user_sends:
+        send_clock = ClockSource.KERNEL
+    else:
+        send_clock = ClockSource.USERSPACE
+        if r.kernel_sends:
+            notes.append(
+                f"mixed send stamps: {r.kernel_sends} requests kernel transmit stamps, "
+                f"{r.user_sends} the clock before the send; reported as user-space"
+            )
+    cpu_wait = LagStats.of_ns(r.cpu_wait_ticks)
+    cpu_wait_total: float | None = None
+    if r.cpu_wait_first is not None and r.cpu_wait_last is not None:
+        cpu_wait_total = (r.cpu_wait_last - r.cpu_wait_first) / 1e6
+    if cpu_wait.max_ms is not None and cpu_wait.max_ms >= CPU_WAIT_NOTE_MS:
+        effect = (
+            "kernel receive stamps are unaffected, but reads in those moments coalesce"
+            if clock is ClockSource.KERNEL
+            else "user-space receive stamps taken then are late by up to that much"
+        )
+        notes.append(
+            f"the load thread waited {cpu_wait_total or 0.0:.1f} ms in all for a CPU that other "
+            f"tasks held (longest {cpu_wait.max_ms:.1f} ms within one "
+            f"{MONITOR_PERIOD_S * 1e3:g} ms tick): {effect}; a quieter CPU or real-time "
+            "priority (--realtime) avoids it"
+        )
+    drift = r.clock.max_drift_ns
+    if clock is ClockSource.KERNEL and drift > 1_000_000:
+        notes.append(f"realtime/monotonic offset moved by {drift / 1e6:.2f} ms during the run")
+    return LoadResult(
+        records=records,
+        start_mono_ns=r.start_ns,
+        start_wall=r.start_wall,
+        measure_start_ns=r.measure_start_ns,
+        end_ns=end_ns,
+        clock_source=clock,
+        achieved_send_rate=rate,
+        send_lag=send_lag,
+        loop_lag=loop_lag,
+        read_delay=read_delay,
+        cpu_wait=cpu_wait,
+        client_limited=bool(reasons),
+        client_limited_reasons=reasons,
+        counts=counts,
+        max_in_flight=r.max_in_flight,
+        stopped=r.halted,
+        clock_offset_ns=r.clock.initial_offset_ns,
+        clock_drift_max_ns=drift,
+        tokenizer=r.tok.name,
+        notes=notes,
+        scheduling=r.scheduling,
+        cpu_wait_total_ms=cpu_wait_total,
+        send_clock_source=send_clock,
+        connections=r.pool.stats.to_dict(),
+    )
+
+
+def _connection_notes(c: dict[str, int | str]) -> list[str]:
+    """What the connections did that a reader should know."""
+    notes: list[str] = []
+    if c["retried"]:
+        notes.append(
+            f"{c['retried']} requests failed on a kept-alive connection the server had "
+            "closed, before any response byte, and were sent again on a new one"
+        )
+    if c["read_to_close"]:
+        notes.append(
+            f"{c['read_to_close']} responses had neither Content-Length nor chunked framing: "
+            "read until the server closed, the connection dropped"
+        )
+    if c["mode"] == "keep-alive" and c["closed_by_server"]:
+        notes.append(
+            f"the server closed the connection after {c['closed_by_server']} responses "
+            "(Connection: close): the next request on each opened a new one"
+        )
+    if c["mode"] == "keep-alive" and c["closed_idle"]:
+        notes.append(
+            f"{c['closed_idle']} idle connections had been closed by the server before "
+            "reuse: new ones were opened"
+        )
+    return notes
+
+
+def run_load_sync(
+    spec: RunSpec,
+    *,
+    run_tag: str,
+    on_progress: Callable[[Progress], None] | None = None,
+    kernel_stamps: bool = True,
+    handle_sigint: bool = True,
+    realtime: bool = False,
+) -> LoadResult:
+    """``asyncio.run(run_load(...))``; Ctrl-C (main thread only) stops the run cleanly and
+    returns what was measured."""
+
+    async def main() -> LoadResult:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = False
+        if handle_sigint and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGINT, stop.set)
+                installed = True
+        try:
+            return await run_load(
+                spec,
+                run_tag=run_tag,
+                on_progress=on_progress,
+                stop=stop,
+                kernel_stamps=kernel_stamps,
+                realtime=realtime,
+            )
+        finally:
+            if installed:
+                loop.remove_signal_handler(signal.SIGINT)
+
+    return eventloop.run(main())

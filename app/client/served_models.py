@@ -1,0 +1,91 @@
+"""Which models the target serves: ``GET /v1/models`` once at the start of a run (short
+timeout), recorded in the run's load statistics (``served_models``), with a validity warning
+when the requested model is not among them. A failed fetch is noted, never fatal: many
+servers answer any model name, and some have no ``/v1/models``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from app.client.spec import RunSpec
+
+TIMEOUT_S = 2.0
+STATS_KEY = "served_models"
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModels:
+    url: str
+    ids: list[str] | None  # None: could not be listed
+    error: str | None = None
+
+
+def models_url(base_url: str) -> str:
+    """``base_url`` + ``/v1/models`` (a base ending in ``/v1`` is not doubled)."""
+    return base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
+
+
+def parse_models(body: Any) -> list[str]:
+    """Model ids of an OpenAI-style list (``{"data": [{"id": ...}]}``; llama.cpp also sends
+    ``"models": [{"model"|"name": ...}]``). Raises ValueError when there is no such list."""
+    if not isinstance(body, dict):
+        raise ValueError("the answer is not a JSON object")
+    ids: list[str] = []
+    data = body.get("data")
+    if isinstance(data, list):
+        ids += [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id") is not None]
+    elif not isinstance(body.get("models"), list):
+        raise ValueError("the answer has no 'data' list")
+    for m in body.get("models") or []:
+        if isinstance(m, dict):
+            name = m.get("model") or m.get("name")
+            if name is not None and str(name) not in ids:
+                ids.append(str(name))
+    return ids
+
+
+def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
+    """GET the target's model list; any failure is returned as ``error``."""
+    url = models_url(spec.base_url)
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError as e:
+        return ServedModels(url, None, f"{type(e).__name__}")
+    if resp.status_code != 200:
+        return ServedModels(url, None, f"HTTP {resp.status_code}")
+    try:
+        return ServedModels(url, parse_models(resp.json()))
+    except ValueError as e:
+        return ServedModels(url, None, f"not a model list ({e})")
+
+
+def warning(model: str, served: ServedModels) -> str | None:
+    """The validity note for a requested model the server does not list, or a failed fetch."""
+    if served.ids is None:
+        return (
+            f"could not list the served models (GET {served.url}: {served.error}): "
+            f"whether the server serves {model!r} is unchecked"
+        )
+    if model in served.ids:
+        return None
+    listed = ", ".join(repr(m) for m in served.ids) if served.ids else "no model"
+    return (
+        f"the requested model {model!r} is not among the models the server lists "
+        f"({listed}): the figures may be of another model"
+    )
+
+
+def record(
+    load_stats: dict[str, Any], validity: list[str], model: str, served: ServedModels
+) -> None:
+    """``served_models`` into the load statistics; the warning, if any, into validity."""
+    load_stats[STATS_KEY] = served.ids
+    if served.ids is None:
+        load_stats["served_models_error"] = served.error
+    note = warning(model, served)
+    if note is not None:
+        validity.append(note)

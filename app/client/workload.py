@@ -1,0 +1,23 @@
+"""The run's workload: its dataset type builds the warm-up and measured prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from app.client.datasets import dataset_type, parse_options
+from app.client.datasets.base import AnyTokenizer, BuildContext, Workload
+from app.client.spec import RunSpec
+
+
+def build_workload(
+    spec: RunSpec,
+    tok: AnyTokenizer,
+    *,
+    dataset_dirs: Sequence[str] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Workload:
+    """Prompts for a run (``dataset_dirs``: see ``open_dataset``; ``cancelled``: polled,
+    ``WorkloadCancelled``)."""
+    kind = dataset_type(spec.dataset)
+    options = parse_options(kind, spec.dataset_options)
+    return kind.build(spec.workload_params(), options, BuildContext(tok, dataset_dirs, cancelled))

@@ -1,0 +1,166 @@
+"""Job kind ``bench``: one run's load on a worker (``JobKindRules``, ``app.services.job_kinds``).
+
+Its batches all go to the job's run, numbered from 0; completing it checks that every batch
+and every request index declared in them arrived exactly once (else the run is
+``partial`` and says what is missing), stamps the worker, stores the target's /metrics
+series, and finalizes the run. ``SingleRunKind`` is the same life for a kind whose job may
+have no run (``probe``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.client.spec import RunSpec
+from app.domain import RunStatus
+from app.protocol.wire import (
+    CompleteRequest,
+    CompleteResponse,
+    JobKind,
+    JobRequirements,
+    ResultBatch,
+    SweepResume,
+)
+from app.services.errors import Conflict
+from app.services.hardware import stamp_meta
+from app.services.job_rules import (
+    ACTIVE_RUN,
+    MAX_MISSING_NAMED,
+    Outcome,
+    arrival_notes,
+    decide,
+    finalize_outcome,
+    planned_of,
+    public_spec,
+    with_arrival_check,
+)
+from app.services.secretbox import SecretBox
+from app.services.server_metrics import store_wire
+from app.storage import jobs as job_repo
+from app.storage import repository as repo
+from app.storage import workers as worker_repo
+from app.storage.jobs import ACTIVE_STATES
+from app.storage.jsonsafe import json_safe
+from app.storage.models import Job, utcnow
+
+
+def bench_job_spec(spec: RunSpec, box: SecretBox) -> dict[str, Any]:
+    """What a worker needs: the spec as JSON plus the API key (excluded from dumps), sealed."""
+    out: dict[str, Any] = json_safe(spec.model_dump(mode="json"))
+    if spec.api_key:
+        out["api_key"] = spec.api_key
+    return box.seal_spec(out)
+
+
+def create_bench_run(
+    session: Session,
+    spec: RunSpec,
+    *,
+    requirements: JobRequirements,
+    name: str | None,
+    max_attempts: int,
+    box: SecretBox,
+) -> tuple[str, str]:
+    """A queued run and its bench job, in the caller's transaction: (run_id, job_id)."""
+    run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.QUEUED)
+    job = job_repo.create_job(
+        session,
+        kind="bench",
+        spec=bench_job_spec(spec, box),
+        requirements=requirements.model_dump(mode="json"),
+        run_id=run_id,
+        max_attempts=max_attempts,
+    )
+    return run_id, job.id
+
+
+class SingleRunKind:
+    """A job with at most one run (the job's own), batches numbered from 0."""
+
+    name: JobKind
+
+    def __init__(self, name: JobKind) -> None:
+        self.name = name
+
+    def bench_spec(self, job: Job) -> dict[str, Any]:
+        return dict(job.spec or {}) if self.name == "bench" else {}
+
+    def lease_resume(self, session: Session, job: Job) -> SweepResume | None:
+        return None
+
+    def batch_run(self, session: Session, job: Job, batch: ResultBatch) -> str | None:
+        return job.run_id
+
+    def missing_batches(self, session: Session, job: Job, total_batches: int) -> list[int]:
+        present = job_repo.batch_numbers(session, job.id)
+        return job_repo.missing_numbers(0, total_batches, present, MAX_MISSING_NAMED)
+
+    def _outcome(self, session: Session, job: Job, req: CompleteRequest) -> Outcome:
+        planned = planned_of(self.bench_spec(job))
+        outcome = decide(
+            session, job, job.run_id, req.status, req.error, req.run_meta, planned=planned
+        )
+        if job.run_id is None:
+            return outcome
+        notes = arrival_notes(session, job, job.run_id, req.total_batches)
+        return with_arrival_check(outcome, notes)
+
+    def recomplete(
+        self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
+    ) -> None:
+        run = repo.find_run(session, job.run_id) if job.run_id else None
+        if run is not None and run.status in ACTIVE_RUN:  # the first try failed mid-way
+            outcome = self._outcome(session, job, req)
+            session.commit()
+            finalize_outcome(sessions, run.id, outcome, req)
+
+    def complete(
+        self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
+    ) -> CompleteResponse:
+        outcome = self._outcome(session, job, req)
+        now = utcnow()
+        changed = job_repo.transition(
+            session,
+            job.id,
+            from_states=ACTIVE_STATES,
+            holding_lease=req.lease_id,
+            state=outcome.job_state,
+            error=outcome.error,
+            finished_at=now,
+            lease_expires_at=None,
+            spec=public_spec(job.spec),
+        )
+        if not changed:
+            raise Conflict(f"lease lost: job {job.id!r} changed while completing")
+        if job.worker_id:
+            worker_repo.seen(session, job.worker_id, now, current_job_id=None)
+        if job.run_id is not None and req.run_meta is not None:
+            stamp_meta(session, job.worker_id, req.run_meta)  # which worker (and GPUs) ran it
+            meta = req.run_meta
+            changes = {"client_host": meta.client_host, "client_version": meta.client_version}
+            repo.update_run(session, job.run_id, **{k: v for k, v in changes.items() if v})
+        if job.run_id is not None and req.server_metrics:
+            store_wire(session, job.run_id, req.server_metrics)
+        session.commit()
+        if job.run_id is not None:
+            finalize_outcome(sessions, job.run_id, outcome, req)
+        return CompleteResponse(job_id=job.id, state=outcome.job_state, run_id=job.run_id)
+
+    def kept_uploads(self, session: Session, job: Job) -> int:
+        return job_repo.count_batches(session, job.id)
+
+    def resumes_after_loss(self, job: Job) -> bool:
+        return False
+
+    def loss_notes(self, session: Session, job: Job) -> list[str]:
+        if job.run_id is None:
+            return []
+        return arrival_notes(session, job, job.run_id, None)
+
+    def after_loss(self, session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome]]:
+        return []
+
+
+BENCH = SingleRunKind("bench")

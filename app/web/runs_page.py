@@ -1,0 +1,175 @@
+"""Everything the run page shows, from one read of the run: report, profiles and figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.services import compare as compare_svc
+from app.services import hardware, run_summaries
+from app.services import runs as run_svc
+from app.services.client_health import client_health
+from app.services.run_summaries import PROFILE_NAMES, RunSummary
+from app.storage import compare_repo
+from app.storage import jobs as job_repo
+from app.storage import probes as probe_repo
+from app.storage import repository as repo
+from app.storage.db import session_scope
+from app.web import runs_view
+
+
+@dataclass(frozen=True, slots=True)
+class RunData:
+    run: dict[str, Any]
+    summary: RunSummary  # stored for a finished run; computed per view for an active one
+    job: runs_view.JobView | None
+    note: str | None
+    roofline: tuple[float | None, str] = (None, hardware.DEFAULT_DEVICE_TEXT)  # TPOT floor
+    sweep_step: tuple[str, int] | None = None  # (sweep id, step index) of a sweep step
+    telemetry_job_id: str | None = None  # the job whose device telemetry is stored
+
+
+def load_run(
+    sessions: sessionmaker[Session], run_id: str, *, profile: str = "tokentrace"
+) -> RunData:
+    """The run row (as the report expects it), its page summary and active job.
+
+    A finished run's summary is the stored one (``run_summaries.page_summary``: no event
+    decoded; recomputed and stored when missing or stale). An active run's is computed
+    from its events now, with only the profiles this view shows. Raises
+    ``run_svc.RunNotFound``."""
+    with session_scope(sessions) as s:
+        row = repo.find_run(s, run_id)
+        if row is None:
+            raise run_svc.RunNotFound(run_id)
+        run = run_svc.run_dict(row)
+        note = row.note
+        job = job_repo.job_for_run(s, run_id)
+        floor = hardware.roofline_floor(s, run_id, row.load_stats)
+        job_v = (
+            runs_view.job_view(job)
+            if job is not None and job.state not in ("succeeded", "failed", "cancelled")
+            else None
+        )
+        step = compare_repo.step_of_run(s, run_id)
+        sweep_step = (step.sweep_id, step.step_idx) if step is not None else None
+        tele = _telemetry_job(s, job.id if job is not None else None, sweep_step)
+        active = job_v is not None or str(row.status) in runs_view.ACTIVE_RUN_STATES
+        live = None
+        if active:
+            wanted = ("tokentrace", profile) if profile != "tokentrace" else ()
+            live = run_summaries.compute_summary(s, run_id, profiles=wanted)
+    summary = live if live is not None else run_summaries.page_summary(sessions, run_id)
+    return RunData(run, summary, job_v, note, floor, sweep_step, tele)
+
+
+def _telemetry_job(
+    s: Session, job_id: str | None, sweep_step: tuple[str, int] | None
+) -> str | None:
+    """The run's job when it has telemetry; for a sweep step, else the sweep's job."""
+    if job_id is not None and probe_repo.has_telemetry(s, job_id):
+        return job_id
+    if sweep_step is not None:
+        sweep = compare_repo.find_sweep(s, sweep_step[0])
+        if sweep is not None and sweep.job_id and probe_repo.has_telemetry(s, sweep.job_id):
+            return sweep.job_id
+    return None
+
+
+def build_report(
+    data: RunData, *, slos_ms: dict[str, float] | None, profile: str | None
+) -> dict[str, Any]:
+    """The run's report (``app.services.runs.summary_report``) for these SLOs/profile."""
+    return run_svc.summary_report(
+        data.run,
+        data.summary,
+        slos_ms=slos_ms,
+        profile=profile if profile in PROFILE_NAMES else None,
+    )
+
+
+def figures_json(data: RunData) -> dict[str, str]:
+    """Each figure as a JSON string for a ``<script type="application/json">`` block."""
+    imported = str(data.run.get("source") or "").startswith("import")
+    return {
+        key: fig
+        for key, fig in data.summary.figures.items()
+        if not (imported and key == "send_lag")  # an import has no schedule to lag behind
+    }
+
+
+def report_warnings(report: dict[str, Any]) -> list[runs_view.TrustWarning]:
+    """``runs_view.trust_warnings`` of a run's report (client-limited, errors over bound)."""
+    v = report.get("validity") or {}
+    m = report.get("metrics") or {}
+    failed = (m.get("requests") or {}).get("failed")
+    err = m.get("error_rate")
+    return runs_view.trust_warnings(
+        client_limited=bool(v.get("client_limited")),
+        notes=[str(n) for n in v.get("notes") or []],
+        error_rate=float(err) if isinstance(err, int | float) else None,
+        failed=int(failed) if isinstance(failed, int) else None,
+        spec=report.get("spec"),
+    )
+
+
+def run_context(
+    data: RunData,
+    *,
+    slos_ms: dict[str, float] | None,
+    slo_errors: dict[str, str],
+    profile: str,
+) -> dict[str, Any]:
+    """The template context of the run page."""
+    report = build_report(data, slos_ms=slos_ms, profile=None)
+    comparison: list[runs_view.ProfileRow] = []
+    profile_notes: list[str] = []
+    summary = data.summary
+    if profile != "tokentrace" and profile in PROFILE_NAMES and summary.n_requests:
+        ours = summary.profiles["tokentrace"]
+        theirs = summary.profiles[profile]
+        comparison = runs_view.profile_rows(ours, theirs)
+        notes = theirs.get("notes")
+        profile_notes = [str(n) for n in notes] if isinstance(notes, list) else []
+    spec = report.get("spec") or {}
+    metrics = report["metrics"]
+    active = data.job is not None or str(data.run.get("status")) in runs_view.ACTIVE_RUN_STATES
+    return {
+        "run": data.run,
+        "note": data.note,
+        "report": report,
+        "cards": runs_view.summary_cards(
+            report, active=active, job_state=data.job.state if data.job else None
+        ),
+        "warnings": [] if active else report_warnings(report),
+        "client_health": client_health(report),
+        "rows": runs_view.metric_rows(report),
+        "pcts": runs_view.PCTS,
+        "profile": profile,
+        "profiles": runs_view.PROFILE_LABELS,
+        "comparison": comparison,
+        "profile_notes": profile_notes,
+        "slos": metrics.get("slos_ms") or {},
+        "slo_fields": runs_view.SLO_FIELDS,
+        "slo_errors": slo_errors,
+        "spec_json": json.dumps(spec, indent=2, sort_keys=True),
+        "errors": (metrics.get("requests") or {}).get("error_reasons") or [],
+        "failed_by_status": (metrics.get("requests") or {}).get("failed_by_status") or {},
+        "figures": figures_json(data),
+        "job": data.job,
+        "sweep_step": data.sweep_step,
+        "telemetry_job_id": data.telemetry_job_id,
+        "n_requests": summary.n_requests,
+        "n_events": summary.n_events,
+        "summary_only": summary.summary_only,
+        "diagnosis": compare_svc.columns_diagnosis(
+            data.run,
+            summary.columns,
+            report,
+            weight_floor_ms=data.roofline[0],
+            device=data.roofline[1],
+        ),
+    }
