@@ -599,3 +599,19 @@ def test_latency_vs_offered_load_figure_one_pair_of_lines_per_sweep() -> None:
     assert fig["layout"]["shapes"]  # the SLO line
     empty = sweep_latency_load_figure([{"id": "c", "steps": []}], "ttft_ms", title="t")
     assert empty["data"] == [] and "no data: no steps" in empty["layout"]["annotations"][0]["text"]
+
+
+def test_launch_form_dataset_options() -> None:
+    """The dataset type's own fields go in as a JSON object: parsed into the spec, a bad
+    one named beside its field, "launch again" shows them back."""
+    base = launch_form.defaults() | {"base_url": "http://127.0.0.1:9000", "model": "m"}
+    created, errors = launch_form.parse(base | {"dataset_options": "{}"})
+    assert created is not None and errors == {} and created.dataset_options == {}
+    _, errors = launch_form.parse(base | {"dataset_options": "[1]"})
+    assert errors == {"dataset_options": 'must be a JSON object, e.g. {"range_ratio": 0.5}'}
+    _, errors = launch_form.parse(base | {"dataset_options": '{"nope": 1}'})
+    assert list(errors) == ["dataset_options"] and "dataset_options.nope" in errors[
+        "dataset_options"
+    ]
+    again = launch_form.values_from_spec({"dataset": "random", "dataset_options": {}}, "r")
+    assert again["dataset_options"] == ""

@@ -51,6 +51,13 @@ FIELDS: tuple[FormField, ...] = (
     ),
     FormField("dataset", "Dataset", "select", choices=tuple(DATASETS), group="Workload"),
     FormField("dataset_path", "Dataset path", help="JSONL file on the worker", group="Workload"),
+    FormField(
+        "dataset_options",
+        "Dataset options (JSON)",
+        "textarea",
+        help="the dataset type's own fields (docs/api.md), e.g. {} for random and jsonl",
+        group="Workload",
+    ),
     FormField("input_len", "Input length (tokens)", "number", group="Workload"),
     FormField("output_len", "Output length (tokens)", "number", group="Workload"),
     FormField("num_prompts", "Number of requests", "number", group="Workload"),
@@ -141,6 +148,7 @@ GROUPS: tuple[str, ...] = (
 )  # fmt: skip
 LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
 CHECKBOXES_ON = ("ignore_eos", "scrape_metrics")  # default on
+JSON_FIELDS = {"extra_body": "{\"temperature\": 0}", "dataset_options": "{\"range_ratio\": 0.5}"}
 SLO_KEYS = ("ttft", "tpot", "e2el", "user_ttft")
 
 
@@ -168,7 +176,7 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
         url, model = settings.default_target_url, settings.default_target_model
     out: dict[str, str] = {"base_url": url, "model": model}
     for name, info in RunSpec.model_fields.items():
-        if name in ("base_url", "model", "goodput", "tags", "extra_body", "api_key"):
+        if name in JSON_FIELDS or name in ("base_url", "model", "goodput", "tags", "api_key"):
             continue
         default = info.get_default(call_default_factory=True)
         out[name] = _text(default)
@@ -210,7 +218,7 @@ def _labels(text: str) -> dict[str, str]:
 
 def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
     if not loc:  # a model validator's message names its field first ("metrics_url must ...")
-        first = msg.split(" ", 1)[0].rstrip(":")
+        first = msg.split(" ", 1)[0].rstrip(":").split(".", 1)[0]
         if first in FIELD_NAMES:
             return first
         return "dataset_path" if "dataset_path" in msg else "__all__"
@@ -241,7 +249,7 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         if f.kind == "checkbox":
             body[f.name] = raw not in ("", "0", "false", "off")
             continue
-        if f.name.startswith(("goodput_", "req_")) or f.name in (*LIST_FIELDS, "extra_body"):
+        if f.name.startswith(("goodput_", "req_")) or f.name in (*LIST_FIELDS, *JSON_FIELDS):
             continue
         if raw:
             body[f.name] = raw
@@ -253,15 +261,17 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     body["goodput"] = slos
     for key in LIST_FIELDS:
         body[key] = _list(form.get(key) or "")
-    extra = (form.get("extra_body") or "").strip()
-    if extra:
+    for key, example in JSON_FIELDS.items():
+        raw = (form.get(key) or "").strip()
+        if not raw:
+            continue
         try:
-            parsed = json.loads(extra)
+            parsed = json.loads(raw)
             if not isinstance(parsed, dict):
                 raise ValueError("not an object")
-            body["extra_body"] = parsed
+            body[key] = parsed
         except ValueError:
-            errors["extra_body"] = 'must be a JSON object, e.g. {"temperature": 0}'
+            errors[key] = f"must be a JSON object, e.g. {example}"
     req: dict[str, Any] = {}
     try:
         req["labels"] = _labels(form.get("req_labels") or "")
