@@ -35,7 +35,11 @@ class RunSpec(BaseModel):
     dataset: str = Field("random", description=DATASET_HELP)
     dataset_path: str | None = None
     dataset_options: dict[str, Any] = Field(
-        default_factory=dict, description="the dataset type's own fields (see its docs)"
+        default_factory=dict,
+        description="the dataset type's own fields, by name (e.g. random: range_ratio, "
+        "prefix_len; prefix_repetition: prefix_len, suffix_len, num_prefixes, output_len; "
+        "sharegpt: output_len, min_len, max_prompt_len, max_total_len); unknown ones are "
+        "refused (422 naming dataset_options.<field>); see docs/workloads.md",
     )
     input_len: int = Field(256, ge=1, le=1_000_000)
     output_len: int = Field(128, ge=1, le=1_000_000)
@@ -145,6 +149,9 @@ class RunSpec(BaseModel):
         params = self.workload_params()
         options = parse_options(kind, self.dataset_options)
         kind.check(params, options)
+        # stored as given, less the type's defaults: an option left at its default and an
+        # option not given are the same workload (comparisons read this dict)
+        self.dataset_options = options.model_dump(exclude_defaults=True)
         total = kind.prompt_tokens(params, options)
         if total is not None and total > MAX_PROMPT_TOKENS:
             raise ValueError(
