@@ -13,9 +13,12 @@
     a new connection per request (256 streams);
 (b) client capacity: the most streamed tokens/s with chunk-gap error p99 <= 1 ms;
 (c) storage: ingest and full report of 10,000 requests x 1,000 tokens, SQLite and PostgreSQL;
-(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page.
+(d) pages, when benchmarks/bench_pages.py exists: render time of a 1M-event run page;
+(e) datasets: loading the packaged ShareGPT file and building 10,000 prompts (cold, then
+    from the per-process cache), and the synthetic types at the same count.
 
-Results: fidelity.json, capacity.json, storage.json, pages.json and summary.md.
+Results: fidelity.json, capacity.json, storage.json, pages.json, datasets.json and
+summary.md.
 """
 
 from __future__ import annotations
@@ -196,6 +199,7 @@ def summary_md(
     cap: dict[str, Any],
     storage: dict[str, Any],
     pages: dict[str, Any] | None,
+    datasets: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -273,10 +277,12 @@ def summary_md(
         )
     if pages:
         lines += ["", "## (d) Pages", "", "```", json.dumps(pages, indent=2), "```"]
+    if datasets:
+        lines += ["", "## (e) Datasets", "", "```", json.dumps(datasets, indent=2), "```"]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages")
+PARTS = ("fidelity", "capacity", "storage", "pages", "datasets")
 
 
 def _earlier(name: str) -> Any:
@@ -314,7 +320,12 @@ def main() -> int:
     if "pages" in args.only and (HERE / "bench_pages.py").exists():
         subprocess.run([sys.executable, str(HERE / "bench_pages.py")], check=True, cwd=HERE.parent)
     pages = _earlier("pages.json")
-    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages))
+    if "datasets" in args.only:
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_datasets.py")], check=True, cwd=HERE.parent
+        )
+    datasets = _earlier("datasets.json")
+    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages, datasets))
     print((RESULTS / "summary.md").read_text())
     return 0
 

@@ -5,8 +5,9 @@ its workload and setup: model, engine and version, dtype, input and output lengt
 distributions (spec lengths and the measured median lengths), dataset, its own options
 (``dataset_options``: a range ratio, a shared prefix, ShareGPT's filters ...) and the file
 it read (the packaged ShareGPT version or the file's sha256, from the run's load
-statistics), seed, load shape, endpoint and hardware. ``check`` reports every field where the runs differ; when more than
-the one variable under test differs, a comparison must say so before any verdict.
+statistics), seed, load shape, endpoint and hardware. ``check`` reports every field where
+the runs differ; when more than the one variable under test differs, a comparison must say
+so before any verdict.
 """
 
 from __future__ import annotations

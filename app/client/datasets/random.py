@@ -185,9 +185,7 @@ class RandomDataset:
         measured = random_prompts(tok, ins, outs, prefix, plen, _stream(p.seed, 0), ctx.cancelled)
         w_prefix = random_prompt_text(tok, plen, _stream(p.seed, 6)) if plen else ""
         w_ins, w_outs = sampled_lengths(p, options, p.warmup_requests, _stream(p.seed, 5))
-        warm = random_prompts(
-            tok, w_ins, w_outs, w_prefix, plen, _stream(p.seed, 2), ctx.cancelled
-        )
+        warm = random_prompts(tok, w_ins, w_outs, w_prefix, plen, _stream(p.seed, 2), ctx.cancelled)
         return Workload(warm, measured)
 
 

@@ -74,9 +74,7 @@ class ShareGPTOptions(BaseModel):
     )
     min_len: int = Field(4, ge=0, le=1_000_000, description="fewest prompt/output tokens")
     max_prompt_len: int = Field(1024, ge=1, le=1_000_000, description="most prompt tokens")
-    max_total_len: int = Field(
-        2048, ge=1, le=2_000_000, description="most prompt + output tokens"
-    )
+    max_total_len: int = Field(2048, ge=1, le=2_000_000, description="most prompt + output tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +153,8 @@ def parse_conversations(text: str, source: str, *, packaged: bool = False) -> Co
         sep = text[i : i + 1]
         if sep == "]":
             break
+        if sep == "" and not packaged:
+            raise ValueError("dataset_path: the JSON array is not closed (a truncated file?)")
         if sep != ",":
             if packaged:
                 truncated = True
