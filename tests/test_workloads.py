@@ -433,6 +433,9 @@ def test_api_names_the_bad_dataset_option(db_url: str) -> None:
         ok = api.create_run(dataset_options={"range_ratio": 0.5})
         job = api.client.get(f"/api/v1/jobs/{ok['job_id']}").json()
         assert job["spec"]["dataset_options"] == {"range_ratio": 0.5}
+        schema = api.client.get("/openapi.json").text  # the options, read from the registry
+        assert "random: range_ratio, prefix_len" in schema
+        assert "prefix_repetition: prefix_len, suffix_len, num_prefixes, output_len" in schema
 
 
 # ------------------------------------------------------------------ the packaged file
@@ -468,3 +471,33 @@ def test_packaged_sharegpt_file_builds_prompts_that_pass_the_filters() -> None:
         n_in = TOK.count(p.prompt or "")
         assert n_in == p.input_tokens and 4 <= n_in <= 1024
         assert p.output_len >= 4 and n_in + p.output_len <= 2048
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def test_a_sharegpt_run_sends_its_prompts_and_records_the_file(hand_file: Path) -> None:
+    """Against the simulator: the requests carry the sampled prompts' lengths, the run's
+    load statistics carry the file's sha256 (what comparisons read)."""
+    from app.client.execute import load_stats
+    from app.client.runner import run_load_sync
+    from app.domain import RequestStatus
+    from app.targets.sim_config import SimConfig
+    from app.targets.simulator import start_simulator_thread
+
+    with start_simulator_thread(SimConfig(itl_ms=0.5, ttft_ms=1.0)) as sim:
+        s = spec(
+            base_url=sim.base_url,
+            dataset="sharegpt",
+            dataset_path=str(hand_file),
+            num_prompts=3,
+            scrape_metrics=False,
+            request_timeout_s=10.0,
+        )
+        res = run_load_sync(s, run_tag="sg", handle_sigint=False)
+    measured = [r for r in res.records if not r.warmup]
+    assert all(r.status == RequestStatus.OK for r in measured)
+    assert sorted(r.tokenizer_input_tokens or 0 for r in measured) == [4, 5, 8]
+    assert sorted(r.tokenizer_output_tokens or 0 for r in measured) == [4, 6, 12]
+    digest = "sha256:" + hashlib.sha256(hand_file.read_bytes()).hexdigest()
+    assert res.dataset_source == load_stats(res)["dataset_source"] == digest

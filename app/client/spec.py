@@ -22,6 +22,16 @@ Arrival = Literal["poisson", "gamma", "constant"]
 TokenCounting = Literal["auto", "usage", "tokenizer"]
 ConnectionMode = Literal["keep-alive", "new"]
 DATASET_HELP = "a dataset type: " + "; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items())
+DATASET_OPTIONS_HELP = (
+    "the dataset type's own fields, by name ("
+    + "; ".join(
+        f"{k}: {', '.join(d.options.model_fields)}"
+        for k, d in DATASETS.items()
+        if d.options.model_fields
+    )
+    + "); another type's or an unknown field is refused (422 naming "
+    "dataset_options.<field>); see docs/workloads.md"
+)
 
 class RunSpec(BaseModel):
     """Everything needed to repeat a benchmark run (flag names follow `vllm bench serve`)."""
@@ -36,10 +46,7 @@ class RunSpec(BaseModel):
     dataset_path: str | None = None
     dataset_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="the dataset type's own fields, by name (e.g. random: range_ratio, "
-        "prefix_len; prefix_repetition: prefix_len, suffix_len, num_prefixes, output_len; "
-        "sharegpt: output_len, min_len, max_prompt_len, max_total_len); unknown ones are "
-        "refused (422 naming dataset_options.<field>); see docs/workloads.md",
+        description=DATASET_OPTIONS_HELP,
     )
     input_len: int = Field(256, ge=1, le=1_000_000)
     output_len: int = Field(128, ge=1, le=1_000_000)
