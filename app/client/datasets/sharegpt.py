@@ -196,8 +196,12 @@ def load_conversations(path: str | None, dirs: Sequence[str] | None) -> Conversa
         if not packaged_available():
             raise ValueError(NO_FILE)
         res = resources.files(PACKAGE).joinpath("data", PACKAGED_FILE)
-        st = os.stat(str(res))
-        return _load_packaged(metadata.version(DISTRIBUTION), st.st_size, st.st_mtime_ns)
+        try:
+            st = os.stat(str(res))
+            size, mtime = st.st_size, st.st_mtime_ns
+        except OSError:  # not a plain file (a zipped install): the version alone keys it
+            size, mtime = 0, 0
+        return _load_packaged(metadata.version(DISTRIBUTION), size, mtime)
     try:
         st = os.stat(os.path.realpath(path, strict=True))
     except (OSError, ValueError):
