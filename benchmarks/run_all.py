@@ -18,10 +18,12 @@
 (e) imports: an 80 MB vLLM --save-detailed file (10,000 requests x 1,000 tokens) imported
     into SQLite: seconds and the importing process's peak RSS;
 (f) paint: headless Chromium's time to the first chart of that run page, first and cached
-    visits (plotly.js from the browser cache), where Chromium and Playwright are installed.
+    visits (plotly.js from the browser cache), where Chromium and Playwright are installed;
+(g) datasets: loading the packaged ShareGPT file and building 10,000 prompts (cold, then
+    from the per-process cache), and the synthetic types at the same count.
 
 Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json,
-browser_paint.json and summary.md.
+browser_paint.json, datasets.json and summary.md.
 """
 
 from __future__ import annotations
@@ -204,6 +206,7 @@ def summary_md(
     pages: dict[str, Any] | None,
     imports: dict[str, Any] | None = None,
     paint: dict[str, Any] | None = None,
+    datasets: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -295,10 +298,12 @@ def summary_md(
         ]
     if paint:
         lines += ["", "## (f) Browser paint", "", "```", json.dumps(paint, indent=2), "```"]
+    if datasets:
+        lines += ["", "## (g) Datasets", "", "```", json.dumps(datasets, indent=2), "```"]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint")
+PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets")
 
 
 def _earlier(name: str) -> Any:
@@ -351,7 +356,13 @@ def main() -> int:
     if "paint" in args.only:  # exits 2 without Chromium/Playwright: earlier figures kept
         subprocess.run([sys.executable, str(HERE / "bench_browser_paint.py")], cwd=HERE.parent)
     paint = _earlier("browser_paint.json")
-    (RESULTS / "summary.md").write_text(summary_md(fid, cap, storage, pages, imports, paint))
+    if "datasets" in args.only:
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_datasets.py")], check=True, cwd=HERE.parent
+        )
+    datasets = _earlier("datasets.json")
+    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets)
+    (RESULTS / "summary.md").write_text(summary)
     print((RESULTS / "summary.md").read_text())
     return 0
 

@@ -17,7 +17,12 @@ def _spec(**over: Any) -> dict[str, Any]:
 
 
 def _key(spec: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
-    measured = {"measured_input_p50": 512.0, "measured_output_p50": 128.0, "hardware": "H200"}
+    measured = {
+        "measured_input_p50": 512.0,
+        "measured_output_p50": 128.0,
+        "hardware": "H200",
+        "dataset_source": "sha256:aa",
+    }
     return comparability_key(spec or _spec(), **(measured | kw))
 
 
@@ -33,6 +38,8 @@ CHANGES: dict[str, dict[str, Any]] = {
     "measured_input_p50": {"kw": {"measured_input_p50": 700.0}},
     "measured_output_p50": {"kw": {"measured_output_p50": 90.0}},
     "dataset": {"spec": {"dataset": "jsonl", "dataset_path": "/d.jsonl"}},
+    "dataset_options": {"spec": {"dataset_options": {"range_ratio": 0.5}}},
+    "dataset_source": {"kw": {"dataset_source": "sha256:bb"}},
     "seed": {"spec": {"seed": 9}},
     "load_shape": {"spec": {"request_rate": 4.0}},
     "endpoint": {"spec": {"endpoint": "completions"}},
@@ -114,3 +121,22 @@ def test_runs_saved_before_keep_alive_count_as_new_connection_runs() -> None:
     imported = {"model": "m", "input_len": 512, "output_len": 128}  # an import: unknown
     assert _key(imported)["connections"] is None
     assert "connections" not in {d.field for d in check([_key(imported), _key()]).differing}
+
+
+def test_different_workloads_of_one_dataset_type_are_not_silently_compared() -> None:
+    """dataset_options and the file read are key fields: a range ratio, a shared prefix or
+    another ShareGPT file makes another workload; options left at their defaults do not."""
+    plain = _key(_spec())
+    assert plain["dataset_options"] == ""
+    explicit_defaults = _key(_spec(dataset_options={"range_ratio": 0.0, "prefix_len": 0}))
+    assert check([plain, explicit_defaults]).differing == []
+    prefixed = _key(_spec(dataset_options={"prefix_len": 64, "range_ratio": 0.25}))
+    assert prefixed["dataset_options"] == "prefix_len=64, range_ratio=0.25"
+    result = check([plain, prefixed], variable="model")
+    assert not result.comparable and "dataset options" in result.message()
+    sg = {"dataset": "sharegpt", "dataset_path": "/d/sg.json"}
+    a = _key(_spec(**sg), dataset_source="sha256:aa")
+    b = _key(_spec(**sg), dataset_source="sha256:bb")  # same path, another file
+    assert [d.field for d in check([a, b]).differing] == ["dataset_source"]
+    unknown = _key(_spec(**sg), dataset_source=None)  # a run saved before: nothing to contradict
+    assert check([a, unknown]).differing == []

@@ -218,17 +218,24 @@ def test_the_spec_names_a_registered_dataset_type() -> None:
 
     with pytest.raises(ValidationError) as e:
         RunSpec(base_url="http://h:1", model="m", dataset="sharegpt-typo")
-    assert "dataset: unknown dataset type 'sharegpt-typo' (one of: random, jsonl)" in str(e.value)
+    known = "random, jsonl, sharegpt, prefix_repetition"
+    assert f"dataset: unknown dataset type 'sharegpt-typo' (one of: {known})" in str(e.value)
     with pytest.raises(ValidationError, match="dataset_path is required"):
         RunSpec(base_url="http://h:1", model="m", dataset="jsonl")
 
 
 def test_dataset_options_belong_to_the_type() -> None:
-    """A type with no options of its own refuses any, naming the field."""
+    """A type refuses options that are not its own, naming the field."""
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError) as e:
-        RunSpec(base_url="http://h:1", model="m", dataset_options={"range_ratio": 0.5})
+        RunSpec(
+            base_url="http://h:1",
+            model="m",
+            dataset="jsonl",
+            dataset_path="/d.jsonl",
+            dataset_options={"range_ratio": 0.5},
+        )
     assert "dataset_options.range_ratio: Extra inputs are not permitted" in str(e.value)
 
 

@@ -2,9 +2,12 @@
 
 A comparison changes one variable at a time. The key of a run lists the fields that define
 its workload and setup: model, engine and version, dtype, input and output length
-distributions (spec lengths and the measured median lengths), dataset and seed, load shape,
-endpoint and hardware. ``check`` reports every field where the runs differ; when more than
-the one variable under test differs, a comparison must say so before any verdict.
+distributions (spec lengths and the measured median lengths), dataset, its own options
+(``dataset_options``: a range ratio, a shared prefix, ShareGPT's filters ...) and the file
+it read (the packaged ShareGPT version or the file's sha256, from the run's load
+statistics), seed, load shape, endpoint and hardware. ``check`` reports every field where
+the runs differ; when more than the one variable under test differs, a comparison must say
+so before any verdict.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ KEY_FIELDS: dict[str, str] = {
     "measured_input_p50": "measured input length p50",
     "measured_output_p50": "measured output length p50",
     "dataset": "dataset",
+    "dataset_options": "dataset options",
+    "dataset_source": "dataset file (version or sha256)",
     "seed": "seed",
     "load_shape": "load shape",
     "endpoint": "endpoint",
@@ -37,7 +42,7 @@ LENGTH_TOLERANCE = 0.05
 # fields allowed to differ in a sweep-to-sweep comparison is none; within a sweep: load shape
 MEASURED = ("measured_input_p50", "measured_output_p50")
 # unknown on one side (None) contradicts nothing
-OPTIONAL = ("connections",)
+OPTIONAL = ("connections", "dataset_source")
 
 
 def load_shape(spec: Mapping[str, Any]) -> str:
@@ -59,6 +64,13 @@ def dataset_text(spec: Mapping[str, Any]) -> str:
     return f"{ds}:{spec['dataset_path']}" if spec.get("dataset_path") else ds
 
 
+def dataset_options_text(spec: Mapping[str, Any]) -> str:
+    """The dataset type's own options as ``k=v`` pairs in name order ("" when none: the
+    spec stores only options that differ from the type's defaults)."""
+    opts = spec.get("dataset_options") or {}
+    return ", ".join(f"{k}={opts[k]}" for k in sorted(opts))
+
+
 def connection_mode(spec: Mapping[str, Any]) -> str | None:
     """How the run's client used connections: "keep-alive" or "new". Runs saved before the
     setting existed opened a new connection per request; imports don't say (None)."""
@@ -75,10 +87,12 @@ def comparability_key(
     measured_output_p50: float | None = None,
     hardware: str | None = None,
     load: str | None = None,
+    dataset_source: str | None = None,
 ) -> dict[str, Any]:
     """The key of one run from its spec (a ``RunSpec`` dumped to JSON) and measurements.
 
-    ``load`` overrides the load shape (a sweep's key uses its list of loads)."""
+    ``load`` overrides the load shape (a sweep's key uses its list of loads);
+    ``dataset_source``: the file its prompts came from (``load_stats["dataset_source"]``)."""
     return {
         "model": spec.get("model"),
         "engine": spec.get("engine"),
@@ -92,6 +106,8 @@ def comparability_key(
         "measured_input_p50": measured_input_p50,
         "measured_output_p50": measured_output_p50,
         "dataset": dataset_text(spec),
+        "dataset_options": dataset_options_text(spec),
+        "dataset_source": dataset_source,
         "seed": spec.get("seed"),
         "load_shape": load if load is not None else load_shape(spec),
         "endpoint": spec.get("endpoint"),

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
-from typing import NoReturn
+import types
+import typing
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -56,6 +59,62 @@ FLAG_FOR_FIELD = {
 }
 
 
+def option_flag(dataset: str, field: str) -> str:
+    """The flag of a dataset type's option: ``--<dataset-name>-<field>``, dashes for
+    underscores (``--random-range-ratio``, ``--prefix-repetition-num-prefixes``)."""
+    return f"--{dataset}-{field}".replace("_", "-")
+
+
+def _option_dest(dataset: str, field: str) -> str:
+    return f"dataset_option__{dataset}__{field}"
+
+
+def _flag_type(annotation: Any) -> Any:
+    """The argparse ``type`` of an option field: its one non-None type (int, float, str)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if annotation not in (int, float, str):
+        raise TypeError(f"dataset option of type {annotation!r} has no flag mapping")
+    return annotation
+
+
+def add_dataset_option_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per option of every registered dataset type (its ``options`` model)."""
+    for name, kind in DATASETS.items():
+        fields = kind.options.model_fields
+        if not fields:
+            continue
+        group = p.add_argument_group(f"{name} dataset options (with --dataset-name {name})")
+        for field, info in fields.items():
+            default = "" if info.default is None else f" (default {info.default})"
+            group.add_argument(
+                option_flag(name, field),
+                type=_flag_type(info.annotation),
+                default=argparse.SUPPRESS,
+                dest=_option_dest(name, field),
+                metavar=_flag_type(info.annotation).__name__.upper(),
+                help=f"{info.description or field}{default}",
+            )
+
+
+def dataset_options_from_args(ns: argparse.Namespace) -> dict[str, object]:
+    """The options given for ``--dataset-name``; one given for another type is a
+    ``UsageError`` naming it."""
+    chosen: dict[str, object] = {}
+    for name, kind in DATASETS.items():
+        for field in kind.options.model_fields:
+            dest = _option_dest(name, field)
+            if not hasattr(ns, dest):
+                continue
+            if name != ns.dataset_name:
+                raise UsageError(
+                    f"{option_flag(name, field)}: an option of --dataset-name {name}, "
+                    f"not of {ns.dataset_name}"
+                )
+            chosen[field] = getattr(ns, dest)
+    return chosen
+
+
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="target server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True)
@@ -70,7 +129,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(DATASETS),
         help="; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items()),
     )
-    p.add_argument("--dataset-path", default=None, help="JSONL prompts (--dataset-name jsonl)")
+    p.add_argument(
+        "--dataset-path",
+        default=None,
+        help="the dataset file: JSONL prompts (jsonl), ShareGPT JSON (sharegpt; default: "
+        "the packaged file of the sharegpt extra)",
+    )
     p.add_argument("--input-len", "--random-input-len", type=int, default=256, dest="input_len")
     p.add_argument("--output-len", "--random-output-len", type=int, default=128, dest="output_len")
     p.add_argument("--num-prompts", type=int, default=100)
@@ -144,6 +208,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "--server", default=None, help="submit to a tokentrace dashboard (URL) and follow it"
     )
     p.add_argument("--token", default=None, help="API token for --server (scope run)")
+    add_dataset_option_arguments(p)
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -194,6 +259,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "endpoint": _endpoint(ns.endpoint),
         "dataset": ns.dataset_name,
         "dataset_path": ns.dataset_path,
+        "dataset_options": dataset_options_from_args(ns),
         "input_len": ns.input_len,
         "output_len": ns.output_len,
         "num_prompts": ns.num_prompts,
@@ -226,16 +292,27 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
     try:
         return RunSpec.model_validate(fields)
     except ValidationError as e:
-        raise UsageError(describe_validation_error(e)) from None
+        raise UsageError(describe_validation_error(e, ns.dataset_name)) from None
 
 
-def describe_validation_error(e: ValidationError) -> str:
+_OPTION_ERROR = re.compile(r"dataset_options\.(\w+): (.*)", re.DOTALL)
+_LEADING_FIELD = re.compile(r"(\w+): (.*)", re.DOTALL)
+
+
+def describe_validation_error(e: ValidationError, dataset: str | None = None) -> str:
     err = e.errors()[0]
     loc = err.get("loc", ())
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    option = _OPTION_ERROR.match(msg)
+    if option and dataset is not None:  # a dataset type's option: its flag
+        return f"{option_flag(dataset, option[1])}: {option[2]}"
+    lead = _LEADING_FIELD.match(msg)
+    if not loc and lead and lead[1] in FLAG_FOR_FIELD:  # "field: reason" across fields
+        return f"{FLAG_FOR_FIELD[lead[1]]}: {lead[2]}"
     field = str(loc[0]) if loc else ""
     if not field:  # a check across fields: name the first field its message mentions
-        field = next((f for f in FLAG_FOR_FIELD if f in msg), "")
+        words = set(re.findall(r"\w+", msg))
+        field = next((f for f in FLAG_FOR_FIELD if f in words), "")
     for name, flag in FLAG_FOR_FIELD.items():
-        msg = msg.replace(name, flag) if " " in msg and name in msg.split() else msg
+        msg = re.sub(rf"\b{name}\b", flag, msg) if " " in msg else msg
     return f"{FLAG_FOR_FIELD.get(field, field or 'spec')}: {msg}"

@@ -166,6 +166,7 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
         "notes": result.notes,
         "send_clock": result.send_clock_source.value,
         "connections": dict(result.connections),
+        "dataset_source": result.dataset_source,
     }
 
 

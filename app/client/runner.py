@@ -127,6 +127,7 @@ class LoadResult:
     # where t0 came from: kernel transmit stamps, or the clock read right before the send
     send_clock_source: ClockSource = ClockSource.USERSPACE
     connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
+    dataset_source: str | None = None  # the dataset file's identity (Workload.source)
 
 
 FD_RESERVE = 64  # descriptors kept for everything but the run's connections
@@ -574,7 +575,7 @@ async def run_load(
     gc.freeze()
     try:
         with realtime_priority(realtime) as scheduling:
-            return await _run(
+            result = await _run(
                 spec,
                 run_tag,
                 tok,
@@ -587,6 +588,8 @@ async def run_load(
                 scheduling,
                 allow_link_local,
             )
+            result.dataset_source = workload.source
+            return result
     finally:
         gc.unfreeze()
 

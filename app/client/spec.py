@@ -22,6 +22,16 @@ Arrival = Literal["poisson", "gamma", "constant"]
 TokenCounting = Literal["auto", "usage", "tokenizer"]
 ConnectionMode = Literal["keep-alive", "new"]
 DATASET_HELP = "a dataset type: " + "; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items())
+DATASET_OPTIONS_HELP = (
+    "the dataset type's own fields, by name ("
+    + "; ".join(
+        f"{k}: {', '.join(d.options.model_fields)}"
+        for k, d in DATASETS.items()
+        if d.options.model_fields
+    )
+    + "); another type's or an unknown field is refused (422 naming "
+    "dataset_options.<field>); see docs/workloads.md"
+)
 
 class RunSpec(BaseModel):
     """Everything needed to repeat a benchmark run (flag names follow `vllm bench serve`)."""
@@ -35,7 +45,8 @@ class RunSpec(BaseModel):
     dataset: str = Field("random", description=DATASET_HELP)
     dataset_path: str | None = None
     dataset_options: dict[str, Any] = Field(
-        default_factory=dict, description="the dataset type's own fields (see its docs)"
+        default_factory=dict,
+        description=DATASET_OPTIONS_HELP,
     )
     input_len: int = Field(256, ge=1, le=1_000_000)
     output_len: int = Field(128, ge=1, le=1_000_000)
@@ -145,6 +156,9 @@ class RunSpec(BaseModel):
         params = self.workload_params()
         options = parse_options(kind, self.dataset_options)
         kind.check(params, options)
+        # stored as given, less the type's defaults: an option left at its default and an
+        # option not given are the same workload (comparisons read this dict)
+        self.dataset_options = options.model_dump(exclude_defaults=True)
         total = kind.prompt_tokens(params, options)
         if total is not None and total > MAX_PROMPT_TOKENS:
             raise ValueError(

