@@ -18,7 +18,7 @@ import pytest
 from app.client.spec import RunSpec
 from app.domain import RunStatus
 from app.services import auth
-from app.services.imports import import_csv
+from app.services.file_imports import import_path
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -89,7 +89,7 @@ def _sign_in(page: Page, server: DashboardServer, seeded: Seeded, next_path: str
 def _imported(seeded: Seeded, tmp: Any, name: str) -> str:
     f = tmp / f"{name}.csv"
     f.write_text(CSV_LOG)
-    return import_csv(seeded.sessions, f, name=name)
+    return import_path(seeded.sessions, "csv", f, name=name)[0]
 
 
 def _submit(page: Page, selector: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.importers.csv_log import ImportFormatError, parse_csv_log
-from app.services import imports
+from app.services import file_imports
 from app.services.runs import open_database
 from app.storage.models import Request, Run
 
@@ -80,15 +80,15 @@ def test_csv_import_is_all_or_nothing(sqlite_url: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(HEADER + good_rows + "bad,1,0.5,2,10,20\n")  # the very last row is wrong
     with pytest.raises(ImportFormatError, match="row 501"):
-        imports.import_csv(sessions, bad)
+        file_imports.import_path(sessions, "csv", bad)[0]
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"\xff\xfe\x00garbage\x00" * 100)
     with pytest.raises(ImportFormatError):
-        imports.import_csv(sessions, binary)
+        file_imports.import_path(sessions, "csv", binary)[0]
     assert _counts(sqlite_url) == (0, 0)
     good = tmp_path / "good.csv"
     good.write_text(GOOD_CSV)
-    imports.import_csv(sessions, good)  # the same path works for a sound file
+    file_imports.import_path(sessions, "csv", good)[0]  # the same path works for a sound file
     assert _counts(sqlite_url) == (1, 2)
 
 
@@ -100,7 +100,7 @@ def test_csv_import_has_a_size_cap(
     big.write_text(HEADER + "".join(f"r{i},{i},{i + 0.1},{i + 0.5},1,2\n" for i in range(1000)))
     assert big.stat().st_size > 10_000
     with pytest.raises(ImportFormatError, match="larger than"):
-        imports.import_csv(open_database(sqlite_url), big)
+        file_imports.import_path(open_database(sqlite_url), "csv", big)[0]
     assert _counts(sqlite_url) == (0, 0)
 
 
@@ -230,7 +230,7 @@ def test_the_import_limit_is_one_setting_for_cli_and_api(
     big.write_text(body)
     monkeypatch.setenv("TOKENTRACE_MAX_IMPORT_BYTES", str(len(body) - 1))
     with pytest.raises(ImportFormatError, match=f"{len(body) - 1}-byte import limit"):
-        imports.import_csv(open_database(sqlite_url), big)
+        file_imports.import_path(open_database(sqlite_url), "csv", big)[0]
     with api_client(sqlite_url, max_import_bytes=len(body) - 1) as api:
         r = api.client.post(
             "/api/v1/imports",

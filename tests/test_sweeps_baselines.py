@@ -107,7 +107,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 
 def _csv_run(sessions: sessionmaker[Session], path: Path, ttft_scale: float, seed: int) -> str:
     """An imported log (deterministic samples: no timing noise from this machine)."""
-    from app.services.imports import import_csv
+    from app.services.file_imports import import_path
 
     rng = np.random.default_rng(seed)
     lines = ["request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens"]
@@ -117,7 +117,7 @@ def _csv_run(sessions: sessionmaker[Session], path: Path, ttft_scale: float, see
         decode = float(rng.lognormal(np.log(1.0), 0.2))
         lines.append(f"r{i},{start:.4f},{start + ttft:.4f},{start + ttft + decode:.4f},512,64")
     path.write_text("\n".join(lines) + "\n")
-    return import_csv(sessions, path, name=path.stem)
+    return import_path(sessions, "csv", path, name=path.stem)[0]
 
 
 def test_cli_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

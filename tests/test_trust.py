@@ -222,14 +222,14 @@ def _csv_log(path: Path, seed: int) -> Path:
 def test_compare_refuses_untrusted_runs_unless_allowed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.services.imports import import_csv
+    from app.services.file_imports import import_path
     from tests.web_support import bench
 
     url = f"sqlite:///{tmp_path / 'cmp.db'}"
     sessions = open_database(url)
-    a = import_csv(sessions, _csv_log(tmp_path / "a.csv", 1), name="a")
-    b = import_csv(sessions, _csv_log(tmp_path / "b.csv", 2), name="b")
-    limited = import_csv(sessions, _csv_log(tmp_path / "c.csv", 3), name="limited")
+    a = import_path(sessions, "csv", _csv_log(tmp_path / "a.csv", 1), name="a")[0]
+    b = import_path(sessions, "csv", _csv_log(tmp_path / "b.csv", 2), name="b")[0]
+    limited = import_path(sessions, "csv", _csv_log(tmp_path / "c.csv", 3), name="limited")[0]
     with session_scope(sessions) as s:
         repo.update_run(s, limited, client_limited=True)
     errs = bench(sessions, SimConfig(ttft_ms=2, itl_ms=1, error_rate=0.4, seed=3), "errs")

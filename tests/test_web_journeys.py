@@ -22,7 +22,7 @@ from app.api.app import create_app
 from app.client.spec import RunSpec
 from app.domain import RunStatus
 from app.services import auth
-from app.services.imports import import_csv
+from app.services.file_imports import import_path
 from app.services.runs import open_database
 from app.settings import Settings
 from app.storage import compare_repo
@@ -433,7 +433,7 @@ def test_serve_demo_makes_its_simulator_the_default_target(
     sessions = open_database(url)
     f = tmp_path / "log.csv"
     f.write_text(CSV_LOG)
-    import_csv(sessions, f, name="already here")  # the demo seeds no run then
+    import_path(sessions, "csv", f, name="already here")[0]  # the demo seeds no run then
     port = free_port()
     seen: dict[str, Any] = {}
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from app.client.spec import RunSpec
 from app.protocol.wire import JobRequirements
 from app.services import auth, bench_jobs
-from app.services.imports import import_csv
+from app.services.file_imports import import_path
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
@@ -60,7 +60,7 @@ def _run(seeded: Seeded, run_id: str) -> Any:
 def _imported(seeded: Seeded, tmp_path: Path, name: str) -> str:
     f = tmp_path / f"{name}.csv"
     f.write_text(CSV_LOG)
-    return import_csv(seeded.sessions, f, name=name)
+    return import_path(seeded.sessions, "csv", f, name=name)[0]
 
 
 def test_tags_saved_then_shown_on_the_page_and_in_the_list_filter(

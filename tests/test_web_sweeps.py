@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.services.file_imports import import_path
-from app.services.imports import import_csv
 from app.services.runs import open_database
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
@@ -141,7 +140,7 @@ def test_run_page_links_to_job_telemetry_only_when_stored(tmp_path: Path) -> Non
     sessions = open_database(url)
     f = tmp_path / "log.csv"
     f.write_text(CSV_LOG)
-    run_id = import_csv(sessions, f, name="bench-like")
+    run_id = import_path(sessions, "csv", f, name="bench-like")[0]
     with session_scope(sessions) as s:
         job = job_repo.create_job(
             s, kind="bench", spec={}, requirements={}, run_id=run_id, max_attempts=1

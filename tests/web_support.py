@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.app import create_app
 from app.client.spec import RunSpec
-from app.services.imports import import_csv
+from app.services.file_imports import import_path
 from app.services.runs import execute_bench, open_database
 from app.settings import Settings
 from app.targets.sim_config import SimConfig
@@ -70,7 +70,7 @@ def seed(tmp: Path) -> Seeded:
     one = bench(sessions, SimConfig(ttft_ms=5, itl_ms=1), "one request", num_prompts=1)
     f = tmp / "log.csv"
     f.write_text(CSV_LOG)
-    imported = import_csv(sessions, f, name="imported log")
+    imported = import_path(sessions, "csv", f, name="imported log")[0]
     return Seeded(url, sessions, normal, all_errors, one, imported)
 
 

@@ -226,17 +226,13 @@ def file_figures(sessions: Any, run_id: str) -> dict[str, Any] | None:
 def cmd_import(ns: argparse.Namespace, console: Console) -> int:
     from app.importers.csv_log import ImportFormatError
     from app.services.file_imports import import_path
-    from app.services.imports import import_csv
     from app.services.runs import run_report
 
     if not ns.file.is_file():
         raise UsageError(f"file: no such file {ns.file}")
     sessions = _sessions(ns.database_url)
     try:
-        if ns.format == "csv":
-            run_ids = [import_csv(sessions, ns.file, name=ns.name)]
-        else:
-            run_ids = import_path(sessions, ns.format, ns.file, name=ns.name)
+        run_ids = import_path(sessions, ns.format, ns.file, name=ns.name)
     except (ImportFormatError, UnicodeDecodeError) as e:
         raise UsageError(f"{ns.file}: {e}") from None
     if ns.json:

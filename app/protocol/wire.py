@@ -66,6 +66,7 @@ Number32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # request indices, batch n
 JobKind = Literal["bench", "probe", "sweep"]
 JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_JOB_STATES: tuple[JobState, ...] = ("succeeded", "failed", "cancelled")
+ACTIVE_JOB_STATES: tuple[JobState, ...] = ("leased", "running")  # a worker holds the lease
 
 
 class _Model(BaseModel):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.metrics import compute_metrics, per_request_metrics
-from app.analysis.profiles import profile_metrics
+from app.analysis.profiles import PROFILES, profile_metrics
 from app.analysis.request_columns import RequestColumns, request_columns
 from app.domain import PerRequestMetrics, RunTrace
 from app.figures.runs import run_figures
@@ -38,7 +38,7 @@ from app.storage.interop import ImportInfo
 
 I64 = npt.NDArray[np.int64]
 SUMMARY_VERSION = 1  # bump when what is stored (or how it is computed) changes
-PROFILE_NAMES = ("tokentrace", "vllm", "guidellm", "aiperf")
+PROFILE_NAMES = PROFILES  # every definition profile a summary holds
 _COLUMN_NAMES = ("sent_ns", "end_ns", "input_tokens", "valid")
 _PRM_NAMES = ("ttft_ns", "ttfot_ns", "e2e_ns", "tpot_ns", "n_tokens")
 

@@ -35,8 +35,6 @@ from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
 from app.storage.jsonsafe import json_safe
 
-PROFILES = ("tokentrace", "vllm", "guidellm", "aiperf")
-
 
 class RunNotFound(LookupError):
     pass

@@ -17,10 +17,11 @@ from sqlalchemy import CursorResult, Select, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.protocol.wire import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES
 from app.storage.models import Job, JobBatch, Request, utcnow
 
-ACTIVE_STATES = ("leased", "running")
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+ACTIVE_STATES = ACTIVE_JOB_STATES
+TERMINAL_STATES = TERMINAL_JOB_STATES
 
 
 def new_id() -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.protocol.wire import TERMINAL_JOB_STATES
 from app.services import compare as compare_svc
 from app.services import hardware, run_summaries
 from app.services import runs as run_svc
@@ -51,7 +52,7 @@ def load_run(
         floor = hardware.roofline_floor(s, run_id, row.load_stats)
         job_v = (
             runs_view.job_view(job)
-            if job is not None and job.state not in ("succeeded", "failed", "cancelled")
+            if job is not None and job.state not in TERMINAL_JOB_STATES
             else None
         )
         step = compare_repo.step_of_run(s, run_id)
