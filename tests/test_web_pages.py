@@ -117,7 +117,7 @@ def test_run_page_renders_every_kind_of_run(client: TestClient, seeded: Seeded, 
         assert 'id="client-health"' not in r.text  # an import has no client of ours
         assert "no spec at" not in r.text and " at —" not in r.text
         header = re.search(r'id="run-header">(.*?)</p>', r.text, re.S)
-        assert header is not None and "imported from CSV log" in header.group(1)
+        assert header is not None and "imported from CSV request log file" in header.group(1)
         assert 'id="plot-send_lag"' not in r.text
         assert 'id="trust-warnings"' not in r.text
     if which == "normal":  # the simulator fails 10% of its requests: over the 5% bound
