@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from app.domain import TOKEN_KINDS, EventKind, PerRequestMetrics, RunTrace
 
+from .metric_defs import AGGREGATION
 from .percentiles import Distribution, summarize
 from .phases import NO_PHASES, phase_summary, user_ttft_ns
 
@@ -394,17 +395,6 @@ def good_requests(
         tpot = per_request.tpot_ns
         good &= np.isnan(tpot) | (tpot <= slos_ms["tpot"] * NS_PER_MS)
     return good
-
-
-AGGREGATION: dict[str, str] = {
-    "ttft_ms": "per_request",
-    "user_ttft_ms": "per_request",
-    "ttfot_ms": "per_request",
-    "e2el_ms": "per_request",
-    "tpot_ms": "per_request",
-    "itl_ms": "per_token_pooled",
-    "itl_chunk_ms": "per_chunk_pooled",
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,19 +7,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from app.analysis.metric_defs import metric
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
 
-# Report metric key -> (label, aggregation) in the order shown.
-LATENCY_ROWS = (
-    ("ttft_ms", "TTFT", "request"),
-    ("user_ttft_ms", "TTFT+setup", "request"),
-    ("ttfot_ms", "TTFOT", "request"),
-    ("tpot_ms", "TPOT", "request"),
-    ("itl_ms", "ITL", "token"),
-    ("itl_chunk_ms", "ITL/chunk", "chunk"),
-    ("e2el_ms", "E2E", "request"),
+# the latency rows of the report, in the order shown: (key, label, what one sample is)
+LATENCY_ROWS = tuple(
+    (k, metric(k).label, metric(k).per)
+    for k in ("ttft_ms", "user_ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "itl_chunk_ms", "e2el_ms")
 )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.analysis.metric_labels import label_of
+from app.analysis.metric_defs import metric
 from app.figures.common import MAX_POINTS, Figure, _layout, downsample_note, empty_figure, evenly
 from app.figures.common import values as jvalues
 
@@ -80,7 +80,7 @@ def delta_figure(pair: Mapping[str, Any], *, title: str) -> Figure:
     for key, mc in pair["metrics"].items():
         for p in mc["percentiles"]:
             base, r = p["baseline"], p["rel_delta"]
-            labels.append(f"{label_of(key).label} {p['key']}")
+            labels.append(f"{metric(key).label} {p['key']}")
             rel.append(None if r is None else round(100 * r, 3))
             ok = r is not None and base and p["ci_low"] is not None
             lo.append(round(100 * (r - p["ci_low"] / abs(base)), 3) if ok else 0.0)

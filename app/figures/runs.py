@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.analysis.metric_defs import metric
 from app.analysis.metrics import (
     NS_PER_MS,
     NS_PER_S,
@@ -29,22 +30,10 @@ from app.figures.phases import phase_breakdown_figure
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-# metric key -> (title, PerRequestMetrics attribute or "itl")
-DIST_PLOTS: dict[str, tuple[str, str]] = {
-    "ttft_ms": ("TTFT", "ttft_ns"),
-    "ttfot_ms": ("Time to first output token", "ttfot_ns"),
-    "tpot_ms": ("TPOT (per request)", "tpot_ns"),
-    "itl_ms": ("ITL (per token)", "itl"),
-    "e2el_ms": ("E2E latency", "e2e_ns"),
-}
-
-DIST_AXES = {
-    "ttft_ms": "TTFT",
-    "ttfot_ms": "TTFOT",
-    "tpot_ms": "TPOT",
-    "itl_ms": "ITL",
-    "e2el_ms": "E2E latency",
-}
+# metric key -> (title, PerRequestMetrics attribute or "itl"): the distribution figures
+DIST_KEYS = ("ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "e2el_ms")
+DIST_PLOTS: dict[str, tuple[str, str]] = {k: (metric(k).title, metric(k).source) for k in DIST_KEYS}
+DIST_AXES = {k: metric(k).label for k in DIST_KEYS}
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from app.analysis.compare import (
     compare_samples,
     relative,
 )
-from app.analysis.metric_labels import LATENCY_KEYS, METRIC_LABELS, RATE_KEYS
+from app.analysis.metric_defs import COMPARE_LATENCY_KEYS, COMPARE_RATE_KEYS, metric
 from app.analysis.metrics import itl_samples
 from app.analysis.percentiles import percentile
 from app.analysis.request_columns import RequestColumns, request_columns
@@ -36,8 +36,8 @@ from app.storage.db import session_scope
 
 F64 = npt.NDArray[np.float64]
 MS = 1e6
-LATENCY_METRICS: dict[str, str] = {k: METRIC_LABELS[k].label for k in LATENCY_KEYS}
-SCALARS: dict[str, str] = {k: METRIC_LABELS[k].label for k in RATE_KEYS}
+LATENCY_METRICS: dict[str, str] = {k: metric(k).label for k in COMPARE_LATENCY_KEYS}
+SCALARS: dict[str, str] = {k: metric(k).label for k in COMPARE_RATE_KEYS}
 MIN_RUNS, MAX_RUNS = 2, 6
 ITL_NOTE = (
     "ITL samples are pooled per token: gaps within one request are not independent, so its "

@@ -16,7 +16,7 @@ from markupsafe import Markup
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
-from app.analysis.metric_labels import format_relative, format_signed, format_value, label_of
+from app.analysis.metric_defs import format_relative, format_signed, format_value, metric
 from app.services import web_sessions
 from app.services.auth import Principal
 from app.settings import Settings
@@ -105,7 +105,7 @@ def make_templates() -> Jinja2Templates:
     env.filters["dt"] = fmt_dt
     env.globals["version"] = __version__
     env.globals["static_url"] = static_url  # hashed /static URLs (app.web.assets)
-    env.globals["metric_label"] = label_of  # names and units (app.analysis.metric_labels)
+    env.globals["metric_label"] = metric  # names and units (app.analysis.metric_defs)
     env.filters["metric"] = format_value  # {{ v | metric('ttft_ms') }}
     env.filters["signed"] = format_signed  # {{ d | signed('ttft_ms') }} -> "+1.23 ms"
     env.filters["rel"] = format_relative  # {{ r | rel }} -> "+12.3%"

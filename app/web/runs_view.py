@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.analysis.metric_defs import metric
 from app.services.client_health import as_float as _f
 from app.storage.models import Job, Run
 
@@ -17,13 +18,9 @@ PCTS: tuple[tuple[str, str], ...] = (
     ("p99_9", "p99.9"),
     ("max", "max"),
 )
-METRIC_ROWS: tuple[tuple[str, str], ...] = (
-    ("ttft_ms", "TTFT"),
-    ("ttfot_ms", "Time to first output token"),
-    ("tpot_ms", "TPOT (per request)"),
-    ("itl_ms", "ITL (per token)"),
-    ("itl_chunk_ms", "ITL (per chunk)"),
-    ("e2el_ms", "E2E latency"),
+METRIC_ROWS: tuple[tuple[str, str], ...] = tuple(
+    (k, metric(k).title)
+    for k in ("ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "itl_chunk_ms", "e2el_ms")
 )
 PROFILE_LABELS = {
     "tokentrace": "tokentrace (ours)",
