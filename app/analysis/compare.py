@@ -4,12 +4,12 @@ Per latency metric (lower is better) and per percentile:
 
 * **relative delta** ``(candidate - baseline) / baseline`` of the percentile;
 * **bootstrap confidence interval** of the difference ``candidate - baseline`` at level
-  ``1 - alpha``: both samples are resampled independently ``resamples`` times. Resamples are
-  not materialised: the k-th smallest of N indices drawn uniformly with replacement is
-  ``floor(N * U_(k))`` with ``U_(k) ~ Beta(k, N + 1 - k)`` a uniform order statistic, and the
-  next one is ``U_(k+1) = U_(k) + (1 - U_(k)) * Beta(1, N - k)`` (the smallest of the N - k
-  uniforms above ``U_(k)``). This is exactly the resample's pair of order statistics that
-  the linear-interpolation percentile reads, at O(resamples) cost whatever N;
+  ``1 - alpha``: both samples are resampled independently ``resamples`` times with the one
+  bootstrap of ``app.analysis.percentiles.bootstrap_percentiles``. Resamples are not
+  materialised: the order statistics a resample's linear-interpolation percentile reads are
+  drawn directly (the k-th smallest of N indices drawn with replacement is
+  ``floor(N * U_(k))``, uniform order statistics drawn jointly as normalized gamma
+  spacings), at O(resamples) cost whatever N;
 * **Mann-Whitney U** on the raw samples, two-sided, normal approximation with the tie
   correction and a continuity correction of 0.5 (as ``scipy.stats.mannwhitneyu`` with
   ``method="asymptotic"``).
@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from app.analysis.percentiles import percentile_key, percentiles
+from app.analysis.percentiles import bootstrap_percentiles, percentile_key, percentiles
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -114,34 +114,6 @@ def two_proportion_test(k1: int, n1: int, k2: int, n2: int) -> float | None:
         return 1.0
     z = (k2 / n2 - k1 / n1) / math.sqrt(var)
     return min(1.0, 2.0 * _phi_sf(abs(z)))
-
-
-def bootstrap_percentiles(
-    sorted_x: F64, ps: Sequence[float], resamples: int, rng: np.random.Generator
-) -> F64:
-    """Bootstrap draws of linear-interpolation percentiles: shape (resamples, len(ps)).
-
-    ``sorted_x`` must be sorted ascending and non-empty (see the module doc for the method).
-    """
-    n = int(sorted_x.shape[0])
-    out = np.empty((resamples, len(ps)), np.float64)
-    if n == 1:
-        out[:] = float(sorted_x[0])
-        return out
-    for j, p in enumerate(ps):
-        pos = (n - 1) * p / 100.0
-        lo = min(math.floor(pos), n - 1)
-        frac = pos - lo
-        k = lo + 1  # 1-based order statistic
-        u_k = rng.beta(k, n + 1 - k, size=resamples)
-        a = sorted_x[np.minimum((u_k * n).astype(np.int64), n - 1)]
-        if lo >= n - 1 or frac == 0.0:
-            out[:, j] = a
-            continue
-        u_next = u_k + (1.0 - u_k) * rng.beta(1.0, n - k, size=resamples)
-        b = sorted_x[np.minimum((u_next * n).astype(np.int64), n - 1)]
-        out[:, j] = a + (b - a) * frac
-    return out
 
 
 @dataclass(frozen=True, slots=True)

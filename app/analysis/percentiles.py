@@ -311,20 +311,42 @@ def _summarize_small(
 
 def _bootstrap_bounds(xs: Samples, lo: I64, hi: I64, frac: F64, seed: int) -> tuple[F64, F64]:
     """2.5% / 97.5% of the bootstrap distribution of each percentile (see module doc)."""
+    boot = _bootstrap_draws(xs, lo, hi, frac, BOOTSTRAP_RESAMPLES, np.random.default_rng(seed))
+    q = np.percentile(boot, [2.5, 97.5], axis=0)
+    return q[0], q[1]
+
+
+def _bootstrap_draws(
+    xs: Samples, lo: I64, hi: I64, frac: F64, resamples: int, rng: np.random.Generator
+) -> F64:
+    """Bootstrap draws of the percentiles at positions (lo, hi, frac) of sorted ``xs``:
+    shape (resamples, len(lo)). The order statistics a resample's percentile reads are drawn
+    jointly (uniform order statistics as normalized gamma spacings), not by resampling."""
     n = int(xs.size)
     ks = np.unique(np.concatenate([lo, hi]))  # 0-based order statistics the estimate reads
     shapes = np.diff(np.concatenate([[0], ks + 1, [n + 1]])).astype(np.float64)
-    rng = np.random.default_rng(seed)
-    spacings = rng.standard_gamma(shapes, size=(BOOTSTRAP_RESAMPLES, shapes.size))
+    spacings = rng.standard_gamma(shapes, size=(resamples, shapes.size))
     sums = np.cumsum(spacings, axis=1)
     u = sums[:, :-1] / sums[:, -1:]
     idx = np.minimum((u * n).astype(np.int64), n - 1)
     vals = xs[idx].astype(np.float64)
     a = vals[:, np.searchsorted(ks, lo)]
     b = vals[:, np.searchsorted(ks, hi)]
-    boot = np.where(hi == lo, a, a + (b - a) * frac)
-    q = np.percentile(boot, [2.5, 97.5], axis=0)
-    return q[0], q[1]
+    out: F64 = np.where(hi == lo, a, a + (b - a) * frac)
+    return out
+
+
+def bootstrap_percentiles(
+    sorted_x: F64, ps: Sequence[float], resamples: int, rng: np.random.Generator
+) -> F64:
+    """Bootstrap draws of linear-interpolation percentiles of ``sorted_x`` (ascending, not
+    empty): shape (resamples, len(ps)). The one bootstrap: the confidence intervals here
+    and the comparisons' (``app.analysis.compare``) both draw with it."""
+    n = int(sorted_x.shape[0])
+    if n == 1:
+        return np.full((resamples, len(ps)), float(sorted_x[0]), np.float64)
+    lo, hi, frac = _positions(n, np.asarray(ps, np.float64))
+    return _bootstrap_draws(sorted_x, lo, hi, frac, resamples, rng)
 
 
 def _order_stat_ranks(n: int, pa: F64) -> tuple[I64, I64]:
