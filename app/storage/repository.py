@@ -1,4 +1,6 @@
-"""All SQL of tokentrace. Functions take a ``Session``; the caller owns the transaction.
+"""Runs and their requests: create, finish, list, filter, load traces and records (the other
+tables have their own modules in ``app.storage``). Functions take a ``Session``; the caller
+owns the transaction.
 
 Nothing here commits: wrap calls in ``session_scope`` (or commit yourself). Missing runs
 raise ``NotFoundError``; bad arguments raise ``ValueError``/``TypeError``.

@@ -1,4 +1,5 @@
-"""Read-only pages: runs, run detail, requests, request detail, compare, workers."""
+"""The runs pages: the runs list, a run, its requests table and one request (a run's forms:
+``runs_actions``; its live figures: ``runs_live``; its downloads: ``runs_exports``)."""
 
 from __future__ import annotations
 
