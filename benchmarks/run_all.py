@@ -303,7 +303,7 @@ def summary_md(
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets")
+PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets", "head")
 
 
 def _earlier(name: str) -> Any:
@@ -356,6 +356,8 @@ def main() -> int:
     if "paint" in args.only:  # exits 2 without Chromium/Playwright: earlier figures kept
         subprocess.run([sys.executable, str(HERE / "bench_browser_paint.py")], cwd=HERE.parent)
     paint = _earlier("browser_paint.json")
+    if "head" in args.only:  # the head parser against h11: head_parse.json
+        subprocess.run([sys.executable, str(HERE / "bench_head_parse.py")], check=True, cwd=HERE.parent)
     if "datasets" in args.only:
         subprocess.run(
             [sys.executable, str(HERE / "bench_datasets.py")], check=True, cwd=HERE.parent
