@@ -357,7 +357,8 @@ def main() -> int:
         subprocess.run([sys.executable, str(HERE / "bench_browser_paint.py")], cwd=HERE.parent)
     paint = _earlier("browser_paint.json")
     if "head" in args.only:  # the head parser against h11: head_parse.json
-        subprocess.run([sys.executable, str(HERE / "bench_head_parse.py")], check=True, cwd=HERE.parent)
+        head_cmd = [sys.executable, str(HERE / "bench_head_parse.py")]
+        subprocess.run(head_cmd, check=True, cwd=HERE.parent)
     if "datasets" in args.only:
         subprocess.run(
             [sys.executable, str(HERE / "bench_datasets.py")], check=True, cwd=HERE.parent
