@@ -26,7 +26,7 @@ and get a delta only (never a verdict).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -305,7 +305,3 @@ def relative(baseline: float | None, candidate: float | None) -> float | None:
     if baseline is None or candidate is None or baseline == 0:
         return None
     return (candidate - baseline) / abs(baseline)
-
-
-def overall_verdict(verdicts: Mapping[str, Verdict]) -> Verdict:
-    return combine_verdicts(list(verdicts.values()))

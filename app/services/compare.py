@@ -393,11 +393,6 @@ def compare_to_baseline(
     return out | {"baseline_ref": info}
 
 
-def cdf_samples(sessions: sessionmaker[Session], run_ids: list[str]) -> dict[str, dict[str, F64]]:
-    """Raw latency samples (ms) of each run, for overlaid CDFs."""
-    return {rid: load_samples(sessions, rid).samples_ms for rid in run_ids}
-
-
 def trust_issues(sessions: sessionmaker[Session], run_ids: list[str]) -> dict[str, list[str]]:
     """Run id -> why its figures cannot be trusted (``run_trust_issues``), for those with any."""
     from app.analysis.trust import run_trust_issues

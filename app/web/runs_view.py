@@ -403,13 +403,3 @@ def parse_slos(query: dict[str, str]) -> tuple[dict[str, float] | None, dict[str
             continue
         slos[key] = ms
     return (None if errors else slos), errors
-
-
-@dataclass(slots=True)
-class CompareColumn:
-    id: str
-    name: str | None
-    model: str | None
-    status: str
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
