@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from app.cli.main import main
-from app.targets.simulator import SimConfig, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 EXAMPLE_B = """request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens
 r1,0.00,0.42,3.10,1024,80

@@ -29,7 +29,7 @@ from app.protocol.prometheus import (
     wanted,
 )
 from app.targets.sim_config import SimConfig
-from app.targets.simulator import SimServer
+from app.targets.simulator.server import SimServer
 
 FIX = Path(__file__).parent / "fixtures" / "interop"
 SHARED = Path(__file__).resolve().parent / "fixtures" / "shared"

@@ -287,7 +287,7 @@ def test_own_metrics_and_readyz(sqlite_url: str, tmp_path: Path) -> None:
 def _tokentrace_args(cmd: list[str]) -> None:
     """The command parses as a tokentrace invocation (what the image's ENTRYPOINT runs)."""
     if cmd[0] == "sim":
-        from app.targets.simulator import main as sim_main
+        from app.targets.simulator.cli import main as sim_main
 
         assert callable(sim_main)
         return

@@ -441,7 +441,7 @@ def test_concurrency_beyond_the_descriptor_limit_is_capped_and_said(tmp_path: An
 
 
 def test_simulator_cli_connection_options() -> None:
-    from app.targets.simulator import build_arg_parser, config_from_args
+    from app.targets.simulator.cli import build_arg_parser, config_from_args
 
     ns = build_arg_parser().parse_args(
         ["--no-keep-alive", "--max-requests-per-conn", "3", "--idle-timeout-s", "1.5"]

@@ -29,7 +29,8 @@ from app.client.sched import (
     realtime_priority,
 )
 from app.client.spec import RunSpec
-from app.targets.simulator import SimConfig, start_simulator_process, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_process, start_simulator_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduler only")
 

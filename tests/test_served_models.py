@@ -12,7 +12,8 @@ import pytest
 from app.client.served_models import models_url, parse_models
 from app.client.spec import RunSpec
 from app.services.runs import execute_bench, open_database, run_report
-from app.targets.simulator import SimConfig, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 
 def test_parse_models_openai_and_llamacpp_shapes() -> None:

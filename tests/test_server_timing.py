@@ -15,7 +15,8 @@ import pytest
 from app.analysis.server_timing import server_timing
 from app.client.metrics_scraper import MetricsScraper
 from app.protocol.prometheus import Series, add_scrape, parse_text, select, wanted
-from app.targets.simulator import SimConfig, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 FIXTURE = Path(__file__).parent / "fixtures" / "shared" / "llamacpp-metrics-during-load.prom"
 LLAMA = FIXTURE.read_text()  # prompt_seconds_total 0.122422, tokens_predicted_* 0

@@ -18,15 +18,13 @@ import pytest
 from app.client.tokenizer import WORDS, BuiltinTokenizer
 from app.targets.sim_config import Fault, SimConfig
 from app.targets.simulator import (
-    EVENT_KINDS,
     SimulatorThread,
-    build_arg_parser,
-    config_from_args,
-    decide_fault,
-    main,
     start_simulator_process,
     start_simulator_thread,
 )
+from app.targets.simulator.cli import build_arg_parser, config_from_args, main
+from app.targets.simulator.plan import decide_fault
+from app.targets.simulator.records import EVENT_KINDS
 
 TOK = BuiltinTokenizer()
 FAST = {"ttft_ms": 5.0, "itl_ms": 1.0}
@@ -593,6 +591,6 @@ def test_client_going_away_frees_the_stream(sim_factory: Any) -> None:
     "text", ["", "the cat, sat.  on\n\tthe mat!!", " a  b   c ", "naïve café 123 x1 — ok?", "\n\n"]
 )
 def test_fast_input_count_matches_builtin_tokenizer(text: str) -> None:
-    from app.targets.simulator import _count_tokens
+    from app.targets.simulator.plan import count_tokens
 
-    assert _count_tokens(text) == TOK.count(text)
+    assert count_tokens(text) == TOK.count(text)

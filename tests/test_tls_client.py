@@ -38,13 +38,9 @@ from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
 from app.domain import ClockSource, EventKind, RequestStatus
 from app.targets.sim_config import SimConfig
-from app.targets.simulator import (
-    build_arg_parser,
-    config_from_args,
-    start_simulator_process,
-    start_simulator_thread,
-)
-from app.targets.simulator import main as sim_main
+from app.targets.simulator import start_simulator_process, start_simulator_thread
+from app.targets.simulator.cli import build_arg_parser, config_from_args
+from app.targets.simulator.cli import main as sim_main
 from tests.record_support import finish_record
 
 LINUX = sys.platform.startswith("linux")

@@ -12,7 +12,8 @@ from app.domain import RequestStatus
 from app.services.runs import execute_bench, open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.targets.simulator import SimConfig, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 
 @pytest.mark.parametrize("counting", ["auto", "tokenizer"])

@@ -24,7 +24,8 @@ from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.services.runs import open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.targets.simulator import SimConfig, start_simulator_thread
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
 
 
 def _rec(i: int, status: RequestStatus, *, sent_s: float, end_s: float, error: str | None = None,

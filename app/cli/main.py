@@ -262,7 +262,7 @@ def cmd_demo(ns: argparse.Namespace, console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "sim":
-        from app.targets.simulator import main as sim_main
+        from app.targets.simulator.cli import main as sim_main
 
         return sim_main(args[1:])
     parser = build_parser()

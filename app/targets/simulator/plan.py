@@ -1,0 +1,155 @@
+"""What a completion request asks for and what the simulator will answer, decided before a
+byte is written: the request body's checks and token counts (``plan_request`` -> ``Plan``,
+``BadRequest`` on bad input), the fault the ``seq``-th request gets and the event it strikes
+before (``decide_fault``, ``fault_event``), and the seed's deterministic draws (``h64``,
+``unit``) that every other random choice of the simulator is made from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from app.client.tokenizer import PRETOKEN
+from app.targets.sim_config import FAULT_ORDER, Fault, SimConfig
+
+
+def count_tokens(text: str) -> int:
+    """``BuiltinTokenizer().count(text)``, with the matching done in C (long prompts)."""
+    return len(PRETOKEN.findall(text))
+
+
+def h64(*parts: object) -> int:
+    """A deterministic 64-bit hash of ``parts``."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def unit(*parts: object) -> float:
+    """A deterministic uniform draw in [0, 1) from ``parts``."""
+    return h64(*parts) / 2.0**64
+
+
+def decide_fault(config: SimConfig, seq: int) -> Fault:
+    """The fault of the ``seq``-th completion request (1-based), from the seed alone."""
+    u = unit(config.seed, "fault", seq)
+    acc = 0.0
+    for fault in FAULT_ORDER:
+        acc += config.fault_rate(fault)
+        if u < acc:
+            return fault
+    return Fault.NONE
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one completion request asked for, and what the simulator will answer."""
+
+    endpoint: str  # "chat" | "completions"
+    stream: bool
+    model: str
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    finish_reason: str
+    include_usage: bool
+    text_seed: str
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def _text_of_content(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        return "".join(p for p in parts if isinstance(p, str))
+    raise BadRequest("message content must be a string, a list of parts or null")
+
+
+def _count_chat_input(messages: object) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            raise BadRequest("each message must be an object")
+        total += count_tokens(_text_of_content(m.get("content")))
+    return total
+
+
+def _count_prompt(prompt: object) -> int:
+    if isinstance(prompt, str):
+        return count_tokens(prompt)
+    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(_count_prompt(p) for p in prompt)
+    raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"'{name}' must be an integer")
+    return v
+
+
+def plan_request(body: dict[str, Any], endpoint: str, config: SimConfig) -> Plan:
+    if endpoint == "chat":
+        source: object = body.get("messages")
+        input_tokens = _count_chat_input(source) + config.chat_template_tokens
+    else:
+        source = body.get("prompt", "")
+        input_tokens = _count_prompt(source)
+    max_tokens = _int_field(body, "max_tokens", None)
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_completion_tokens", config.output_len)
+    assert max_tokens is not None
+    if max_tokens < 1:
+        raise BadRequest("'max_tokens' must be >= 1")
+    min_tokens = _int_field(body, "min_tokens", 0) or 0
+    n = max_tokens
+    if not body.get("ignore_eos", False) and config.eos_len is not None:
+        n = min(max_tokens, max(min_tokens, config.eos_len))
+    opts = body.get("stream_options")
+    model = body.get("model")
+    reasoning = min(config.reasoning_tokens, n) if endpoint == "chat" else 0
+    return Plan(
+        endpoint=endpoint,
+        stream=bool(body.get("stream", False)),
+        model=model if isinstance(model, str) and model else config.model,
+        input_tokens=input_tokens,
+        output_tokens=n,
+        reasoning_tokens=reasoning,
+        finish_reason="length" if n >= max_tokens else "stop",
+        include_usage=isinstance(opts, dict) and bool(opts.get("include_usage", False)),
+        text_seed=json.dumps(source, sort_keys=True),
+    )
+
+
+def _event_count(plan: Plan, per_event: int) -> int:
+    kr = plan.reasoning_tokens
+    return -(-kr // per_event) + -(-(plan.output_tokens - kr) // per_event)
+
+
+def fault_event(config: SimConfig, seq: int, plan: Plan) -> int:
+    """Index of the event before which a disconnect / stall / malformed line happens."""
+    if not plan.stream:
+        return 0
+    n_events = _event_count(plan, config.tokens_per_event)
+    k = config.fault_after_tokens
+    if k is None:
+        event = int(unit(config.seed, "fault_at", seq) * n_events)
+    else:
+        kr, per = plan.reasoning_tokens, config.tokens_per_event
+        event = -(-k // per) if k <= kr else -(-kr // per) + -(-(k - kr) // per)
+    return min(event, n_events - 1)
