@@ -25,8 +25,22 @@
       });
     }
   };
+  // Draw the page's charts in document order, a frame's worth (~30 ms) at a time: the first
+  // chart paints before the rest are drawn. body[data-plots-drawn] turns "1" when all are.
   TT.renderPlots = function () {
-    document.querySelectorAll("[data-figure]").forEach(TT.renderPlot);
+    var divs = Array.prototype.slice.call(document.querySelectorAll("[data-figure]"));
+    var i = 0;
+    document.body.dataset.plotsDrawn = "0";
+    function step() {
+      var t0 = performance.now();
+      while (i < divs.length) {
+        TT.renderPlot(divs[i++]);
+        if (performance.now() - t0 > 30) break;
+      }
+      if (i < divs.length) window.requestAnimationFrame(step);
+      else document.body.dataset.plotsDrawn = "1";
+    }
+    step();
   };
 
   // ---------------------------------------------------------------- tables

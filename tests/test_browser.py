@@ -104,7 +104,7 @@ def test_every_page_loads_without_console_errors(
 def test_run_page_plots_have_data(page: Page, server: DashboardServer, seeded: Seeded) -> None:
     con = Console(page)
     page.goto(f"{server.url}/runs/{seeded.normal}")
-    page.wait_for_function("document.getElementById('plot-timeline').data !== undefined")
+    page.wait_for_function("() => document.body.dataset.plotsDrawn === '1'")  # every visible one
     for div in (
         "plot-cdf_ttft",
         "plot-hist_ttft",
@@ -117,6 +117,7 @@ def test_run_page_plots_have_data(page: Page, server: DashboardServer, seeded: S
         assert _plot_points(page, div) > 0, div
     assert _plot_points(page, "plot-cdf_itl") == -1  # hidden tab: not drawn yet
     page.click("#dist-tabs button[data-dist='itl']")
+    page.wait_for_function("() => document.body.dataset.plotsDrawn === '1'")
     assert _plot_points(page, "plot-cdf_itl") > 0
     assert page.locator("#plot-timeline .main-svg").count() > 0  # plotly drew an SVG
     with session_scope(seeded.sessions) as s:
