@@ -29,6 +29,10 @@ from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
 
 SCRAPE_STATS_KEY = "server_metrics"
+NO_STREAM_NOTE = (
+    "not streamed (stream false): each answer came whole, so TTFT is the end-to-end latency "
+    "and there is no inter-token latency (ITL, TPOT: no data)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,9 @@ async def execute(spec: RunSpec, load: Callable[[], Awaitable[LoadResult]]) -> E
         raise
     scraped = await asyncio.to_thread(finish_scrape, scraper, result.start_mono_ns)
     meta = run_meta(result, spec.max_error_rate)
+    if not spec.stream:
+        meta.load_stats["stream"] = False
+        meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
     served_models.record(meta.load_stats, meta.validity, spec.model, served)
     return Executed(spec, result, None, meta, scraped.series)
@@ -148,7 +155,7 @@ def validity_notes(
 
 
 def load_stats(result: LoadResult) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "achieved_send_rate_rps": result.achieved_send_rate,
         "send_lag_ms": dataclasses.asdict(result.send_lag),
         "loop_lag_ms": dataclasses.asdict(result.loop_lag),
@@ -168,6 +175,13 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
         "connections": dict(result.connections),
         "dataset_source": result.dataset_source,
     }
+    if result.workload_stats is not None:
+        out["workload"] = dict(result.workload_stats)
+        if result.workload_stats.get("kind") == "trace":
+            # the send lag of a trace run is how late each request started against the
+            # trace's own schedule (sent - trace time)
+            out["trace_lateness_ms"] = dataclasses.asdict(result.send_lag)
+    return out
 
 
 def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:
