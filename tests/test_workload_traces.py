@@ -187,7 +187,9 @@ def test_a_trace_shorter_than_num_prompts_is_refused(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_a_load_shape_with_a_trace_is_refused(tmp_path: Path, kw: dict[str, Any], field: str) -> None:
+def test_a_load_shape_with_a_trace_is_refused(
+    tmp_path: Path, kw: dict[str, Any], field: str
+) -> None:
     path = write_lines(tmp_path / "t.jsonl", ROWS)
     with pytest.raises(ValidationError, match=rf"{field}: the dataset 'mooncake' gives each"):
         trace_spec(path, **kw)
