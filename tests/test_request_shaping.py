@@ -145,6 +145,7 @@ def test_bad_headers_are_refused() -> None:
     for headers, msg in (
         ({"Host": "x"}, "headers: Host is set by the client itself"),
         ({"X-A": "1\r\nX-B: 2"}, "value must be one line"),
+        ({"X-A": "caf\u00e9"}, "value must be one line of printable ASCII"),
         ({"Bad Name": "1"}, "is not a valid header name"),
         ({"X-A": "1", "x-a": "2"}, "is given twice"),
     ):

@@ -194,8 +194,11 @@ class RunSpec(BaseModel):
                     f"headers: {name} looks like a secret; headers are stored with the run, "
                     "so give the key as api_key or api_key_env (never stored)"
                 )
-            if len(value) > 8192 or any(c in value for c in "\r\n\0"):
-                raise ValueError(f"headers: {name}'s value must be one line of at most 8192 chars")
+            if len(value) > 8192 or not all(c == "\t" or " " <= c <= "~" for c in value):
+                raise ValueError(
+                    f"headers: {name}'s value must be one line of printable ASCII, at most "
+                    "8192 characters"
+                )
         return v
 
     @model_validator(mode="after")
