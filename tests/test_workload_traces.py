@@ -16,14 +16,20 @@ from pydantic import ValidationError
 
 from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
 from app.client.datasets.base import WorkloadParams
-from app.client.datasets.mooncake import MOONCAKE, MooncakeOptions, prefix_reuse_ratio
+from app.client.datasets.mooncake import (
+    MOONCAKE,
+    BlockPrompts,
+    MooncakeOptions,
+    prefix_reuse_ratio,
+)
 from app.client.execute import load_stats
 from app.client.runner import run_load, run_load_sync
 from app.client.shapes import schedule_for
 from app.client.spec import RunSpec
-from app.client.tokenizer import BuiltinTokenizer
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
 from app.client.workload import build_workload
 from app.domain import RequestStatus
+from tests.test_datasets import hf_tokenizer  # noqa: F401  (the fixture)
 
 TOK = BuiltinTokenizer()
 
@@ -294,3 +300,21 @@ def test_trace_arrivals_against_the_simulator(tmp_path: Path) -> None:
     assert stats["workload"]["prefix_reuse_ratio"] == pytest.approx(10 / 12)
     assert all(r.status is RequestStatus.OK and r.input_tokens == 6 for r in recs)
     assert math.isclose(stats["workload"]["speedup"], 2.0)
+
+
+def test_blocks_under_a_hugging_face_tokenizer(
+    tmp_path: Path, hf_tokenizer: HFTokenizer  # noqa: F811
+) -> None:
+    """Each id's block is the same text in every request; the recorded count is the joined
+    text re-encoded (its own count, checked against the tokenizer directly)."""
+    path = write_lines(tmp_path / "t.jsonl", ROWS)
+    spec = trace_spec(path, dataset_options={"block_size": 4})
+    w = build_workload(spec, hf_tokenizer)
+    texts = [p.prompt or "" for p in w.measured]
+    blocks = BlockPrompts(hf_tokenizer, 4, 0, 0)
+    b7 = blocks.block_text(7, 4)
+    assert texts[0].startswith(b7) and texts[1].startswith(b7) and texts[2] == b7
+    assert texts[0] == b7 + blocks.block_text(8, 4) + blocks.block_text(9, 2)
+    assert blocks.block(9)[:2] == blocks.block(9)[:4][:2]
+    for p in w.measured:
+        assert p.input_tokens == len(hf_tokenizer.encode(p.prompt or ""))

@@ -12,8 +12,9 @@
   reuse. A request is its first ``ceil(input_length / block_size)`` blocks, the last one
   cut to what is left (a partial block is the first tokens of the same block). Under the
   built-in tokenizer the prompt is exactly ``input_length`` tokens; under a Hugging Face
-  tokenizer a block is ``block_size`` token ids, the request's ids decoded together, and
-  the recorded input tokens are the re-encoded count (a boundary may merge).
+  tokenizer a block is ``block_size`` random token ids decoded on their own (the same text
+  for an id in every request), the blocks' texts joined, and the recorded input tokens are
+  the joined text re-encoded (a boundary may merge, so the count may differ a little).
 * **Stats**: ``prefix_reuse_ratio``, the fraction of the replayed requests' blocks whose
   hash id appeared earlier in them (``Workload.stats``, stored in ``load_stats.workload``).
 * Warm-ups take lengths from the trace's last lines and blocks of their own (another seed
@@ -174,6 +175,7 @@ class BlockPrompts:
         self.seed = seed
         self.stream = stream
         self.blocks: dict[int, list[int]] = {}
+        self.texts: dict[tuple[int, int], str] = {}
 
     def block(self, hash_id: int) -> list[int]:
         """The block's token indices (words of the built-in tokenizer, or token ids)."""
@@ -188,17 +190,34 @@ class BlockPrompts:
         return b
 
     def prompt(self, t: TraceLine) -> Prompt:
-        ids: list[int] = []
+        if isinstance(self.tok, BuiltinTokenizer):
+            ids: list[int] = []
+            left = t.input_length
+            for h in t.hash_ids:
+                take = min(left, self.block_size)
+                ids.extend(self.block(h)[:take])
+                left -= take
+            text = self.tok.random_text(len(ids), ids)
+            return Prompt(text, None, len(ids), t.output_length)
+        # a Hugging Face tokenizer: each block's ids decoded on their own, so an id's text is
+        # the same in every request; the count is the whole text re-encoded
+        parts: list[str] = []
         left = t.input_length
         for h in t.hash_ids:
             take = min(left, self.block_size)
-            ids.extend(self.block(h)[:take])
+            parts.append(self.block_text(h, take))
             left -= take
-        if isinstance(self.tok, BuiltinTokenizer):
-            text = self.tok.random_text(len(ids), ids)
-            return Prompt(text, None, len(ids), t.output_length)
-        text = self.tok.decode(ids)
+        text = "".join(parts)
         return Prompt(text, None, self.tok.count(text), t.output_length)
+
+    def block_text(self, hash_id: int, take: int) -> str:
+        assert not isinstance(self.tok, BuiltinTokenizer)
+        key = (hash_id, take)
+        text = self.texts.get(key)
+        if text is None:
+            text = self.tok.decode(self.block(hash_id)[:take])
+            self.texts[key] = text
+        return text
 
 
 def _budget(lines: list[TraceLine]) -> None:
