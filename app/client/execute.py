@@ -22,7 +22,7 @@ from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.client import served_models
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
-from app.client.runner import LoadResult
+from app.client.runner import LagStats, LoadResult
 from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
@@ -154,6 +154,15 @@ def validity_notes(
     return notes
 
 
+def trace_lateness(records: Sequence[RequestRecord]) -> LagStats:
+    """How late each measured request was sent against its scheduled time, which for a
+    trace run is the trace's own time (sent - trace time; a request that waited for a
+    concurrency slot counts its wait too)."""
+    return LagStats.of_ns(
+        [r.sent_ns - r.scheduled_ns for r in records if not r.warmup and r.sent_ns is not None]
+    )
+
+
 def load_stats(result: LoadResult) -> dict[str, Any]:
     out: dict[str, Any] = {
         "achieved_send_rate_rps": result.achieved_send_rate,
@@ -178,9 +187,7 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
     if result.workload_stats is not None:
         out["workload"] = dict(result.workload_stats)
         if result.workload_stats.get("kind") == "trace":
-            # the send lag of a trace run is how late each request started against the
-            # trace's own schedule (sent - trace time)
-            out["trace_lateness_ms"] = dataclasses.asdict(result.send_lag)
+            out["trace_lateness_ms"] = dataclasses.asdict(trace_lateness(result.records))
     return out
 
 
