@@ -167,57 +167,52 @@ def trace_schedule_ns(times_ms: list[float], speedup: float) -> list[int]:
 
 class BlockPrompts:
     """Prompts made of blocks: one block of ``block_size`` tokens per hash id, the same
-    for an id in every request (drawn from ``(seed, stream, id)`` alone)."""
+    for an id in every request (drawn from ``(seed, stream, id)`` alone). Each block's text
+    (whole, or its first tokens for a request's last block) is made once and kept."""
 
     def __init__(self, tok: AnyTokenizer, block_size: int, seed: int, stream: int) -> None:
         self.tok = tok
         self.block_size = block_size
         self.seed = seed
         self.stream = stream
-        self.blocks: dict[int, list[int]] = {}
         self.texts: dict[tuple[int, int], str] = {}
 
     def block(self, hash_id: int) -> list[int]:
         """The block's token indices (words of the built-in tokenizer, or token ids)."""
-        b = self.blocks.get(hash_id)
-        if b is None:
-            rng = np.random.default_rng(
-                np.random.SeedSequence([self.seed, self.stream, hash_id & (2**63 - 1)])
-            )
-            high = len(WORDS) if isinstance(self.tok, BuiltinTokenizer) else self.tok.vocab_size
-            b = rng.integers(0, high, size=self.block_size).tolist()
-            self.blocks[hash_id] = b
-        return b
+        rng = np.random.default_rng(
+            np.random.SeedSequence([self.seed, self.stream, hash_id & (2**63 - 1)])
+        )
+        high = len(WORDS) if isinstance(self.tok, BuiltinTokenizer) else self.tok.vocab_size
+        out: list[int] = rng.integers(0, high, size=self.block_size).tolist()
+        return out
+
+    def block_text(self, hash_id: int, take: int) -> str:
+        """The text of the block's first ``take`` tokens (built-in: exactly ``take``)."""
+        key = (hash_id, take)
+        text = self.texts.get(key)
+        if text is None:
+            ids = self.block(hash_id)[:take]
+            if isinstance(self.tok, BuiltinTokenizer):
+                text = self.tok.random_text(take, ids)
+            else:
+                text = self.tok.decode(ids)
+            self.texts[key] = text
+        return text
 
     def prompt(self, t: TraceLine) -> Prompt:
-        if isinstance(self.tok, BuiltinTokenizer):
-            ids: list[int] = []
-            left = t.input_length
-            for h in t.hash_ids:
-                take = min(left, self.block_size)
-                ids.extend(self.block(h)[:take])
-                left -= take
-            text = self.tok.random_text(len(ids), ids)
-            return Prompt(text, None, len(ids), t.output_length)
-        # a Hugging Face tokenizer: each block's ids decoded on their own, so an id's text is
-        # the same in every request; the count is the whole text re-encoded
         parts: list[str] = []
         left = t.input_length
         for h in t.hash_ids:
             take = min(left, self.block_size)
             parts.append(self.block_text(h, take))
             left -= take
+        if isinstance(self.tok, BuiltinTokenizer):
+            # words joined by one space: one word one token, so exactly input_length
+            return Prompt(" ".join(parts), None, t.input_length, t.output_length)
+        # a Hugging Face tokenizer: each block's ids decoded on their own, so an id's text is
+        # the same in every request; the count is the whole text re-encoded
         text = "".join(parts)
         return Prompt(text, None, self.tok.count(text), t.output_length)
-
-    def block_text(self, hash_id: int, take: int) -> str:
-        assert not isinstance(self.tok, BuiltinTokenizer)
-        key = (hash_id, take)
-        text = self.texts.get(key)
-        if text is None:
-            text = self.tok.decode(self.block(hash_id)[:take])
-            self.texts[key] = text
-        return text
 
 
 def _budget(lines: list[TraceLine]) -> None:
