@@ -20,10 +20,12 @@
 (f) paint: headless Chromium's time to the first chart of that run page, first and cached
     visits (plotly.js from the browser cache), where Chromium and Playwright are installed;
 (g) datasets: loading the packaged ShareGPT file and building 10,000 prompts (cold, then
-    from the per-process cache), and the synthetic types at the same count.
+    from the per-process cache), and the synthetic types at the same count;
+(h) workloads: a Mooncake trace at 100 req/s replayed against the simulator: arrival
+    lateness against the trace's schedule (p50/p99/max; target p99 <= 1 ms).
 
 Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json,
-browser_paint.json, datasets.json and summary.md.
+browser_paint.json, datasets.json, workloads.json and summary.md.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ def summary_md(
     imports: dict[str, Any] | None = None,
     paint: dict[str, Any] | None = None,
     datasets: dict[str, Any] | None = None,
+    workloads: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -300,10 +303,15 @@ def summary_md(
         lines += ["", "## (f) Browser paint", "", "```", json.dumps(paint, indent=2), "```"]
     if datasets:
         lines += ["", "## (g) Datasets", "", "```", json.dumps(datasets, indent=2), "```"]
+    if workloads:
+        lines += ["", "## (h) Workloads", "", "```", json.dumps(workloads, indent=2), "```"]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets", "head")
+PARTS = (
+    "fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets", "workloads",
+    "head",
+)  # fmt: skip
 
 
 def _earlier(name: str) -> Any:
@@ -364,7 +372,12 @@ def main() -> int:
             [sys.executable, str(HERE / "bench_datasets.py")], check=True, cwd=HERE.parent
         )
     datasets = _earlier("datasets.json")
-    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets)
+    if "workloads" in args.only:
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_workloads.py")], check=True, cwd=HERE.parent
+        )
+    workloads = _earlier("workloads.json")
+    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets, workloads)
     (RESULTS / "summary.md").write_text(summary)
     print((RESULTS / "summary.md").read_text())
     return 0

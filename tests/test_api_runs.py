@@ -51,6 +51,23 @@ def test_api_key_reaches_the_worker_but_is_never_listed(api: Api) -> None:
     assert leased is not None and leased["spec"]["api_key"] == "sk-secret"
 
 
+def test_request_shaping_fields_reach_the_worker(api: Api) -> None:
+    shaping = {
+        "headers": {"X-Tenant": "lab-1"},
+        "temperature": 0.3,
+        "top_k": 20,
+        "stream": False,
+        "ramp_up_strategy": "linear",
+        "ramp_up_start_rps": 1.0,
+        "ramp_up_end_rps": 8.0,
+    }
+    out = api.create_run(**shaping)
+    job = api.client.get(f"/api/v1/jobs/{out['job_id']}").json()
+    assert {k: job["spec"][k] for k in shaping} == shaping
+    leased = api.lease(api.register())
+    assert leased is not None and leased["spec"]["headers"] == {"X-Tenant": "lab-1"}
+
+
 @pytest.mark.parametrize(
     ("override", "field"),
     [
@@ -62,6 +79,11 @@ def test_api_key_reaches_the_worker_but_is_never_listed(api: Api) -> None:
         ({"goodput": {"ttft": -5}}, "goodput"),
         ({"requirements": {"min_gpu_memory_mb": -1}}, "min_gpu_memory_mb"),
         ({"request_rate": 0}, "request_rate"),
+        ({"headers": {"Authorization": "Bearer x"}}, "headers"),
+        ({"headers": {"X-Api-Key": "k"}}, "headers"),
+        ({"top_p": 2}, "top_p"),
+        ({"ramp_up_strategy": "cubic"}, "ramp_up_strategy"),
+        ({"stream": "sometimes"}, "stream"),
     ],
 )
 def test_bad_spec_field_is_422_naming_it_and_creates_nothing(

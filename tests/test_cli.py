@@ -146,6 +146,9 @@ def test_bench_profile_and_table_output(
         (["--max-concurrency", "0"], "--max-concurrency"),
         (["--extra-body", "[1]"], "--extra-body"),
         (["--dataset-name", "jsonl"], "--dataset"),
+        (["--header", "Authorization: Bearer x"], "--header"),
+        (["--ramp-up-strategy", "linear"], "--ramp-up-strategy"),
+        (["--top-p", "0"], "--top-p"),
     ],
 )
 def test_bad_bench_arguments_exit_2_and_write_nothing(
@@ -236,3 +239,28 @@ def test_report_unknown_run(db: str, capsys: pytest.CaptureFixture[str]) -> None
 def test_runs_empty_state(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", "--database-url", db]) == 0
     assert "No runs yet" in capsys.readouterr().out
+
+
+def test_bench_replays_a_trace_and_reports_its_lateness(
+    sim: str, db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {"timestamp": t, "input_length": 600, "output_length": 4, "hash_ids": ids}
+        for t, ids in ((0, [1, 2]), (30, [1, 3]), (60, [1, 2]), (90, [4, 5]))
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["bench", "--base-url", sim, "--model", "sim", "--database-url", db]
+    args = ["--dataset-name", "mooncake", "--dataset-path", str(trace), "--num-prompts", "4"]
+    assert main([*base, *args, "--trace-speedup", "3", "--no-scrape-metrics", "--json"]) == 0
+    rep = _json_out(capsys)
+    load = rep["load"]
+    assert rep["spec"]["dataset_options"] == {"speedup": 3.0}
+    # blocks 1 2 | 1 3 | 1 2 | 4 5: 8 blocks, 1 seen again twice and 2 once: 3/8
+    assert load["workload"]["prefix_reuse_ratio"] == 3 / 8
+    assert load["trace_lateness_ms"]["n"] == 4
+    assert main(["report", rep["run_id"], "--database-url", db]) == 0
+    out = capsys.readouterr().out
+    assert "arrival lateness vs the trace p50" in out and "trace prefix reuse 37.5%" in out
+    assert main([*base, *args, "--request-rate", "4"]) == 2
+    assert "--request-rate: the dataset 'mooncake'" in capsys.readouterr().err

@@ -42,6 +42,8 @@ CHANGES: dict[str, dict[str, Any]] = {
     "dataset_source": {"kw": {"dataset_source": "sha256:bb"}},
     "seed": {"spec": {"seed": 9}},
     "load_shape": {"spec": {"request_rate": 4.0}},
+    "sampling": {"spec": {"temperature": 0.7}},
+    "stream": {"spec": {"stream": False}},
     "endpoint": {"spec": {"endpoint": "completions"}},
     "connections": {"spec": {"connection_mode": "new"}},
     "hardware": {"kw": {"hardware": "A100"}},
@@ -140,3 +142,17 @@ def test_different_workloads_of_one_dataset_type_are_not_silently_compared() -> 
     assert [d.field for d in check([a, b]).differing] == ["dataset_source"]
     unknown = _key(_spec(**sg), dataset_source=None)  # a run saved before: nothing to contradict
     assert check([a, unknown]).differing == []
+
+
+def test_load_shape_names_a_ramp_up_and_a_trace() -> None:
+    from app.analysis.comparability import sampling_text
+
+    ramp = {"ramp_up_strategy": "linear", "ramp_up_start_rps": 1.0, "ramp_up_end_rps": 20.0}
+    assert load_shape(ramp) == "linear ramp 1->20 req/s poisson"
+    assert load_shape(ramp | {"ramp_up_end_rps": 10.0}) != load_shape(ramp)
+    trace = {"dataset": "mooncake", "max_concurrency": 8}
+    assert load_shape(trace) == "the trace's schedule, concurrency <= 8"
+    assert sampling_text({"top_k": 5, "temperature": 0.0, "min_p": None}) == (
+        "temperature=0.0, top_k=5"
+    )
+    assert sampling_text({}) == ""

@@ -218,7 +218,7 @@ def test_the_spec_names_a_registered_dataset_type() -> None:
 
     with pytest.raises(ValidationError) as e:
         RunSpec(base_url="http://h:1", model="m", dataset="sharegpt-typo")
-    known = "random, jsonl, sharegpt, prefix_repetition"
+    known = "random, jsonl, sharegpt, prefix_repetition, mooncake, timed_jsonl"
     assert f"dataset: unknown dataset type 'sharegpt-typo' (one of: {known})" in str(e.value)
     with pytest.raises(ValidationError, match="dataset_path is required"):
         RunSpec(base_url="http://h:1", model="m", dataset="jsonl")
@@ -255,6 +255,7 @@ def test_a_new_dataset_type_is_one_module(monkeypatch: pytest.MonkeyPatch) -> No
         name = "repeat"
         summary = "one word repeated input_len times"
         options: type[BaseModel] = RepeatOptions
+        timed = False
 
         def check(self, params: WorkloadParams, options: BaseModel) -> None:
             assert isinstance(options, RepeatOptions)

@@ -257,10 +257,18 @@ def test_output_tokens_override_event_counts() -> None:
 def test_single_chunk_with_many_tokens() -> None:
     trace = trace_from_records([rec(0, 0, [(100, 5, C)])])
     prm = per_request_metrics(trace)
-    assert prm.tpot_ns[0] == 0.0  # all tokens seen at once: t_last == t_first
+    # all 5 tokens seen at once (a non-streamed answer): no gap was observed, so no TPOT
+    # and no ITL sample, rather than a TPOT of 0
+    assert math.isnan(prm.tpot_ns[0])
+    assert prm.ttft_ns[0] == prm.e2e_ns[0] == 100 * MS
     samples = itl_samples(trace)
-    assert samples.per_token is not None and list(samples.per_token) == [0.0] * 4
+    assert samples.per_token is not None and samples.per_token.size == 0
     assert samples.per_chunk().size == 0
+    # beside a streamed request (2 chunks: 1 token at 10 ms, 3 tokens at 40 ms): only its
+    # samples, 1 - 1 = 0 zeros from the first chunk and 3 of 30/3 ms from the second
+    both = trace_from_records([rec(0, 0, [(100, 5, C)]), rec(1, 0, [(10, 1, C), (40, 3, C)])])
+    per_token = itl_samples(both).per_token
+    assert per_token is not None and list(per_token / MS) == [10.0, 10.0, 10.0]
 
 
 # --------------------------------------------------------------------------- edge cases
@@ -382,6 +390,8 @@ def _reference_itl(recs: list[RequestRecord]) -> tuple[list[float], list[float]]
         if r.status is not RequestStatus.OK:
             continue
         t, k = r.event_t_ns, r.event_tokens
+        if len(t) == 1:
+            continue  # every token in one chunk: no gap seen, no sample
         for j in range(len(t)):
             if j == 0:
                 per_token += [0.0] * (int(k[0]) - 1)

@@ -33,6 +33,8 @@ KEY_FIELDS: dict[str, str] = {
     "dataset_source": "dataset file (version or sha256)",
     "seed": "seed",
     "load_shape": "load shape",
+    "sampling": "sampling parameters",
+    "stream": "streamed",
     "endpoint": "endpoint",
     "connections": "connections (kept alive, or new per request)",
     "hardware": "hardware",
@@ -42,13 +44,27 @@ LENGTH_TOLERANCE = 0.05
 # fields allowed to differ in a sweep-to-sweep comparison is none; within a sweep: load shape
 MEASURED = ("measured_input_p50", "measured_output_p50")
 # unknown on one side (None) contradicts nothing
-OPTIONAL = ("connections", "dataset_source")
+OPTIONAL = ("connections", "dataset_source", "stream")
+# dataset types that give each request's send time (app.client.datasets: ``timed``)
+TIMED_DATASETS = ("mooncake", "timed_jsonl")
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+    "presence_penalty",
+)  # fmt: skip
 
 
 def load_shape(spec: Mapping[str, Any]) -> str:
-    """The load shape as text: rate (arrival, burstiness) and concurrency cap."""
+    """The load shape as text: rate (arrival, burstiness), a ramp-up or a trace's own
+    schedule, and concurrency cap."""
     rate = spec.get("request_rate")
-    if rate is None or (isinstance(rate, float) and math.isinf(rate)):
+    ramp = spec.get("ramp_up_strategy")
+    if spec.get("dataset") in TIMED_DATASETS:
+        rate_text = "the trace's schedule"
+    elif ramp:
+        start, end = spec.get("ramp_up_start_rps"), spec.get("ramp_up_end_rps")
+        rate_text = f"{ramp} ramp {float(start or 0):g}->{float(end or 0):g} req/s"
+        rate_text += f" {spec.get('arrival') or 'poisson'}"
+    elif rate is None or (isinstance(rate, float) and math.isinf(rate)):
         rate_text = "all at once"
     else:
         rate_text = f"{float(rate):g} req/s {spec.get('arrival') or 'poisson'}"
@@ -69,6 +85,11 @@ def dataset_options_text(spec: Mapping[str, Any]) -> str:
     spec stores only options that differ from the type's defaults)."""
     opts = spec.get("dataset_options") or {}
     return ", ".join(f"{k}={opts[k]}" for k in sorted(opts))
+
+
+def sampling_text(spec: Mapping[str, Any]) -> str:
+    """The sampling parameters a run set, as ``k=v`` pairs ("" when none: the server's)."""
+    return ", ".join(f"{k}={spec[k]}" for k in SAMPLING_FIELDS if spec.get(k) is not None)
 
 
 def connection_mode(spec: Mapping[str, Any]) -> str | None:
@@ -110,6 +131,8 @@ def comparability_key(
         "dataset_source": dataset_source,
         "seed": spec.get("seed"),
         "load_shape": load if load is not None else load_shape(spec),
+        "sampling": sampling_text(spec),
+        "stream": spec.get("stream"),
         "endpoint": spec.get("endpoint"),
         "connections": connection_mode(spec),
         "hardware": hardware,

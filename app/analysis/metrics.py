@@ -183,7 +183,9 @@ def _per_request(trace: RunTrace, tokens: EventView) -> PerRequestMetrics:
     ttft = _since_sent(t_first, trace, valid)
     e2e = _since_sent(t_last, trace, valid)
     tpot = np.full(trace.n_requests, np.nan)
-    has_tpot = valid & (t_first >= 0) & (n >= 2)
+    # two token-bearing events at least: tokens that all came at once (a non-streamed
+    # answer, one chunk) say nothing about the time between tokens
+    has_tpot = valid & (t_first >= 0) & (n >= 2) & (tokens.counts >= 2)
     tpot[has_tpot] = (t_last[has_tpot] - t_first[has_tpot]) / (n[has_tpot] - 1).astype(np.float64)
     return PerRequestMetrics(
         ttft_ns=ttft,
@@ -209,7 +211,8 @@ class ItlSamples:
     ``per_token``: a chunk j >= 2 carrying k tokens, arriving g after the previous
     token-bearing chunk, gives k samples g/k; a request's first chunk carrying k1 tokens
     gives k1 - 1 samples of 0. So a request contributes (sum of its chunk tokens) - 1
-    samples whose mean is its (t_last - t_first) / (tokens - 1).
+    samples whose mean is its (t_last - t_first) / (tokens - 1). A request whose tokens all
+    came in one chunk (a non-streamed answer) gives none, as it has no TPOT.
     ``per_chunk``: one sample per consecutive pair of token-bearing chunks of a request:
     ``chunk_gaps`` minus the positions ``chunk_exclude`` (gaps that cross from one request
     to the next, or belong to failed requests); kept this way to avoid a filtered copy.
@@ -257,6 +260,7 @@ def _per_token(tv: EventView, gaps: I64, valid: BoolArr, all_valid: bool) -> F64
     first[tv.first_positions()] = True
     k = tv.tokens.astype(np.int64)
     reps = np.where(first, k - 1, k)
+    reps[np.repeat(tv.counts == 1, tv.counts)] = 0  # all tokens in one chunk: no samples
     vals = np.zeros(tv.size, np.float64)
     vals[1:] = gaps / k[1:]
     vals[first] = 0.0

@@ -56,6 +56,24 @@ FLAG_FOR_FIELD = {
     "extra_body": "--extra-body",
     "token_counting": "--token-counting",
     "api_key_env": "--api-key-env",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "repetition_penalty": "--repetition-penalty",
+    "frequency_penalty": "--frequency-penalty",
+    "presence_penalty": "--presence-penalty",
+    "headers": "--header",
+    "stream": "--no-stream",
+    "ramp_up_strategy": "--ramp-up-strategy",
+    "ramp_up_start_rps": "--ramp-up-start-rps",
+    "ramp_up_end_rps": "--ramp-up-end-rps",
+}
+
+# other names of a dataset type's option flags (the issue's trace flags)
+OPTION_ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("mooncake", "speedup"): ("--trace-speedup",),
+    ("mooncake", "block_size"): ("--trace-block-size",),
 }
 
 
@@ -89,6 +107,7 @@ def add_dataset_option_arguments(p: argparse.ArgumentParser) -> None:
             default = "" if info.default is None else f" (default {info.default})"
             group.add_argument(
                 option_flag(name, field),
+                *OPTION_ALIASES.get((name, field), ()),
                 type=_flag_type(info.annotation),
                 default=argparse.SUPPRESS,
                 dest=_option_dest(name, field),
@@ -187,6 +206,30 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="do not scrape the target's /metrics during the run",
     )
     p.add_argument("--extra-body", default=None, help="JSON object merged into each request")
+    p.add_argument("--temperature", type=float, default=None, help="sampling, into the body")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--frequency-penalty", type=float, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None)
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        dest="headers",
+        metavar="K:V",
+        help="an HTTP header sent on every request (repeatable); secret-looking names are "
+        "refused: use --api-key or --api-key-env",
+    )
+    p.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="ask for one JSON response (stream false): TTFT is then E2E, no ITL",
+    )
+    p.add_argument("--ramp-up-strategy", default=None, help="linear | exponential (vLLM's)")
+    p.add_argument("--ramp-up-start-rps", type=float, default=None)
+    p.add_argument("--ramp-up-end-rps", type=float, default=None)
     p.add_argument("--api-key", default=None)
     p.add_argument(
         "--api-key-env",
@@ -224,6 +267,17 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
         except ValueError:
             raise UsageError(f"--goodput: {key} needs a number of ms, got {value!r}") from None
     return slos
+
+
+def parse_headers(items: list[str]) -> dict[str, str]:
+    """``--header K:V`` items as a dict (the value stripped of surrounding spaces)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise UsageError("--header: expected K:V (a name, a colon, then the value)")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _endpoint(raw: str) -> str:
@@ -281,6 +335,18 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "metrics_url": ns.metrics_url,
         "scrape_metrics": not ns.no_scrape_metrics,
         "extra_body": extra,
+        "temperature": ns.temperature,
+        "top_p": ns.top_p,
+        "top_k": ns.top_k,
+        "min_p": ns.min_p,
+        "repetition_penalty": ns.repetition_penalty,
+        "frequency_penalty": ns.frequency_penalty,
+        "presence_penalty": ns.presence_penalty,
+        "headers": parse_headers(ns.headers),
+        "stream": not ns.no_stream,
+        "ramp_up_strategy": ns.ramp_up_strategy,
+        "ramp_up_start_rps": ns.ramp_up_start_rps,
+        "ramp_up_end_rps": ns.ramp_up_end_rps,
         "api_key": ns.api_key,
         "api_key_env": ns.api_key_env,
         "engine": ns.engine,

@@ -99,6 +99,8 @@ def classify(data: bytes | None) -> Classified:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
+        if not isinstance(delta, dict):  # a non-streaming answer: the whole message
+            delta = choice.get("message")
         if isinstance(delta, dict):
             c = delta.get("content")
             if isinstance(c, str) and c:

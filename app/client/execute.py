@@ -22,13 +22,17 @@ from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.client import served_models
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
-from app.client.runner import LoadResult
+from app.client.runner import LagStats, LoadResult
 from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
 
 SCRAPE_STATS_KEY = "server_metrics"
+NO_STREAM_NOTE = (
+    "not streamed (stream false): each answer came whole, so TTFT is the end-to-end latency "
+    "and there is no inter-token latency (ITL, TPOT: no data)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,9 @@ async def execute(spec: RunSpec, load: Callable[[], Awaitable[LoadResult]]) -> E
         raise
     scraped = await asyncio.to_thread(finish_scrape, scraper, result.start_mono_ns)
     meta = run_meta(result, spec.max_error_rate)
+    if not spec.stream:
+        meta.load_stats["stream"] = False
+        meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
     served_models.record(meta.load_stats, meta.validity, spec.model, served)
     return Executed(spec, result, None, meta, scraped.series)
@@ -147,8 +154,17 @@ def validity_notes(
     return notes
 
 
+def trace_lateness(records: Sequence[RequestRecord]) -> LagStats:
+    """How late each measured request was sent against its scheduled time, which for a
+    trace run is the trace's own time (sent - trace time; a request that waited for a
+    concurrency slot counts its wait too)."""
+    return LagStats.of_ns(
+        [r.sent_ns - r.scheduled_ns for r in records if not r.warmup and r.sent_ns is not None]
+    )
+
+
 def load_stats(result: LoadResult) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "achieved_send_rate_rps": result.achieved_send_rate,
         "send_lag_ms": dataclasses.asdict(result.send_lag),
         "loop_lag_ms": dataclasses.asdict(result.loop_lag),
@@ -168,6 +184,11 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
         "connections": dict(result.connections),
         "dataset_source": result.dataset_source,
     }
+    if result.workload_stats is not None:
+        out["workload"] = dict(result.workload_stats)
+        if result.workload_stats.get("kind") == "trace":
+            out["trace_lateness_ms"] = dataclasses.asdict(trace_lateness(result.records))
+    return out
 
 
 def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:

@@ -223,6 +223,7 @@ def request_body(
     output_len: int,
     ignore_eos: bool,
     extra_body: Mapping[str, object] | None = None,
+    stream: bool = True,
 ) -> bytes:
     body: dict[str, Any] = {"model": model}
     if endpoint == "chat":
@@ -234,8 +235,9 @@ def request_body(
             raise ValueError("the completions endpoint needs a text prompt, not messages")
         body["prompt"] = prompt
     body["max_tokens"] = output_len
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if ignore_eos:
         body["ignore_eos"] = True
         body["min_tokens"] = output_len
@@ -244,17 +246,39 @@ def request_body(
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def is_json_type(content_type: str | None) -> bool:
+    """A JSON response (``application/json``, ``application/<x>+json``), not an SSE stream."""
+    if content_type is None:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
 def request_headers(
-    target: Target, request_id: str, api_key: str | None, *, keep_alive: bool = True
+    target: Target,
+    request_id: str,
+    api_key: str | None,
+    *,
+    keep_alive: bool = True,
+    extra: Mapping[str, str] | None = None,
+    stream: bool = True,
 ) -> list[tuple[str, str]]:
+    """The request's headers; ``extra`` (the run's ``headers``) after the client's own, an
+    ``Accept`` or ``User-Agent`` there replacing the client's."""
     headers = [
         ("Host", target.host_header),
         ("User-Agent", USER_AGENT),
         ("Content-Type", "application/json"),
-        ("Accept", "text/event-stream"),
+        ("Accept", "text/event-stream" if stream else "application/json"),
         ("Connection", "keep-alive" if keep_alive else "close"),
         ("X-Request-Id", request_id),
     ]
+    if extra:
+        own = {k.lower() for k in extra}
+        headers = [(k, v) for k, v in headers if k.lower() not in own]
+        headers.extend(extra.items())
     if api_key:
         headers.append(("Authorization", f"Bearer {api_key}"))
     return headers
@@ -519,6 +543,15 @@ class RawStream:
                 self.error = f"{self.error} (0 events received)"
             return
         ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
+        if complete and self.status is RequestStatus.OK and is_json_type(self.content_type):
+            # a non-streaming answer (stream false): the whole body is one event, received
+            # when the body ended (its first token then arrives with the last: TTFT = E2E)
+            ev_t.append(self.end_stamp)
+            ev_u.append(self.end_stamp)
+            ev_b.append(len(payload))
+            ev_d.append(payload)
+            self.done_ns = self.end_stamp
+            return
         rt, ru, re_ = self.read_t, self.read_user_t, self.read_end
         nseg = len(seg_p)
         s = 0  # current chunk segment

@@ -128,6 +128,7 @@ class LoadResult:
     send_clock_source: ClockSource = ClockSource.USERSPACE
     connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
     dataset_source: str | None = None  # the dataset file's identity (Workload.source)
+    workload_stats: dict[str, object] | None = None  # Workload.stats (a trace's reuse)
 
 
 FD_RESERVE = 64  # descriptors kept for everything but the run's connections
@@ -205,6 +206,9 @@ class _Run:
         self.halted: str | None = None
         self.wake: asyncio.Future[None] | None = None
         self.phase = "warmup"
+        # every measured request due at t = 0 (rate inf): their start is a burst, not lag
+        self.all_at_once = math.isinf(spec.request_rate)
+        self.body_extra = spec.sampling_body()  # sampling parameters + extra_body
         self.measure_start_ns = 0
         self.sent_measured = 0
         self.sent_total = 0
@@ -276,12 +280,20 @@ class _Run:
                 messages=it.prompt.messages,
                 output_len=it.prompt.output_len,
                 ignore_eos=spec.ignore_eos,
-                extra_body=spec.extra_body,
+                extra_body=self.body_extra,
+                stream=spec.stream,
             )
             # the request bytes are built before the request is due: starting it is then
             # only socket setup, connect and one send
             rid = f"{self.run_tag}-{it.index}"
-            headers = request_headers(self.target, rid, spec.api_key, keep_alive=keep_alive)
+            headers = request_headers(
+                self.target,
+                rid,
+                spec.api_key,
+                keep_alive=keep_alive,
+                extra=spec.headers,
+                stream=spec.stream,
+            )
             req = build_request(self.path, headers, body)
             scheduled = self.start_ns + it.scheduled_ns
             if scheduled > time.monotonic_ns():
@@ -447,7 +459,7 @@ class _Run:
             # With an unlimited rate every request is due at once: how long the client takes
             # to start that burst (the requests on a never-used slot) is reported apart: it
             # offers no schedule to fall behind. Every other request's lag counts.
-            burst = math.isinf(self.spec.request_rate) and timing.fresh_slot
+            burst = self.all_at_once and timing.fresh_slot
             (self.burst_lag if burst else self.send_lag).append(lag)
             self.send_times.append(raw.t0_ns)
         self.done += 1
@@ -589,6 +601,7 @@ async def run_load(
                 allow_link_local,
             )
             result.dataset_source = workload.source
+            result.workload_stats = workload.stats
             return result
     finally:
         gc.unfreeze()
@@ -607,12 +620,13 @@ async def _run(
     scheduling: Scheduling = NORMAL,
     allow_link_local: bool = True,
 ) -> LoadResult:
-    schedule = schedule_for(spec)
+    schedule = schedule_for(spec, workload.at_ns)
     items = _items(spec, workload.warmup, workload.measured)
     warm, measured = items[: len(workload.warmup)], items[len(workload.warmup) :]
     r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
     r.on_record = on_record
     r.scheduling = scheduling
+    r.all_at_once = bool(np.all(schedule.times_ns == 0))
     try:
         r.addr = await resolve(target)
     except OSError as e:

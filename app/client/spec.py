@@ -7,6 +7,7 @@ fields, checked by the type.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -21,6 +22,27 @@ Endpoint = Literal["chat", "completions"]
 Arrival = Literal["poisson", "gamma", "constant"]
 TokenCounting = Literal["auto", "usage", "tokenizer"]
 ConnectionMode = Literal["keep-alive", "new"]
+RampUp = Literal["linear", "exponential"]
+# sampling parameters a run may set, merged into every request's body (vLLM's names)
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+# header names refused in ``headers``: the client sets these itself
+RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "content-type", "transfer-encoding", "connection", "x-request-id"}
+)
+# a header whose name contains one of these is a secret: refused (give api_key or
+# api_key_env, which are never stored), so a stored spec never holds one in plaintext
+SECRET_HEADER_WORDS = ("authorization", "api-key", "apikey", "api_key", "token", "secret",
+                       "cookie", "password", "auth")  # fmt: skip
+MAX_HEADERS = 64
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 DATASET_HELP = "a dataset type: " + "; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items())
 DATASET_OPTIONS_HELP = (
     "the dataset type's own fields, by name ("
@@ -60,6 +82,11 @@ class RunSpec(BaseModel):
     arrival: Arrival = "poisson"
     burstiness: float = Field(1.0, gt=0, description="gamma shape; 1.0 = Poisson")
     max_concurrency: int | None = Field(None, ge=1)
+    # vLLM's ramp-up: the rate of request i is start + (end - start) * i/(N-1) (linear) or
+    # start * (end/start)^(i/(N-1)) (exponential), the gap before it drawn at that rate
+    ramp_up_strategy: RampUp | None = Field(None, description="linear | exponential")
+    ramp_up_start_rps: float | None = Field(None, gt=0, le=1_000_000)
+    ramp_up_end_rps: float | None = Field(None, gt=0, le=1_000_000)
     warmup_requests: int = Field(0, ge=0, le=100_000)
     request_timeout_s: float = Field(600.0, gt=0)
     # connections (SPEC 1b): kept open across requests (one per concurrency slot), or a new
@@ -80,6 +107,24 @@ class RunSpec(BaseModel):
     dtype: str | None = None
     engine_flags: str | None = None
     extra_body: dict[str, object] = Field(default_factory=dict)
+    # sampling parameters, merged into every request's body when set
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=1_000_000, description="-1: off (vLLM)")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=100)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    # request shaping
+    stream: bool = Field(
+        True, description="false: one JSON response per request (TTFT = E2E, no ITL)"
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra HTTP headers sent on every request; names that look like a "
+        "secret (authorization, api-key, token, secret, cookie, ...) are refused: give "
+        "api_key or api_key_env",
+    )
     api_key: str | None = Field(None, exclude=True)
     # the key's name in the environment of the machine that runs the load (a worker): the
     # key then never reaches the dashboard. Only names in this namespace, so a run cannot
@@ -129,6 +174,68 @@ class RunSpec(BaseModel):
             raise ValueError(f"extra_body is nested deeper than {MAX_JSON_DEPTH} levels")
         return v
 
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_HEADERS:
+            raise ValueError(f"headers: at most {MAX_HEADERS} headers")
+        seen: set[str] = set()
+        for name, value in v.items():
+            low = name.lower()
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"headers: {name!r} is not a valid header name")
+            if low in seen:
+                raise ValueError(f"headers: {name!r} is given twice")
+            seen.add(low)
+            if low in RESERVED_HEADERS:
+                raise ValueError(f"headers: {name} is set by the client itself")
+            if any(w in low for w in SECRET_HEADER_WORDS):
+                raise ValueError(
+                    f"headers: {name} looks like a secret; headers are stored with the run, "
+                    "so give the key as api_key or api_key_env (never stored)"
+                )
+            if len(value) > 8192 or not all(c == "\t" or " " <= c <= "~" for c in value):
+                raise ValueError(
+                    f"headers: {name}'s value must be one line of printable ASCII, at most "
+                    "8192 characters"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _sampling(self) -> RunSpec:
+        for name in SAMPLING_FIELDS:
+            if getattr(self, name) is not None and name in self.extra_body:
+                raise ValueError(f"{name}: given both as a field and in extra_body")
+        return self
+
+    @model_validator(mode="after")
+    def _load_shape(self) -> RunSpec:
+        ramp = (self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
+        if any(x is not None for x in ramp) and any(x is None for x in ramp):
+            raise ValueError(
+                "ramp_up_strategy: a ramp-up needs ramp_up_strategy, ramp_up_start_rps and "
+                "ramp_up_end_rps"
+            )
+        if self.ramp_up_strategy is not None and not math.isinf(self.request_rate):
+            raise ValueError("request_rate: give request_rate or a ramp-up, not both")
+        if dataset_type(self.dataset).timed:
+            given = [
+                name
+                for name, differs in (
+                    ("request_rate", not math.isinf(self.request_rate)),
+                    ("arrival", self.arrival != "poisson"),
+                    ("burstiness", self.burstiness != 1.0),
+                    ("ramp_up_strategy", self.ramp_up_strategy is not None),
+                )
+                if differs
+            ]
+            if given:
+                raise ValueError(
+                    f"{given[0]}: the dataset {self.dataset!r} gives each request's send "
+                    "time; a load shape does not apply"
+                )
+        return self
+
     @model_validator(mode="after")
     def _one_key(self) -> RunSpec:
         if self.api_key and self.api_key_env:
@@ -166,6 +273,13 @@ class RunSpec(BaseModel):
                 f"tokens, over the client's budget of {MAX_PROMPT_TOKENS:,}"
             )
         return self
+
+    def sampling_body(self) -> dict[str, object]:
+        """The sampling parameters that are set, then ``extra_body``: merged into each body."""
+        out: dict[str, object] = {
+            k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None
+        }
+        return out | dict(self.extra_body)
 
     def workload_params(self) -> WorkloadParams:
         return WorkloadParams(

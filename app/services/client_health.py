@@ -30,6 +30,16 @@ def client_health(report: dict[str, Any]) -> list[str]:
     sched = load.get("scheduling")
     if isinstance(sched, dict) and sched.get("policy"):
         out.append(f"scheduling {sched['policy']}")
+    late = load.get("trace_lateness_ms")
+    if isinstance(late, dict) and ms(late, "p99_ms") is not None:
+        out.append(
+            f"arrival lateness vs the trace p50 {ms(late, 'p50_ms')}, p99 {ms(late, 'p99_ms')} "
+            f"(max {ms(late, 'max_ms')})"
+        )
+    wl = load.get("workload")
+    reuse = as_float(wl.get("prefix_reuse_ratio")) if isinstance(wl, dict) else None
+    if reuse is not None:
+        out.append(f"trace prefix reuse {reuse:.1%} of blocks")
     for key, label in (("send_lag_ms", "send lag"), ("loop_lag_ms", "event-loop lag")):
         p99, mx = ms(load.get(key), "p99_ms"), ms(load.get(key), "max_ms")
         if p99 is not None:

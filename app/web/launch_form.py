@@ -88,6 +88,17 @@ FIELDS: tuple[FormField, ...] = (
         group="Load",
     ),
     FormField("max_duration_s", "Max duration (s)", "number", help="blank: none", group="Load"),
+    FormField(
+        "ramp_up_strategy",
+        "Ramp-up",
+        "select",
+        choices=("", "linear", "exponential"),
+        help="the rate ramps from start to end over the requests (vLLM's); leave the "
+        "request rate at inf",
+        group="Load",
+    ),
+    FormField("ramp_up_start_rps", "Ramp-up start (req/s)", "number", group="Load"),
+    FormField("ramp_up_end_rps", "Ramp-up end (req/s)", "number", group="Load"),
     FormField("goodput_ttft", "TTFT SLO (ms)", "number", help="blank: none", group="Goodput"),
     FormField("goodput_tpot", "TPOT SLO (ms)", "number", help="blank: none", group="Goodput"),
     FormField("goodput_e2el", "E2E SLO (ms)", "number", help="blank: none", group="Goodput"),
@@ -123,6 +134,22 @@ FIELDS: tuple[FormField, ...] = (
         help="merged into each request",
         group="Reproduction",
     ),
+    FormField("temperature", "Temperature", "number", help="blank: the server's", group="Sampling"),
+    FormField("top_p", "top_p", "number", group="Sampling"),
+    FormField("top_k", "top_k", "number", help=_help("top_k"), group="Sampling"),
+    FormField("min_p", "min_p", "number", group="Sampling"),
+    FormField("repetition_penalty", "Repetition penalty", "number", group="Sampling"),
+    FormField("frequency_penalty", "Frequency penalty", "number", group="Sampling"),
+    FormField("presence_penalty", "Presence penalty", "number", group="Sampling"),
+    FormField("stream", "Stream", "checkbox", help=_help("stream"), group="Sampling"),
+    FormField(
+        "headers",
+        "Extra headers",
+        "textarea",
+        help="one 'Name: value' per line, sent on every request; secret-looking names are "
+        "refused (use the API key fields)",
+        group="Sampling",
+    ),
     FormField(
         "scrape_metrics",
         "Scrape server metrics",
@@ -144,10 +171,11 @@ FIELDS: tuple[FormField, ...] = (
 )
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 GROUPS: tuple[str, ...] = (
-    "Target", "Workload", "Load", "Goodput", "Server metrics", "Reproduction", "Placement",
+    "Target", "Workload", "Load", "Goodput", "Sampling", "Server metrics", "Reproduction",
+    "Placement",
 )  # fmt: skip
 LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
-CHECKBOXES_ON = ("ignore_eos", "scrape_metrics")  # default on
+CHECKBOXES_ON = ("ignore_eos", "scrape_metrics", "stream")  # default on
 JSON_FIELDS = {"extra_body": "{\"temperature\": 0}", "dataset_options": "{\"range_ratio\": 0.5}"}
 SLO_KEYS = ("ttft", "tpot", "e2el", "user_ttft")
 
@@ -197,6 +225,10 @@ def values_from_spec(
         out[f"goodput_{k}"] = _text(float(ms))
     for key in LIST_FIELDS:
         out[key] = _text(spec.get(key) or [])
+    headers = spec.get("headers") or {}
+    out["headers"] = "\n".join(f"{k}: {v}" for k, v in headers.items()) if isinstance(
+        headers, dict
+    ) else ""
     out["name"] = f"{name} (again)" if name else ""
     for key in CHECKBOXES_ON:
         out[key] = "on" if spec.get(key, True) else ""
@@ -212,6 +244,19 @@ def _labels(text: str) -> dict[str, str]:
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{part!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _headers(text: str) -> dict[str, str]:
+    """'Name: value' lines as headers (blank lines skipped)."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"line {n} is not 'Name: value'")
         out[key.strip()] = value.strip()
     return out
 
@@ -249,7 +294,11 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         if f.kind == "checkbox":
             body[f.name] = raw not in ("", "0", "false", "off")
             continue
-        if f.name.startswith(("goodput_", "req_")) or f.name in (*LIST_FIELDS, *JSON_FIELDS):
+        if f.name.startswith(("goodput_", "req_")) or f.name in (
+            *LIST_FIELDS,
+            *JSON_FIELDS,
+            "headers",
+        ):
             continue
         if raw:
             body[f.name] = raw
@@ -272,6 +321,10 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
             body[key] = parsed
         except ValueError:
             errors[key] = f"must be a JSON object, e.g. {example}"
+    try:
+        body["headers"] = _headers(form.get("headers") or "")
+    except ValueError as e:
+        errors["headers"] = str(e)
     req: dict[str, Any] = {}
     try:
         req["labels"] = _labels(form.get("req_labels") or "")

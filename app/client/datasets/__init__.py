@@ -14,12 +14,14 @@ from pydantic import BaseModel, ValidationError
 
 from app.client.datasets.base import DatasetType
 from app.client.datasets.jsonl import JSONL
+from app.client.datasets.mooncake import MOONCAKE
 from app.client.datasets.prefix_repetition import PREFIX_REPETITION
 from app.client.datasets.random import RANDOM
 from app.client.datasets.sharegpt import SHAREGPT
+from app.client.datasets.timed_jsonl import TIMED_JSONL
 
 DATASETS: dict[str, DatasetType] = {
-    d.name: d for d in (RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION)
+    d.name: d for d in (RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION, MOONCAKE, TIMED_JSONL)
 }
 
 

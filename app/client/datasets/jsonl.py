@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -33,6 +34,11 @@ def _parse_line(line: str, lineno: int, tok: AnyTokenizer, out_len: int) -> Prom
         raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object with 'prompt' or 'messages'")
+    return parse_prompt_line(obj, where, tok, out_len)
+
+
+def parse_prompt_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_len: int) -> Prompt:
+    """A line's object as a prompt (``where`` names the line in errors)."""
     ol = obj.get("output_len", out_len)
     if not isinstance(ol, int) or isinstance(ol, bool) or ol < 1:
         raise ValueError(f"{where}: 'output_len' must be a positive integer")
@@ -80,6 +86,7 @@ class JsonlDataset:
     name = "jsonl"
     summary = "prompts or chat messages from a JSONL file (dataset_path)"
     options: type[BaseModel] = NoOptions
+    timed = False
 
     def check(self, params: WorkloadParams, options: BaseModel) -> None:
         if not params.dataset_path:

@@ -73,6 +73,7 @@ class PrefixRepetitionDataset:
     name = "prefix_repetition"
     summary = "num_prefixes shared prefixes of prefix_len tokens, each + a suffix_len suffix"
     options: type[BaseModel] = PrefixRepetitionOptions
+    timed = False
 
     def check(self, params: WorkloadParams, options: BaseModel) -> None:
         assert isinstance(options, PrefixRepetitionOptions)

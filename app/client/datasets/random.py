@@ -162,6 +162,7 @@ class RandomDataset:
     name = "random"
     summary = "seeded random prompts of input_len tokens (range_ratio, shared prefix_len)"
     options: type[BaseModel] = RandomOptions
+    timed = False
 
     def check(self, params: WorkloadParams, options: BaseModel) -> None:
         assert isinstance(options, RandomOptions)

@@ -226,6 +226,7 @@ class ShareGPTDataset:
     name = "sharegpt"
     summary = "first human turns of ShareGPT conversations (dataset_path or the packaged file)"
     options: type[BaseModel] = ShareGPTOptions
+    timed = False
 
     def check(self, params: WorkloadParams, options: BaseModel) -> None:
         assert isinstance(options, ShareGPTOptions)

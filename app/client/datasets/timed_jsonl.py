@@ -1,0 +1,85 @@
+"""Dataset type ``timed_jsonl``: a fixed schedule of your own prompts (AIPerf's fixed
+schedule). One object per line: ``timestamp`` (ms from the trace's start) and
+``{"prompt": ...}`` or ``{"messages": [...]}``, optionally ``"output_len": N`` (as
+``jsonl``). Request k is sent at ``(timestamp_k - timestamp_0) / speedup`` after the
+measured phase starts; the first ``num_prompts`` lines are replayed (a shorter file is
+refused), warm-ups come from the end of the file. A decreasing timestamp, or any bad line,
+is a ``ValueError`` naming the line and field; nothing is sent.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, Field
+
+from app.client.datasets.base import (
+    BuildContext,
+    Prompt,
+    Workload,
+    WorkloadParams,
+    check_cancel,
+    open_dataset,
+)
+from app.client.datasets.jsonl import parse_prompt_line
+from app.client.datasets.mooncake import timestamp_of, trace_schedule_ns
+
+
+class TimedJsonlOptions(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    speedup: float = Field(
+        1.0, gt=0, le=1_000_000, description="divide the file's timestamps by this"
+    )
+
+
+class TimedJsonlDataset:
+    name = "timed_jsonl"
+    summary = "prompts or chat messages with a 'timestamp' (ms) each: sent on that schedule"
+    options: type[BaseModel] = TimedJsonlOptions
+    timed = True
+
+    def check(self, params: WorkloadParams, options: BaseModel) -> None:
+        if not params.dataset_path:
+            raise ValueError("dataset_path is required when dataset is 'timed_jsonl'")
+
+    def prompt_tokens(self, params: WorkloadParams, options: BaseModel) -> int | None:
+        return None  # bounded by the file's size (MAX_DATASET_BYTES)
+
+    def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
+        assert isinstance(options, TimedJsonlOptions) and params.dataset_path is not None
+        items: list[tuple[float, Prompt]] = []
+        previous: float | None = None
+        for lineno, line in enumerate(open_dataset(params.dataset_path, ctx.dataset_dirs), 1):
+            check_cancel(ctx.cancelled, lineno)
+            if not line.strip():
+                continue
+            where = f"dataset_path line {lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: expected a JSON object with 'timestamp'")
+            previous = timestamp_of(obj, where, previous)
+            prompt = parse_prompt_line(obj, where, ctx.tokenizer, params.output_len)
+            items.append((previous, prompt))
+        if not items:
+            raise ValueError("dataset_path: no prompts in the file")
+        if len(items) < params.num_prompts:
+            raise ValueError(
+                f"num_prompts: {params.num_prompts} requested, the file has {len(items)} "
+                f"timed prompts (give num_prompts {len(items)} or fewer)"
+            )
+        chosen = items[: params.num_prompts]
+        warm = [items[-1 - (i % len(items))][1] for i in range(params.warmup_requests)]
+        at = trace_schedule_ns([t for t, _ in chosen], options.speedup)
+        stats: dict[str, object] = {
+            "kind": "trace",
+            "speedup": options.speedup,
+            "trace_span_ms": chosen[-1][0] - chosen[0][0],
+        }
+        return Workload(warm, [p for _, p in chosen], at_ns=at, stats=stats)
+
+
+TIMED_JSONL = TimedJsonlDataset()
