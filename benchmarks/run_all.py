@@ -20,10 +20,12 @@
 (f) paint: headless Chromium's time to the first chart of that run page, first and cached
     visits (plotly.js from the browser cache), where Chromium and Playwright are installed;
 (g) datasets: loading the packaged ShareGPT file and building 10,000 prompts (cold, then
-    from the per-process cache), and the synthetic types at the same count.
+    from the per-process cache), and the synthetic types at the same count;
+(h) sessions: 256 concurrent multi-turn sessions against the simulator: how long after each
+    reply's end (+ think time) its session's next turn left (the target: within 1 ms).
 
 Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json,
-browser_paint.json, datasets.json and summary.md.
+browser_paint.json, datasets.json, sessions.json and summary.md.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ def summary_md(
     imports: dict[str, Any] | None = None,
     paint: dict[str, Any] | None = None,
     datasets: dict[str, Any] | None = None,
+    sessions: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -300,10 +303,13 @@ def summary_md(
         lines += ["", "## (f) Browser paint", "", "```", json.dumps(paint, indent=2), "```"]
     if datasets:
         lines += ["", "## (g) Datasets", "", "```", json.dumps(datasets, indent=2), "```"]
+    if sessions:
+        lines += ["", "## (h) Multi-turn sessions", "", "```", json.dumps(sessions, indent=2)]
+        lines += ["```"]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets")
+PARTS = ("fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets", "sessions")
 
 
 def _earlier(name: str) -> Any:
@@ -361,7 +367,12 @@ def main() -> int:
             [sys.executable, str(HERE / "bench_datasets.py")], check=True, cwd=HERE.parent
         )
     datasets = _earlier("datasets.json")
-    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets)
+    if "sessions" in args.only:
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_sessions.py")], check=True, cwd=HERE.parent
+        )
+    sessions = _earlier("sessions.json")
+    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets, sessions)
     (RESULTS / "summary.md").write_text(summary)
     print((RESULTS / "summary.md").read_text())
     return 0
