@@ -7,7 +7,8 @@ The simulator runs in its own process (TTFT 20 ms, ITL 5 ms, 32 output tokens pe
 ``--sessions`` sessions run at once (``max_concurrency`` = sessions), each replaying a
 ``--turns``-turn conversation of a generated JSONL file, with every think time of
 ``--think-ms``, the sessions started all at once (their turns then end together: the
-worst case, every next turn built in the same moment) or at ``--rates`` per second. For each pair of consecutive turns of a session, from the records: the gap
+worst case, every next turn built in the same moment) or at ``--rates`` per second. For
+each pair of consecutive turns of a session, from the records: the gap
 ``next turn's send - previous reply's end - think time`` (ms): p50, p99, max and the share
 within 1 ms (the issue's target), plus the runner's send lag (it measures the same from
 each turn's due time) and event-loop lag. Timing on a shared machine is noisy.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import platform
 import sys
@@ -38,7 +40,7 @@ def gaps_ms(records: list[Any], think_ms: float) -> np.ndarray:
     recs = sorted((r for r in records if not r.warmup), key=lambda r: (r.session, r.turn))
     out = [
         (b.sent_ns - a.end_ns) / 1e6 - think_ms
-        for a, b in zip(recs, recs[1:], strict=False)
+        for a, b in itertools.pairwise(recs)
         if a.session == b.session and a.end_ns is not None and b.sent_ns is not None
     ]
     return np.asarray(out, np.float64)
