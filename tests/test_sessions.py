@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -325,3 +326,20 @@ def test_cli_multi_turn_against_the_simulator(
         assert "endpoint must be 'chat'" in captured.out + captured.err
     finally:
         sim.stop()
+
+
+def test_stop_during_think_time_ends_the_run(tmp_path: Path) -> None:
+    path = conversations(tmp_path, [["a", "b", "c"]] * 2)
+
+    async def go() -> Any:
+        async with Server(replier()) as srv:
+            return await run_load(
+                spec(srv.url, path, turn_delay_ms=60_000, max_duration_s=0.5), run_tag="t"
+            )
+
+    t0 = time.monotonic()
+    res = run(go())
+    assert time.monotonic() - t0 < 10  # not the 60 s think time
+    assert res.stopped == "max_duration"
+    assert [r.turn for r in res.records] == [1, 1]
+    assert res.counts["planned"] == 6 and res.counts["unsent"] == 4

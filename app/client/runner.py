@@ -213,6 +213,7 @@ class _Run:
         self.active: set[StreamRequest] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.halted: str | None = None
+        self.halted_event = asyncio.Event()  # set by ``halt`` (sessions' think times wait on it)
         self.wake: asyncio.Future[None] | None = None
         self.phase = "warmup"
         self.measure_start_ns = 0
@@ -248,6 +249,7 @@ class _Run:
         if self.halted is not None:
             return
         self.halted = reason
+        self.halted_event.set()
         if self.wake is not None and not self.wake.done():
             self.wake.set_result(None)
         for sr in list(self.active):

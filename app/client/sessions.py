@@ -19,6 +19,7 @@ Warm-ups are single requests: the first turn of ``warmup_requests`` conversation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -49,6 +50,7 @@ class SessionHost(Protocol):
     start_ns: int
     measure_start_ns: int
     halted: str | None
+    halted_event: asyncio.Event
     sem: asyncio.Semaphore
     slots: int
     planned: int
@@ -176,8 +178,9 @@ async def _session(
             if host.halted:
                 return
             delay = (due_ns - time.monotonic_ns()) / 1e9
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if delay > 0:  # think time, cut short when the run is stopped
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(host.halted_event.wait(), delay)
                 if host.halted:
                     return
             user = {"role": "user", "content": turn.text}
