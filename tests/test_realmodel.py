@@ -155,7 +155,7 @@ def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
 
     from app.targets.llamacpp import start_llamacpp_process
 
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "near", "a", "river", "bank"]
+    words = "the quick brown fox jumps over the lazy dog near a river bank".split()  # noqa: SIM905
     convs = []
     for c in range(2):
         first = " ".join(words[(i + c) % len(words)] for i in range(240))
