@@ -241,6 +241,19 @@ def test_chat_messages_jsonl(tmp_path: Path) -> None:
     }
 
 
+def test_wire_carries_session_and_turn() -> None:
+    from app.protocol.wire import WireRequest
+
+    rec = _rec(3, 2, 0, 5, 9, 2, 4)
+    back = WireRequest.model_validate_json(WireRequest.from_record(rec).model_dump_json())
+    again = back.to_record()
+    assert (again.session, again.turn) == (3, 2)
+    single = WireRequest.model_validate(
+        {"index": 0, "scheduled_ns": 0, "sent_ns": None, "end_ns": None, "status": "ok"}
+    )
+    assert (single.session, single.turn) == (None, None)
+
+
 def test_spec_refusals(tmp_path: Path) -> None:
     path = conversations(tmp_path, [["a"]])
     with pytest.raises(ValueError, match="endpoint"):
@@ -315,6 +328,15 @@ def test_cli_multi_turn_against_the_simulator(
         assert rep["metrics"]["requests"]["completed_ok"] == 8
         # turn 2 carries turn 1 and its reply: more prompt tokens than turn 1 by the server
         assert rows[2]["prompt_tokens"]["mean"] > rows[1]["prompt_tokens"]["mean"]
+        # the stored requests keep their session and turn (migration 0012)
+        from app.services.runs import open_database
+        from app.storage import repository as repo
+        from app.storage.db import session_scope
+
+        with session_scope(open_database(db)) as s:
+            stored = repo.load_records(s, rep["run_id"])
+        pairs = sorted((r.session, r.turn) for r in stored)
+        assert pairs == [(s_, t_) for s_ in range(4) for t_ in (1, 2)]
         # the stored run's report has the same table
         assert main(["report", rep["run_id"], "--json", "--database-url", db]) == 0
         assert json.loads(capsys.readouterr().out)["turns"] == rep["turns"]

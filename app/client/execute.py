@@ -195,8 +195,8 @@ def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE)
 
 
 def _turns(records: list[RequestRecord]) -> dict[str, Any]:
-    """A multi-turn run's metrics by turn index (``app.analysis.turns``), computed here from
-    the records: the per-request session and turn numbers are not stored."""
+    """A multi-turn run's metrics by turn index (``app.analysis.turns``), computed where the
+    load ran and stored with the run's load statistics (its stored report reads them)."""
     table = turn_table(records)
     return {"turns": table} if table else {}
 
