@@ -365,3 +365,15 @@ def test_stop_during_think_time_ends_the_run(tmp_path: Path) -> None:
     assert res.stopped == "max_duration"
     assert [r.turn for r in res.records] == [1, 1]
     assert res.counts["planned"] == 6 and res.counts["unsent"] == 4
+
+
+def test_comparability_key_tells_sessions_apart() -> None:
+    from app.analysis.comparability import check, comparability_key
+
+    base = {"model": "m", "dataset": "sharegpt", "endpoint": "chat"}
+    single = comparability_key(base)
+    old = comparability_key({**base, "multi_turn": False})
+    multi = comparability_key({**base, "multi_turn": True, "max_turns": 4, "turn_delay_ms": 50})
+    assert single == old  # runs from before the field are single requests
+    assert multi["dataset"] == "sharegpt, multi-turn sessions (at most 4 turns, think 50 ms)"
+    assert [d.field for d in check([single, multi]).differing] == ["dataset"]
