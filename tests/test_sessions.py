@@ -377,3 +377,19 @@ def test_comparability_key_tells_sessions_apart() -> None:
     assert single == old  # runs from before the field are single requests
     assert multi["dataset"] == "sharegpt, multi-turn sessions (at most 4 turns, think 50 ms)"
     assert [d.field for d in check([single, multi]).differing] == ["dataset"]
+
+
+def test_api_refuses_multi_turn_on_completions_naming_the_field(db_url: str) -> None:
+    from tests.api_support import SPEC, api_client
+
+    with api_client(db_url) as api:
+        body = SPEC | {"multi_turn": True, "dataset": "jsonl", "dataset_path": "/c.jsonl"}
+        bad = api.client.post(
+            "/api/v1/runs", json=body | {"endpoint": "completions"}, headers=api.h(api.run)
+        )
+        assert bad.status_code == 422, bad.text
+        assert "endpoint must be 'chat'" in bad.text
+        ok = api.client.post("/api/v1/runs", json=body | {"max_turns": 3}, headers=api.h(api.run))
+        assert ok.status_code in (200, 201, 202), ok.text
+        job = api.client.get("/api/v1/jobs", headers=api.h(api.admin)).json()
+        assert "multi_turn" in json.dumps(job)
