@@ -393,3 +393,22 @@ def test_api_refuses_multi_turn_on_completions_naming_the_field(db_url: str) -> 
         assert ok.status_code in (200, 201, 202), ok.text
         job = api.client.get("/api/v1/jobs", headers=api.h(api.admin)).json()
         assert "multi_turn" in json.dumps(job)
+
+
+def test_warmups_are_single_first_turns(tmp_path: Path) -> None:
+    path = conversations(tmp_path, [["a", "b"], ["c", "d"], ["w1", "w2"]])
+
+    async def go() -> tuple[Any, Server]:
+        async with Server(replier()) as srv:
+            res = await run_load(spec(srv.url, path, warmup_requests=1), run_tag="t")
+        return res, srv
+
+    res, srv = run(go())
+    warm = [r for r in res.records if r.warmup]
+    assert len(warm) == 1 and warm[0].turn is None and warm[0].index == 0
+    # the warm-up is the last conversation's first turn, sent alone (its own id)
+    assert by_id(srv)["t-0"].body["messages"] == [{"role": "user", "content": "w1"}]
+    measured = sorted((r.session, r.turn, r.index) for r in res.records if not r.warmup)
+    assert [(s_, t_) for s_, t_, _ in measured] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert sorted(i for *_, i in measured) == [1, 2, 3, 4]
+    assert res.counts["planned"] == 4 and res.counts["warmup"] == 1
