@@ -652,6 +652,8 @@ async def _run(
     r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
     r.on_record = on_record
     r.scheduling = scheduling
+    if sessions is not None:  # the measured requests are the sessions' turns
+        r.planned = sum(len(c.turns) for c in sessions.measured)
     try:
         r.addr = await resolve(target)
     except OSError as e:
@@ -675,11 +677,9 @@ async def _run(
         r.measure_start_ns = time.monotonic_ns() - r.start_ns
         for it, t in zip(measured, schedule.times_ns.tolist(), strict=sessions is None):
             it.scheduled_ns = r.measure_start_ns + int(t)
-        if r.halted:
-            pass
-        elif sessions is not None:
+        if not r.halted and sessions is not None:
             await drive_sessions(r, sessions, schedule.times_ns.tolist(), len(warm))
-        else:
+        elif not r.halted:
             await r.dispatch(measured)
     finally:
         if r.tasks:  # only when cancelled from outside: end streams, keep their records

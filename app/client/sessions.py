@@ -53,7 +53,6 @@ class SessionHost(Protocol):
     halted_event: asyncio.Event
     sem: asyncio.Semaphore
     slots: int
-    planned: int
     tasks: set[asyncio.Task[Any]]
 
     async def sleep_until(self, t_ns: int) -> None: ...
@@ -120,7 +119,6 @@ async def drive_sessions(
     """Run the measured sessions: session i starts at ``times_ns[i]`` (after the measured
     phase's start) once an active-session slot is free; returns when all have ended."""
     measured = sessions.measured
-    host.planned = sum(len(c.turns) for c in measured)
     active = asyncio.Semaphore(host.slots)
     released: deque[int] = deque()  # when each session slot was given back (FIFO)
     index = itertools.count(first_index)
