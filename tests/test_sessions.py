@@ -412,3 +412,25 @@ def test_warmups_are_single_first_turns(tmp_path: Path) -> None:
     assert [(s_, t_) for s_, t_, _ in measured] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert sorted(i for *_, i in measured) == [1, 2, 3, 4]
     assert res.counts["planned"] == 4 and res.counts["warmup"] == 1
+
+
+def test_launch_form_multi_turn_fields() -> None:
+    import app.api.app  # noqa: F401  (the web package's modules load in the app's order)
+    from app.web import launch_form
+
+    form = launch_form.defaults() | {
+        "dataset": "jsonl",
+        "dataset_path": "/c.jsonl",
+        "multi_turn": "on",
+        "max_turns": "3",
+        "turn_delay_ms": "20",
+    }
+    created, errors = launch_form.parse(form)
+    assert errors == {} and created is not None
+    dumped = created.model_dump()
+    assert (dumped["multi_turn"], dumped["max_turns"], dumped["turn_delay_ms"]) == (True, 3, 20.0)
+    _, errors = launch_form.parse(form | {"endpoint": "completions"})
+    assert "endpoint must be 'chat'" in errors["endpoint"]
+    # a fresh form is single requests and valid as such
+    created, errors = launch_form.parse(launch_form.defaults())
+    assert errors == {} and created is not None and created.model_dump()["multi_turn"] is False
