@@ -112,6 +112,10 @@ class RequestRecord:
     conn_id: int | None = None  # the run's connection number the request used
     conn_reused: bool | None = None  # sent on a connection an earlier request had used
     retries: int = 0  # sent again on a new connection after a reused one failed
+    # multi-turn sessions: the session's number (0-based) and the turn's (1-based); None for
+    # single requests (stored as requests.session_idx / turn_idx, migration 0012)
+    session: int | None = None
+    turn: int | None = None
     # the prompt length by the client's tokenizer (in memory only: not stored, not on the wire)
     tokenizer_input_tokens: int | None = None
     event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -22,10 +22,12 @@
 (g) datasets: loading the packaged ShareGPT file and building 10,000 prompts (cold, then
     from the per-process cache), and the synthetic types at the same count;
 (h) workloads: a Mooncake trace at 100 req/s replayed against the simulator: arrival
-    lateness against the trace's schedule (p50/p99/max; target p99 <= 1 ms).
+    lateness against the trace's schedule (p50/p99/max; target p99 <= 1 ms);
+(i) sessions: 256 concurrent multi-turn sessions against the simulator: how long after each
+    reply's end (+ think time) its session's next turn left (the target: within 1 ms).
 
 Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json,
-browser_paint.json, datasets.json, workloads.json and summary.md.
+browser_paint.json, datasets.json, workloads.json, sessions.json and summary.md.
 """
 
 from __future__ import annotations
@@ -210,6 +212,7 @@ def summary_md(
     paint: dict[str, Any] | None = None,
     datasets: dict[str, Any] | None = None,
     workloads: dict[str, Any] | None = None,
+    sessions: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -305,12 +308,15 @@ def summary_md(
         lines += ["", "## (g) Datasets", "", "```", json.dumps(datasets, indent=2), "```"]
     if workloads:
         lines += ["", "## (h) Workloads", "", "```", json.dumps(workloads, indent=2), "```"]
+    if sessions:
+        lines += ["", "## (i) Multi-turn sessions", "", "```", json.dumps(sessions, indent=2)]
+        lines += ["```"]
     return "\n".join(lines) + "\n"
 
 
 PARTS = (
     "fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets", "workloads",
-    "head",
+    "sessions", "head",
 )  # fmt: skip
 
 
@@ -377,7 +383,12 @@ def main() -> int:
             [sys.executable, str(HERE / "bench_workloads.py")], check=True, cwd=HERE.parent
         )
     workloads = _earlier("workloads.json")
-    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets, workloads)
+    if "sessions" in args.only:
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_sessions.py")], check=True, cwd=HERE.parent
+        )
+    sessions = _earlier("sessions.json")
+    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets, workloads, sessions)
     (RESULTS / "summary.md").write_text(summary)
     print((RESULTS / "summary.md").read_text())
     return 0

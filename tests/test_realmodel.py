@@ -143,3 +143,47 @@ def test_transformers_serve_real_model(tmp_path: Path) -> None:
     check_consistent(sessions, out.run_id, expect_tokens=None)
     # no [DONE] in its streams: the stream's end is the done signal
     assert out.report["load"]["server_metrics"]["status"] == "no /metrics (HTTP 404)"
+
+
+def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
+    """Multi-turn sessions on llama.cpp with its prompt cache (``cache_prompt``): a later
+    turn's history is already in the slot's cache, so its TTFT per prompt token is lower
+    than the first turn's (a long first turn, short later ones: the effect is large)."""
+    _need("xllamacpp")
+    _gguf()
+    import json
+
+    from app.targets.llamacpp import start_llamacpp_process
+
+    words = "the quick brown fox jumps over the lazy dog near a river bank".split()  # noqa: SIM905
+    convs = []
+    for c in range(2):
+        first = " ".join(words[(i + c) % len(words)] for i in range(240))
+        convs.append({"turns": [f"Summarize: {first}", "Shorter, please.", "Once more."]})
+    path = tmp_path / "conv.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in convs))
+    server = start_llamacpp_process(parallel=1, threads=2)
+    try:
+        spec = RunSpec(
+            base_url=server.base_url,
+            model="SmolLM2-135M-Instruct",
+            dataset="jsonl",
+            dataset_path=str(path),
+            multi_turn=True,
+            output_len=8,
+            num_prompts=2,
+            max_concurrency=1,
+            extra_body={"cache_prompt": True},
+            request_timeout_s=120,
+        )
+        out = execute_bench(spec, sessions=None, name="llama.cpp sessions")
+    finally:
+        server.stop()
+    assert not out.failed
+    rows = {r["turn"]: r for r in out.report["turns"]}
+    assert sorted(rows) == [1, 2, 3] and all(rows[k]["ok"] == 2 for k in rows)
+    # the server's prompt counts (usage) grow with the history
+    assert rows[2]["prompt_tokens"]["mean"] > rows[1]["prompt_tokens"]["mean"]
+    first = rows[1]["ttft_per_prompt_token_ms"]["mean"]
+    for k in (2, 3):
+        assert rows[k]["ttft_per_prompt_token_ms"]["mean"] < first

@@ -2,7 +2,8 @@
 
 A comparison changes one variable at a time. The key of a run lists the fields that define
 its workload and setup: model, engine and version, dtype, input and output length
-distributions (spec lengths and the measured median lengths), dataset, its own options
+distributions (spec lengths and the measured median lengths), dataset (and whether its
+conversations were replayed as multi-turn sessions: turn cap, think time), its own options
 (``dataset_options``: a range ratio, a shared prefix, ShareGPT's filters ...) and the file
 it read (the packaged ShareGPT version or the file's sha256, from the run's load
 statistics), seed, load shape, endpoint and hardware. ``check`` reports every field where
@@ -76,8 +77,16 @@ def load_shape(spec: Mapping[str, Any]) -> str:
 
 
 def dataset_text(spec: Mapping[str, Any]) -> str:
+    """The dataset type and file, and for multi-turn sessions their turn cap and think time
+    (the same conversations replayed as sessions are another workload)."""
     ds = str(spec.get("dataset") or "random")
-    return f"{ds}:{spec['dataset_path']}" if spec.get("dataset_path") else ds
+    text = f"{ds}:{spec['dataset_path']}" if spec.get("dataset_path") else ds
+    if spec.get("multi_turn"):
+        turns = spec.get("max_turns")
+        think = float(spec.get("turn_delay_ms") or 0.0)
+        text += f", multi-turn sessions ({f'at most {turns}' if turns else 'all'} turns"
+        text += f", think {think:g} ms)"
+    return text
 
 
 def dataset_options_text(spec: Mapping[str, Any]) -> str:

@@ -68,6 +68,9 @@ FLAG_FOR_FIELD = {
     "ramp_up_strategy": "--ramp-up-strategy",
     "ramp_up_start_rps": "--ramp-up-start-rps",
     "ramp_up_end_rps": "--ramp-up-end-rps",
+    "multi_turn": "--multi-turn",
+    "max_turns": "--max-turns",
+    "turn_delay_ms": "--turn-delay-ms",
 }
 
 # other names of a dataset type's option flags (the trace flags)
@@ -165,6 +168,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrival", default=None, help="poisson | gamma | constant")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
     p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument(
+        "--multi-turn",
+        action="store_true",
+        help="replay each conversation (sharegpt, jsonl) as a session of turns; "
+        "--num-prompts counts sessions, --max-concurrency active sessions",
+    )
+    p.add_argument("--max-turns", type=int, default=None, help="turns per session, at most")
+    p.add_argument(
+        "--turn-delay-ms", type=float, default=0.0, help="think time after each reply, ms"
+    )
     p.add_argument("--num-warmups", "--warmup-requests", type=int, default=0, dest="num_warmups")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument(
@@ -325,6 +338,9 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "arrival": arrival,
         "burstiness": ns.burstiness,
         "max_concurrency": ns.max_concurrency,
+        "multi_turn": ns.multi_turn,
+        "max_turns": ns.max_turns,
+        "turn_delay_ms": ns.turn_delay_ms,
         "warmup_requests": ns.num_warmups,
         "request_timeout_s": ns.request_timeout,
         "connection_mode": ns.connection_mode,

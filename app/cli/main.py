@@ -133,6 +133,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         def on_progress(p: Any) -> None:
             bar.update(
                 task,
+                total=p.planned + spec.warmup_requests,  # multi-turn: the sessions' turns
                 completed=p.done,
                 info=f"errors {p.errors}  in flight {p.in_flight}  {p.tokens_per_s:,.0f} tok/s",
             )

@@ -98,12 +98,43 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     else:
         _render_latencies(m, console)
         _render_errors(req, console)
+    turns = report.get("turns")
+    if isinstance(turns, list) and turns:
+        render_turns(turns, console)
     timing = report.get("server_timing")
     if isinstance(timing, dict):
         render_server_timing(timing, console)
     prof = report.get("profile")
     if prof:
         render_profile(prof, console)
+
+
+def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
+    """A multi-turn run's metrics by turn index (``report["turns"]``)."""
+    t = Table(title="By turn (multi-turn sessions; ok requests)")
+    for col in (
+        "turn",
+        "requests",
+        "ok",
+        "prompt tokens mean",
+        "TTFT mean (ms)",
+        "TTFT p50 (ms)",
+        "TTFT/prompt token mean (ms)",
+        "TPOT mean (ms)",
+    ):
+        t.add_column(col, justify="right")
+    for row in turns:
+        t.add_row(
+            fmt(row.get("turn")),
+            fmt(row.get("requests")),
+            fmt(row.get("ok")),
+            fmt(_pct(row.get("prompt_tokens") or {}, "mean"), 1),
+            fmt(_pct(row.get("ttft_ms") or {}, "mean")),
+            fmt(_pct(row.get("ttft_ms") or {}, "p50")),
+            fmt(_pct(row.get("ttft_per_prompt_token_ms") or {}, "mean"), 4),
+            fmt(_pct(row.get("tpot_ms") or {}, "mean")),
+        )
+    console.print(t)
 
 
 def render_server_timing(t: dict[str, Any], console: Console) -> None:

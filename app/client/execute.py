@@ -20,6 +20,7 @@ from typing import Any
 from app import __version__
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
+from app.analysis.turns import turn_table
 from app.client import served_models
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
 from app.client.runner import LagStats, LoadResult
@@ -207,11 +208,18 @@ def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE)
         clock_source=result.clock_source.value,
         client_limited=result.client_limited,
         validity=validity_notes(result, check, max_error_rate),
-        load_stats=load_stats(result) | {"token_counts": check},
+        load_stats=load_stats(result) | {"token_counts": check} | _turns(result.records),
         client_host=platform.node(),
         client_version=__version__,
     )
 
+
+
+def _turns(records: list[RequestRecord]) -> dict[str, Any]:
+    """A multi-turn run's metrics by turn index (``app.analysis.turns``), computed where the
+    load ran and stored with the run's load statistics (its stored report reads them)."""
+    table = turn_table(records)
+    return {"turns": table} if table else {}
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,12 @@ from app.client.http_stream import (
 )
 from app.client.records import record_steps
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
+from app.client.sessions import (
+    Sessions,
+    build_session_workload,
+    drive_sessions,
+    warmup_workload,
+)
 from app.client.shapes import schedule_for
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
@@ -157,6 +164,8 @@ class _Item:
     prompt: Prompt
     warmup: bool
     scheduled_ns: int  # run-relative
+    session: int | None = None  # multi-turn sessions (app.client.sessions)
+    turn: int | None = None
 
 
 class _Run:
@@ -190,6 +199,7 @@ class _Run:
         # one slot per connection the run may hold open: the concurrency, or (rate-driven
         # runs) what the descriptor budget allows
         self.capped = spec.max_concurrency is not None
+        self.planned = spec.num_prompts  # measured requests planned (sessions: their turns)
         wanted = spec.max_concurrency or max(spec.num_prompts, spec.warmup_requests)
         self.slots = connection_budget(wanted)
         self.fd_capped = self.capped and self.slots < wanted
@@ -202,8 +212,9 @@ class _Run:
         self.resolve_error: str | None = None
         self.records: list[RequestRecord] = []
         self.active: set[StreamRequest] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.halted: str | None = None
+        self.halted_event = asyncio.Event()  # set by ``halt`` (sessions' think times wait on it)
         self.wake: asyncio.Future[None] | None = None
         self.phase = "warmup"
         # every measured request due at t = 0 (rate inf): their start is a burst, not lag
@@ -242,6 +253,7 @@ class _Run:
         if self.halted is not None:
             return
         self.halted = reason
+        self.halted_event.set()
         if self.wake is not None and not self.wake.done():
             self.wake.set_result(None)
         for sr in list(self.active):
@@ -334,7 +346,7 @@ class _Run:
 
     async def one(
         self, it: _Item, rid: str, req: bytes, due_ns: int, scheduled_ns: int, fresh_slot: bool
-    ) -> None:
+    ) -> RawStream:
         spec = self.spec
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -374,6 +386,25 @@ class _Run:
             self.finished += 1
         self.backlog.append((it, raw, _Timing(due_ns, scheduled_ns, fresh_slot)))
         self.backlog_ready.set()
+        return raw
+
+    async def send_turn(
+        self,
+        index: int,
+        prompt: Prompt,
+        session: int,
+        turn: int,
+        rid: str,
+        req: bytes,
+        due_ns: int,
+        fresh_slot: bool,
+    ) -> RawStream:
+        """One turn of a multi-turn session (``app.client.sessions``): sent now, on a slot
+        the caller holds (``sem`` acquired); its record is built in post-processing."""
+        it = _Item(index, prompt, False, due_ns - self.start_ns, session, turn)
+        self.sent_total += 1
+        self.sent_measured += 1
+        return await self.one(it, rid, req, due_ns, due_ns, fresh_slot)
 
     async def postprocess(self) -> None:
         """Decode and classify finished streams in resumable pieces (~0.1 ms each: body
@@ -434,6 +465,7 @@ class _Run:
                 warmup=it.warmup,
             )
         rec.queued_ns = max(0, timing.due_ns - timing.scheduled_ns)
+        rec.session, rec.turn = it.session, it.turn
         self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
@@ -476,7 +508,7 @@ class _Run:
         return Progress(
             elapsed_s=(now - self.start_ns) / 1e9,
             phase=self.phase,
-            planned=self.spec.num_prompts,
+            planned=self.planned,
             sent=self.sent_measured,
             done=self.finished,
             errors=self.errors,
@@ -578,7 +610,12 @@ async def run_load(
     """
     spec = with_api_key_from_env(spec)
     tok = load_tokenizer(spec.tokenizer)
-    workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
+    sessions: Sessions | None = None
+    if spec.multi_turn:
+        sessions = build_session_workload(spec, tok, dataset_dirs, cancelled)
+        workload = warmup_workload(sessions, tok)
+    else:
+        workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
     target = parse_target(spec.base_url)
 
     # Everything allocated so far (modules, tokenizer, prompts) leaves the collector's view:
@@ -599,6 +636,7 @@ async def run_load(
                 on_record,
                 scheduling,
                 allow_link_local,
+                sessions,
             )
             result.dataset_source = workload.source
             result.workload_stats = workload.stats
@@ -619,6 +657,7 @@ async def _run(
     on_record: Callable[[RequestRecord], None] | None = None,
     scheduling: Scheduling = NORMAL,
     allow_link_local: bool = True,
+    sessions: Sessions | None = None,
 ) -> LoadResult:
     schedule = schedule_for(spec, workload.at_ns)
     items = _items(spec, workload.warmup, workload.measured)
@@ -627,6 +666,8 @@ async def _run(
     r.on_record = on_record
     r.scheduling = scheduling
     r.all_at_once = bool(np.all(schedule.times_ns == 0))
+    if sessions is not None:  # the measured requests are the sessions' turns
+        r.planned = sum(len(c.turns) for c in sessions.measured)
     try:
         r.addr = await resolve(target)
     except OSError as e:
@@ -648,9 +689,11 @@ async def _run(
             await r.dispatch(warm)
         r.phase = "measure"
         r.measure_start_ns = time.monotonic_ns() - r.start_ns
-        for it, t in zip(measured, schedule.times_ns.tolist(), strict=True):
+        for it, t in zip(measured, schedule.times_ns.tolist(), strict=sessions is None):
             it.scheduled_ns = r.measure_start_ns + int(t)
-        if not r.halted:
+        if not r.halted and sessions is not None:
+            await drive_sessions(r, sessions, schedule.times_ns.tolist(), len(warm))
+        elif not r.halted:
             await r.dispatch(measured)
     finally:
         if r.tasks:  # only when cancelled from outside: end streams, keep their records
@@ -678,10 +721,10 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
     measured = [rec for rec in records if not rec.warmup]
     statuses = [rec.status for rec in measured]
     counts = {
-        "planned": spec.num_prompts,
+        "planned": r.planned,
         "warmup": sum(1 for rec in records if rec.warmup),
         "sent": r.sent_measured,
-        "unsent": spec.num_prompts - r.sent_measured,
+        "unsent": r.planned - r.sent_measured,
         "ok": statuses.count(RequestStatus.OK),
         "error": statuses.count(RequestStatus.ERROR),
         "timeout": statuses.count(RequestStatus.TIMEOUT),

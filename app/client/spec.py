@@ -76,6 +76,11 @@ class RunSpec(BaseModel):
     seed: int = 0
     tokenizer: str | None = Field(None, description="local path of a Hugging Face tokenizer")
     ignore_eos: bool = True
+    # multi-turn sessions (docs/workloads.md): num_prompts counts sessions, max_concurrency
+    # active sessions; each turn is sent after the previous reply ended + turn_delay_ms
+    multi_turn: bool = Field(False, description="replay conversations as multi-turn sessions")
+    max_turns: int | None = Field(None, ge=1, le=10_000, description="turns per session, at most")
+    turn_delay_ms: float = Field(0.0, ge=0, le=3_600_000, description="think time between turns")
     token_counting: TokenCounting = "auto"
     # load shape
     request_rate: float = Field(math.inf, gt=0, description="req/s; inf sends all at once")
@@ -280,6 +285,23 @@ class RunSpec(BaseModel):
             k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None
         }
         return out | dict(self.extra_body)
+
+    @model_validator(mode="after")
+    def _sessions(self) -> RunSpec:
+        if not self.multi_turn:
+            if self.max_turns is not None or self.turn_delay_ms:
+                raise ValueError("multi_turn: max_turns and turn_delay_ms need multi_turn")
+            return self
+        if self.endpoint != "chat":
+            raise ValueError(
+                "endpoint: multi_turn sessions send the chat history: endpoint must be 'chat'"
+            )
+        if self.dataset not in ("sharegpt", "jsonl"):
+            raise ValueError(
+                f"dataset: multi_turn replays conversations: dataset must be 'sharegpt' or "
+                f"'jsonl', not {self.dataset!r}"
+            )
+        return self
 
     def workload_params(self) -> WorkloadParams:
         return WorkloadParams(

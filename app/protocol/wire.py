@@ -189,6 +189,9 @@ class WireRequest(_Model):
     conn_id: int | None = None
     conn_reused: bool | None = None
     retries: int = Field(0, ge=0)
+    # multi-turn sessions (absent from older workers: single requests)
+    session: int | None = Field(None, ge=0, le=2**31 - 1)
+    turn: int | None = Field(None, ge=1, le=2**31 - 1)
     events_b64: str = ""
 
     @classmethod
@@ -217,6 +220,8 @@ class WireRequest(_Model):
             conn_id=r.conn_id,
             conn_reused=r.conn_reused,
             retries=r.retries,
+            session=r.session,
+            turn=r.turn,
             events_b64=base64.b64encode(blob).decode("ascii"),
         )
 
@@ -258,6 +263,8 @@ class WireRequest(_Model):
             conn_id=self.conn_id,
             conn_reused=self.conn_reused,
             retries=self.retries,
+            session=self.session,
+            turn=self.turn,
             event_t_ns=t,
             event_bytes=nb,
             event_kind=kind,

@@ -295,6 +295,9 @@ def _compose(
     timing = scrape.get("timing") if isinstance(scrape, dict) else None
     if isinstance(timing, dict):
         report["server_timing"] = beside_client(timing, metrics)
+    turns = (run.get("load_stats") or {}).get("turns")
+    if isinstance(turns, list):  # multi-turn sessions: metrics by turn index
+        report["turns"] = turns
     if profile_block is not None:
         report["profile"] = profile_block
     return report

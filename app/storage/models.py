@@ -188,6 +188,9 @@ class Request(Base):
     conn_id: Mapped[int | None] = mapped_column(Integer)  # the run's connection number
     conn_reused: Mapped[bool | None] = mapped_column(Boolean)
     retries: Mapped[int] = mapped_column(Integer, default=0)
+    # multi-turn sessions: session from 0, turn from 1; None for single requests (0012)
+    session_idx: Mapped[int | None] = mapped_column(Integer)
+    turn_idx: Mapped[int | None] = mapped_column(Integer)
 
     run: Mapped[Run] = relationship(back_populates="requests")
 

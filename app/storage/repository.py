@@ -483,6 +483,8 @@ def _request_rows(
                 "conn_id": _opt_int(r.conn_id),
                 "conn_reused": None if r.conn_reused is None else bool(r.conn_reused),
                 "retries": int(r.retries),
+                "session_idx": _opt_int(r.session),
+                "turn_idx": _opt_int(r.turn),
             }
         )
     return rows
@@ -619,6 +621,8 @@ _RECORD_COLUMNS = (
     "conn_id",
     "conn_reused",
     "retries",
+    "session_idx",
+    "turn_idx",
 )
 
 
@@ -645,6 +649,8 @@ def _record_from_row(row: tuple[Any, ...]) -> RequestRecord:
         conn_id=v["conn_id"],
         conn_reused=None if v["conn_reused"] is None else bool(v["conn_reused"]),
         retries=int(v["retries"] or 0),
+        session=v["session_idx"],
+        turn=v["turn_idx"],
         event_t_ns=t_ns,
         event_bytes=nbytes,
         event_kind=kind,

@@ -65,6 +65,18 @@ FIELDS: tuple[FormField, ...] = (
     FormField("tokenizer", "Tokenizer path", help=_help("tokenizer"), group="Workload"),
     FormField("ignore_eos", "Ignore EOS", "checkbox", group="Workload"),
     FormField(
+        "multi_turn",
+        "Multi-turn sessions",
+        "checkbox",
+        help="replay each conversation (sharegpt, jsonl) as a session of turns on the chat "
+        "endpoint; requests and concurrency then count sessions",
+        group="Workload",
+    ),
+    FormField("max_turns", "Max turns", "number", help="blank: every turn", group="Workload"),
+    FormField(
+        "turn_delay_ms", "Think time (ms)", "number", help=_help("turn_delay_ms"), group="Workload"
+    ),
+    FormField(
         "token_counting",
         "Token counting",
         "select",
