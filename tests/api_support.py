@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api import create_app
+from app.api.app import create_app
 from app.domain import EventKind, RequestRecord, RequestStatus
 from app.protocol.wire import WireRequest
 from app.settings import Settings

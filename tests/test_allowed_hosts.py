@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api import create_app
+from app.api.app import create_app
 from app.settings import Settings
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from app.api import create_app
+from app.api.app import create_app
 from app.settings import Settings
 from app.storage.db import upgrade_database
 from tests.live_server import make_token

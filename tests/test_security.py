@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.api import create_app
+from app.api.app import create_app
 from app.services import auth, targets
 from app.settings import Settings
 from app.storage.models import Job, Run

@@ -1,5 +1,2 @@
-"""The REST API (``/api/v1``) served by ``tokentrace serve``."""
-
-from app.api.app import create_app
-
-__all__ = ["create_app"]
+"""The REST API (``/api/v1``) served by ``tokentrace serve``: the app factory is
+``app.api.app.create_app``."""

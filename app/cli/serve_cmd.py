@@ -104,7 +104,7 @@ def _run(app: Any, settings: Any, ns: argparse.Namespace) -> None:
 
 def cmd_serve(ns: argparse.Namespace, console: Console) -> int:
 
-    from app.api import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     overrides: dict[str, Any] = {}
