@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.client.runner import run_load
 from app.client.spec import RunSpec
 from app.domain import RequestStatus
-from app.targets.simulator import SimConfig, start_simulator_process
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_process
 
 
 def gaps_ms(records: list[Any], think_ms: float) -> np.ndarray:
