@@ -310,7 +310,8 @@ def test_cli_multi_turn_against_the_simulator(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.cli.main import main
-    from app.targets.simulator import SimConfig, start_simulator_thread
+    from app.targets.sim_config import SimConfig
+    from app.targets.simulator import start_simulator_thread
 
     path = conversations(tmp_path, [["a b c", "d e", "f"], ["g h", "i"]])
     db = f"sqlite:///{tmp_path / 's.db'}"

@@ -69,7 +69,7 @@ def test_every_fault_is_a_precise_per_request_error_and_healthy_timing_holds() -
     finally:
         sim.stop()
     # the run ends soon after the slowest request's own time limit
-    assert elapsed < TIMEOUT_S + 3.0, elapsed
+    assert elapsed < TIMEOUT_S + 6.0, elapsed  # far below max_duration_s (20 s); slack for a busy CI
     assert len(res.records) == N
     seen: dict[str, int] = {}
     errors_ms: list[float] = []
