@@ -68,8 +68,8 @@ def test_every_fault_is_a_precise_per_request_error_and_healthy_timing_holds() -
         truth = sim.ground_truth()["requests"]
     finally:
         sim.stop()
-    # the run ends soon after the slowest request's own time limit
-    assert elapsed < TIMEOUT_S + 6.0, elapsed  # far below max_duration_s (20 s); slack for a busy CI
+    # the run ends soon after the slowest request's own time limit, not at max_duration_s
+    assert elapsed < TIMEOUT_S + 6.0, elapsed  # far below max_duration_s (20 s): slack for CI
     assert len(res.records) == N
     seen: dict[str, int] = {}
     errors_ms: list[float] = []
