@@ -431,7 +431,7 @@ def _lose_worker_during_step(
         _wait_step(c, job_id, sweep_id, at_least)
     finally:
         _kill(proc)
-    wait_job(c, job_id, ("queued",), 20)
+    wait_job(c, job_id, ("queued",), 40)  # the lease TTL, then the expiry sweep
     out: dict[str, Any] = c.get(f"/sweeps/{sweep_id}").json()
     return out
 
@@ -445,7 +445,8 @@ def test_sweep_resumes_after_its_worker_is_killed(
     """A worker SIGKILLed after >= 2 of 4 steps: attempt 2 (another worker) re-runs nothing
     that completed, re-runs the interrupted step in a new run in its slot, and the sweep
     ends with exactly the planned steps, each request stored once."""
-    srv = live_server(db_url, env={"TOKENTRACE_LEASE_TTL_S": "4"})
+    # a step's finalize may hold the server a few seconds: heartbeats must not lose the lease
+    srv = live_server(db_url, env={"TOKENTRACE_LEASE_TTL_S": "10"})
     rates = [5.0, 6.0, 7.0, 8.0]
     with api(srv) as c:
         sweep_id, job_id = create(c, sweep_body(sim, num_prompts=20, rates=rates))
@@ -487,7 +488,7 @@ def test_auto_sweep_resumed_chooses_the_same_loads(
 ) -> None:
     """An auto sweep lost after its two probes: attempt 2 replays the probes' stored
     summaries and so chooses the rates attempt 1 chose (not re-measured ones)."""
-    srv = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "4"})
+    srv = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "10"})
     with api(srv) as c:
         body = sweep_body(sim, num_prompts=100, auto=True, auto_steps=3)
         sweep_id, job_id = create(c, body)
