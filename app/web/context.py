@@ -205,3 +205,33 @@ def render(
     base = {"principal": principal, "nav": ctx.pop("nav", ""), "csrf": csrf_token(request)}
     resp: Response = templates.TemplateResponse(request, name, base | ctx, status_code=status_code)
     return resp
+
+
+def render_form(
+    request: Request,
+    template: str,
+    *,
+    nav: str,
+    fields: Any,
+    groups: Any,
+    values: dict[str, str],
+    errors: dict[str, str],
+    principal: Principal | None,
+    status_code: int = 200,
+) -> Response:
+    """A launch form page (run, sweep, probe): its fields by group, the values shown, the
+    messages beside fields, and whether the principal may submit (the ``run`` scope)."""
+    return render(
+        request,
+        template,
+        {
+            "nav": nav,
+            "fields": fields,
+            "groups": groups,
+            "values": values,
+            "errors": errors,
+            "can_run": principal is not None and principal.has("run"),
+        },
+        principal=principal,
+        status_code=status_code,
+    )

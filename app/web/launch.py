@@ -21,6 +21,7 @@ from app.web.context import (
     principal_of,
     reads_allowed,
     render,
+    render_form,
     sessions_of,
     settings_of,
 )
@@ -56,17 +57,14 @@ def _launch(
     principal: Any,
     status_code: int = 200,
 ) -> Response:
-    return render(
+    return render_form(
         request,
         "launch.html",
-        {
-            "nav": "launch",
-            "fields": launch_form.FIELDS,
-            "groups": launch_form.GROUPS,
-            "values": values,
-            "errors": errors,
-            "can_run": principal is not None and principal.has("run"),
-        },
+        nav="launch",
+        fields=launch_form.FIELDS,
+        groups=launch_form.GROUPS,
+        values=values,
+        errors=errors,
         principal=principal,
         status_code=status_code,
     )

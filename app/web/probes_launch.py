@@ -16,7 +16,14 @@ from app.services import probes as probe_svc
 from app.services.errors import ServiceError
 from app.storage.db import session_scope
 from app.web import probes_form as probe_form
-from app.web.context import csrf_ok, principal_of, reads_allowed, render, sessions_of, settings_of
+from app.web.context import (
+    csrf_ok,
+    principal_of,
+    reads_allowed,
+    render_form,
+    sessions_of,
+    settings_of,
+)
 from app.web.launch import CSRF_REFUSED, form_values
 
 router = APIRouter(include_in_schema=False)
@@ -29,17 +36,14 @@ def _form(
     principal: Any,
     status_code: int = 200,
 ) -> Response:
-    return render(
+    return render_form(
         request,
         "probe_launch.html",
-        {
-            "nav": "probes",
-            "fields": probe_form.FIELDS,
-            "groups": probe_form.GROUPS,
-            "values": values,
-            "errors": errors,
-            "can_run": principal is not None and principal.has("run"),
-        },
+        nav="probes",
+        fields=probe_form.FIELDS,
+        groups=probe_form.GROUPS,
+        values=values,
+        errors=errors,
         principal=principal,
         status_code=status_code,
     )

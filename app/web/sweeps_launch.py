@@ -20,7 +20,14 @@ from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.web import sweeps_form as sweep_form
-from app.web.context import csrf_ok, principal_of, reads_allowed, render, sessions_of, settings_of
+from app.web.context import (
+    csrf_ok,
+    principal_of,
+    reads_allowed,
+    render_form,
+    sessions_of,
+    settings_of,
+)
 from app.web.launch import CSRF_REFUSED, form_values
 
 router = APIRouter(include_in_schema=False)
@@ -110,17 +117,14 @@ def _form(
     principal: Any,
     status_code: int = 200,
 ) -> Response:
-    return render(
+    return render_form(
         request,
         "sweep_launch.html",
-        {
-            "nav": "sweeps",
-            "fields": sweep_form.FIELDS,
-            "groups": sweep_form.GROUPS,
-            "values": values,
-            "errors": errors,
-            "can_run": principal is not None and principal.has("run"),
-        },
+        nav="sweeps",
+        fields=sweep_form.FIELDS,
+        groups=sweep_form.GROUPS,
+        values=values,
+        errors=errors,
         principal=principal,
         status_code=status_code,
     )
