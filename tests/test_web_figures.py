@@ -191,9 +191,9 @@ def test_itl_by_position_per_token_gaps() -> None:
         _record(2, 5, [100, 103], [2, 1]),  # gap 3 at position 3
     ]
     trace = trace_from_records(recs)
-    pos, itl = itl_by_position(trace)
-    assert pos.tolist() == [2.0, 4.0, 3.0]
-    assert itl.tolist() == pytest.approx([10e-6, 10e-6, 3e-6])
+    pos, itl = itl_by_position(trace)  # sorted by position
+    assert pos.tolist() == [2, 3, 4]
+    assert itl.tolist() == pytest.approx([10e-6, 3e-6, 10e-6])
 
 
 def test_run_figures_are_json_safe_and_complete() -> None:

@@ -255,6 +255,50 @@ def itl_samples(
     )
 
 
+EVENT_BLOCK = 1 << 19  # events per block where a pass over every event builds in blocks
+
+
+def event_requests(tv: EventView, start: int, stop: int) -> I64:
+    """The request (row) of each event ``start .. stop - 1`` of ``tv``."""
+    if stop <= start:
+        return np.zeros(0, np.int64)
+    first, last = np.searchsorted(tv.offsets, [start, stop - 1], side="right") - 1
+    spans = tv.offsets[first : last + 2].copy()  # the requests' event ranges, cut to the block
+    spans[0], spans[-1] = start, stop
+    out: I64 = np.repeat(np.arange(first, last + 1, dtype=np.int64), np.diff(spans))
+    return out
+
+
+def itl_samples_ms(trace: RunTrace, tokens: EventView | None = None) -> F64:
+    """The pooled per-token ITL samples of ``itl_samples`` in ms, in event order: the same
+    values as ``per_token / NS_PER_MS`` (or ``per_chunk() / NS_PER_MS`` when every chunk
+    carried one token), built so that a run of 10M chunks holds one float array of them
+    (the one-token case reads the events in blocks instead of gathering every gap)."""
+    tv = tokens if tokens is not None else event_view(trace)
+    if tv.size == 0:
+        return np.zeros(0)
+    if int(tv.tokens.max()) != 1:
+        s = itl_samples(trace, tv)
+        assert s.per_token is not None
+        out = s.per_token  # a fresh array (np.repeat): divided in place
+        out /= NS_PER_MS
+        return out
+    valid = valid_requests(trace)
+    out = np.empty(tv.size - 1, np.float64)
+    m = 0
+    for a in range(1, tv.size, EVENT_BLOCK):  # gap j - 1 -> j, for events j >= 1
+        b = min(a + EVENT_BLOCK, tv.size)
+        req = event_requests(tv, a, b)
+        # a gap counts when it ends on a valid request's event that is not its first
+        keep = valid[req] & (np.arange(a, b) != tv.offsets[req])
+        del req
+        gaps = np.subtract(tv.t_ns[a:b], tv.t_ns[a - 1 : b - 1])[keep]
+        np.divide(gaps, NS_PER_MS, out=out[m : m + gaps.shape[0]])
+        m += gaps.shape[0]
+    out.resize(m, refcheck=False)  # in place: no second copy of the samples
+    return out
+
+
 def _per_token(tv: EventView, gaps: I64, valid: BoolArr, all_valid: bool) -> F64:
     first = np.zeros(tv.size, np.bool_)
     first[tv.first_positions()] = True

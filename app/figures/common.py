@@ -25,6 +25,7 @@ MAX_POINTS = 2000  # scatter / line points per trace
 MAX_BARS = 1000  # request bars in the timeline
 HIST_BINS = 60
 TIME_BINS = 200  # throughput / in-flight time bins
+BLOCK = 1 << 20  # samples per block where a builder walks 10M of them
 
 STATUS_COLORS = {
     "ok": "#2e7d32",
@@ -164,7 +165,13 @@ def cdf_figure(
     no_data_reason: str = "no samples",
 ) -> Figure:
     """Empirical CDF of the finite ``samples`` (x sorted, y = rank / N)."""
-    x = np.sort(_finite(samples))
+    return _cdf(np.sort(_finite(samples)), title, unit, xtitle, max_points, no_data_reason)
+
+
+def _cdf(
+    x: F64, title: str, unit: str, xtitle: str | None, max_points: int, no_data_reason: str
+) -> Figure:
+    """``cdf_figure`` of samples already finite and sorted."""
     n = int(x.shape[0])
     if n == 0:
         return empty_figure(title, no_data_reason)
@@ -185,21 +192,46 @@ def cdf_figure(
     return {"data": [trace], "layout": layout}
 
 
+def distribution_figures(
+    samples: F64,
+    *,
+    title: str,
+    unit: str = "ms",
+    xtitle: str | None = None,
+    no_data_reason: str = "no samples",
+) -> tuple[Figure, Figure]:
+    """(``cdf_figure``, ``histogram_figure``) of the same samples, titled ``title: CDF`` and
+    ``title: histogram``, equal to calling both. ``samples`` is consumed: sorted and then
+    partitioned in place, so 10M samples cost no copy beyond the non-finite ones' removal."""
+    x = samples if samples.dtype == np.float64 and samples.flags.writeable else _finite(samples)
+    finite = np.isfinite(x)
+    if not bool(finite.all()):
+        x = x[finite]
+    del finite
+    x.sort()
+    cdf = _cdf(x, f"{title}: CDF", unit, xtitle, MAX_POINTS, no_data_reason)
+    hist = _histogram(x, f"{title}: histogram", unit, xtitle, None, no_data_reason, True)
+    return cdf, hist
+
+
 TAIL_Q = (0.5, 99.5)  # histogram range: these percentiles; the rest in under/overflow bars
 
 
-def histogram_bins(x: F64, bins: int | None = None) -> tuple[F64, int, int]:
+def histogram_bins(
+    x: F64, bins: int | None = None, *, overwrite_input: bool = False
+) -> tuple[F64, int, int]:
     """Bin edges for a readable histogram of ``x`` (finite, non-empty): from the p0.5 to the
     p99.5 of the data (so one slow outlier does not squash the body into a bar or two), the
     bin count from the Freedman–Diaconis width (10 to ``HIST_BINS``) unless ``bins`` is
-    given. Returns (edges, values below the first edge, values above the last)."""
-    lo, hi = (float(v) for v in np.percentile(x, TAIL_Q))
+    given. Returns (edges, values below the first edge, values above the last).
+    ``overwrite_input``: the percentiles may reorder ``x`` (no copy of it)."""
+    lo, hi = (float(v) for v in np.percentile(x, TAIL_Q, overwrite_input=overwrite_input))
     if hi <= lo:  # (nearly) constant data: one narrow range around it
         lo, hi = float(x.min()), float(x.max())
         if hi <= lo:
             hi = lo + max(abs(lo) * 1e-3, 1e-3)
     if bins is None:
-        q25, q75 = np.percentile(x, (25.0, 75.0))
+        q25, q75 = np.percentile(x, (25.0, 75.0), overwrite_input=overwrite_input)
         width = 2.0 * float(q75 - q25) / max(x.shape[0], 1) ** (1.0 / 3.0)
         fd_bins = math.ceil((hi - lo) / width) if width > 0 else HIST_BINS
         bins = int(np.clip(fd_bins, 10, HIST_BINS))
@@ -221,13 +253,24 @@ def histogram_figure(
     """Histogram of the finite ``samples``, binned here (``histogram_bins``): the body in
     even bins, values beyond p0.5 / p99.5 in one underflow and one overflow bar (grey,
     labelled with their range) so no sample is dropped and no spike hides the body."""
-    x = _finite(samples)
+    return _histogram(_finite(samples), title, unit, xtitle, bins, no_data_reason, False)
+
+
+def _histogram(
+    x: F64,
+    title: str,
+    unit: str,
+    xtitle: str | None,
+    bins: int | None,
+    no_data_reason: str,
+    overwrite_input: bool,
+) -> Figure:
+    """``histogram_figure`` of finite samples (reordered when ``overwrite_input``)."""
     n = int(x.shape[0])
     if n == 0:
         return empty_figure(title, no_data_reason)
-    edges, under, over = histogram_bins(x, bins)
-    body = x[(x >= edges[0]) & (x <= edges[-1])]
-    counts, _ = np.histogram(body, bins=edges)
+    edges, under, over = histogram_bins(x, bins, overwrite_input=overwrite_input)
+    counts, _ = np.histogram(x, bins=edges)  # values beyond the edges are not counted
     width = float(edges[1] - edges[0])
     centers = (edges[:-1] + edges[1:]) / 2
     data: list[dict[str, Any]] = [
@@ -380,7 +423,7 @@ def throughput_figure(
     ``token_t_s`` / ``token_counts``: arrival time (s) and token count of each token-bearing
     event of the successful requests; ``sent_s`` / ``end_s``: per request (NaN unknown)."""
     t = np.asarray(token_t_s, np.float64)
-    k = np.asarray(token_counts, np.float64)
+    k = np.asarray(token_counts)
     sent = np.asarray(sent_s, np.float64)
     end = np.asarray(end_s, np.float64)
     title = "Throughput and requests in flight"
@@ -399,7 +442,7 @@ def throughput_figure(
     data: list[dict[str, Any]] = []
     layout = _layout(title, "time since run start (s)", "output throughput (tok/s)")
     if t.size:
-        counts, edges = np.histogram(t, bins=bins, range=(lo, hi), weights=k)
+        counts, edges = _weighted_histogram(t, k, bins, (lo, hi))
         width = float(edges[1] - edges[0])
         data.append(
             {
@@ -447,6 +490,21 @@ def throughput_figure(
     return {"data": data, "layout": layout}
 
 
+def _weighted_histogram(
+    t: F64, weights: npt.NDArray[Any], bins: int, span: tuple[float, float]
+) -> tuple[F64, F64]:
+    """``np.histogram(t, bins, span, weights)``, the weights made float in blocks (no float
+    copy of 10M token counts); the same sums for whole-number weights."""
+    counts = np.zeros(bins, np.float64)
+    edges: F64 = np.linspace(span[0], span[1], bins + 1)
+    for a in range(0, t.shape[0], BLOCK):
+        part, edges = np.histogram(
+            t[a : a + BLOCK], bins=bins, range=span, weights=weights[a : a + BLOCK].astype(float)
+        )
+        counts += part
+    return counts, edges
+
+
 def in_flight_steps(
     sent: F64, end: F64, horizon: float, max_points: int = MAX_POINTS
 ) -> tuple[F64, F64, int]:
@@ -483,21 +541,27 @@ def itl_position_figure(
     max_points: int = MAX_POINTS,
     no_data_reason: str = "no per-token data",
     position_bins: int = 100,
+    sorted_by_position: bool = False,
 ) -> Figure:
     """ITL (per token, ms) against the token's position in its response: a sample of the
-    points plus the median per position bin."""
-    pos = np.asarray(position, np.float64)
+    points plus the median per position bin. ``sorted_by_position``: the points come
+    sorted by position already, ties in event order (``itl_by_position``'s order)."""
+    pos = np.asarray(position)
+    if pos.dtype.kind != "i":
+        pos = np.asarray(pos, np.float64)
     itl = np.asarray(itl_ms, np.float64)
-    ok = np.isfinite(pos) & np.isfinite(itl)
+    ok = np.isfinite(itl) if pos.dtype.kind == "i" else np.isfinite(pos) & np.isfinite(itl)
     if not bool(ok.all()):  # no copy of 10M points when every one is a number
         pos, itl = pos[ok], itl[ok]
+    del ok
     n = int(pos.shape[0])
     title = "ITL against token position"
     if n == 0:
         return empty_figure(title, no_data_reason)
-    order = np.argsort(pos, kind="stable")
-    pos, itl = pos[order], itl[order]
-    del order
+    if not sorted_by_position:
+        order = np.argsort(pos, kind="stable")
+        pos, itl = pos[order], itl[order]
+        del order
     keep = minmax_keep(itl, max_points)  # by position: every bucket's slowest token stays
     data: list[dict[str, Any]] = [
         {
@@ -530,25 +594,22 @@ def itl_position_figure(
     return {"data": data, "layout": layout}
 
 
-def _binned_median(x: F64, y: F64, bins: int) -> tuple[F64, F64]:
-    """Median of ``y`` in each of up to ``bins`` equal-width bins of ``x`` (non-empty bins)."""
-    lo, hi = float(x.min()), float(x.max())
+def _binned_median(x: npt.NDArray[Any], y: F64, bins: int) -> tuple[F64, F64]:
+    """Median of ``y`` in each of up to ``bins`` equal-width bins of ``x`` (sorted; the
+    non-empty bins). A value's bin: the last edge at or below it (the last bin also takes
+    its upper edge)."""
+    lo, hi = float(x[0]), float(x[-1])
     nb = max(1, min(bins, int(hi - lo) + 1))
     edges = np.linspace(lo, hi + 1e-9, nb + 1)
-    which = np.searchsorted(edges, x, side="right")
-    which -= 1
-    np.clip(which, 0, nb - 1, out=which)
-    if bool(np.all(which[1:] >= which[:-1])):  # x sorted already: the stable sort is a no-op
-        w, ys = which, y
-    else:
-        order = np.argsort(which, kind="stable")
-        w, ys = which[order], y[order]
-    starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
-    stops = np.r_[starts[1:], w.shape[0]]
-    centers = (edges[w[starts]] + edges[w[starts] + 1]) / 2
-    med = np.array(
-        [percentiles(ys[a:b], (50.0,))[50.0] for a, b in zip(starts, stops, strict=True)]
-    )
+    bounds = np.empty(nb + 1, np.int64)
+    bounds[0], bounds[-1] = 0, x.shape[0]
+    inner = edges[1:-1]
+    if x.dtype.kind == "i":  # an int compares as its float: x >= e <=> x >= ceil(e); no
+        inner = np.ceil(inner).astype(x.dtype)  # float copy of 10M positions to search
+    bounds[1:-1] = np.searchsorted(x, inner, side="left")
+    b = np.flatnonzero(bounds[1:] > bounds[:-1])
+    centers = (edges[b] + edges[b + 1]) / 2
+    med = np.array([percentiles(y[bounds[i] : bounds[i + 1]], (50.0,))[50.0] for i in b])
     return centers, med.astype(np.float64)
 
 

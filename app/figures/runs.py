@@ -14,12 +14,14 @@ import numpy.typing as npt
 
 from app.analysis.metric_defs import metric
 from app.analysis.metrics import (
+    EVENT_BLOCK,
     NS_PER_MS,
     NS_PER_S,
     SUMMARY_ONLY_REASON,
     EventView,
+    event_requests,
     event_view,
-    itl_samples,
+    itl_samples_ms,
     per_request_metrics,
     valid_requests,
 )
@@ -29,6 +31,8 @@ from app.figures.phases import phase_breakdown_figure
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+IPos = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+POSITION_SORT_LIMIT = 1 << 24  # longest answer (tokens) whose positions are counted, not sorted
 
 # metric key -> (title, PerRequestMetrics attribute or "itl"): the distribution figures
 DIST_KEYS = ("ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "e2el_ms")
@@ -48,34 +52,84 @@ def _seconds(t_ns: I64) -> F64:
     return out.astype(np.float64)
 
 
-def itl_by_position(trace: RunTrace, tokens: EventView | None = None) -> tuple[F64, F64]:
+def itl_by_position(trace: RunTrace, tokens: EventView | None = None) -> tuple[IPos, F64]:
     """(token position, per-token ITL in ms) for every token-bearing chunk after the first
-    of each successful request. A chunk of k tokens after a gap g gives one point g/k at the
-    position of its last token (the per-token ITL definition, shown per chunk)."""
+    of each successful request, sorted by position (ties in event order). A chunk of k
+    tokens after a gap g gives one point g/k at the position of its last token (the
+    per-token ITL definition, shown per chunk).
+
+    Built in blocks of events and placed by a counting sort on the position, so a run of
+    10M chunks holds the two sorted arrays (int32 positions) and one block, not a dozen
+    full-size temporaries."""
     tv = tokens if tokens is not None else event_view(trace)
     if trace.summary_only or tv.size == 0:
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0, np.int32), np.zeros(0)
     valid = valid_requests(trace)
-    counts = tv.counts
-    firsts = tv.first_positions()
-    keep = tv.request_mask(valid)
-    keep[firsts] = False
-    # in place where it can be: a run of 10M events holds a few arrays of 10M, not a dozen
-    gaps = np.empty(tv.size, np.float64)
-    gaps[0] = np.nan
-    np.subtract(tv.t_ns[1:], tv.t_ns[:-1], out=gaps[1:])  # int64 gaps, stored as float64
+    sums = tv.token_sum()
+    top = int(sums.max())
+    before = np.zeros(sums.shape[0], np.int64)  # tokens of the events before each request
+    np.cumsum(sums[:-1], out=before[1:])
+    starts = np.arange(0, tv.size, EVENT_BLOCK)
+    carry = np.zeros(starts.shape[0], np.int64)  # tokens of the events before each block
+    np.cumsum(np.add.reduceat(tv.tokens, starts, dtype=np.int64)[:-1], out=carry[1:])
+    blocks = [
+        (int(a), min(int(a) + EVENT_BLOCK, tv.size), int(c))
+        for a, c in zip(starts, carry, strict=True)
+    ]
+    if top >= POSITION_SORT_LIMIT:  # a position range too wide to count: sort instead
+        pos, itl = _itl_points(tv, valid, before, 0, tv.size, 0)
+        order = np.argsort(pos, kind="stable")
+        return pos[order], itl[order]
+    per_pos = np.zeros(top + 1, np.int64)
+    for a, b, c in blocks:
+        pos, _ = _itl_points(tv, valid, before, a, b, c, with_itl=False)
+        per_pos += np.bincount(pos, minlength=top + 1)
+    fill = np.cumsum(per_pos) - per_pos  # where each position's points start
+    out_pos = np.empty(int(per_pos.sum()), np.int32)
+    out_itl = np.empty(out_pos.shape[0], np.float64)
+    for a, b, c in blocks:
+        pos, itl = _itl_points(tv, valid, before, a, b, c)
+        order = np.argsort(pos, kind="stable")
+        pos = pos[order]
+        here = np.bincount(pos, minlength=top + 1)
+        dest = fill[pos] + (np.arange(pos.shape[0]) - (np.cumsum(here) - here)[pos])
+        out_pos[dest] = pos
+        out_itl[dest] = itl[order]
+        fill += here
+    return out_pos, out_itl
+
+
+def _itl_points(
+    tv: EventView,
+    valid: npt.NDArray[np.bool_],
+    before: I64,
+    a: int,
+    b: int,
+    carry: int,
+    *,
+    with_itl: bool = True,
+) -> tuple[I64, F64]:
+    """``itl_by_position``'s points from events ``a .. b - 1`` (``carry``: the tokens of
+    the events before ``a``; ``before``: of the events before each request), in event
+    order; without ``with_itl`` only the positions."""
+    req = event_requests(tv, a, b)
+    # a point per chunk of a valid request that is not the request's first chunk
+    keep = valid[req] & (np.arange(a, b) != tv.offsets[req])
+    position = np.cumsum(tv.tokens[a:b], dtype=np.int64)
+    position += carry
+    position -= before[req]  # the token's position within its request's answer
+    del req
+    pos = position[keep]
+    if not with_itl:
+        return pos, np.zeros(0)
+    lo = max(a, 1)
+    gaps = np.full(b - a, np.nan)
+    np.subtract(tv.t_ns[lo:b], tv.t_ns[lo - 1 : b - 1], out=gaps[lo - a :])  # exact int64 gaps
     itl = gaps[keep]
     del gaps
-    itl /= tv.tokens[keep]
+    itl /= tv.tokens[a:b][keep]
     itl /= NS_PER_MS
-    position = np.cumsum(tv.tokens, dtype=np.int64)
-    before = np.zeros(counts.shape[0], np.int64)
-    has = counts > 0
-    before[has] = position[tv.offsets[:-1][has]] - tv.tokens[tv.offsets[:-1][has]]
-    position -= np.repeat(before, counts)
-    kept = position[keep]
-    del position
-    return kept.astype(np.float64), itl
+    return pos, itl
 
 
 def dist_samples(
@@ -86,9 +140,7 @@ def dist_samples(
     if attr == "itl":
         if trace.summary_only:
             return np.zeros(0), "no per-token data (" + SUMMARY_ONLY_REASON + ")"
-        s = itl_samples(trace, tokens)
-        per = s.per_token if s.per_token is not None else s.per_chunk().astype(np.float64)
-        return per / NS_PER_MS, "no successful request with two tokens"
+        return itl_samples_ms(trace, tokens), "no successful request with two tokens"
     arr: F64 = getattr(prm, attr) / NS_PER_MS
     reason = "no successful request" if key != "tpot_ms" else "no request with 2+ tokens"
     return arr, reason
@@ -109,13 +161,10 @@ def run_figures(
     for key, (title, _attr) in DIST_PLOTS.items():
         samples, reason = dist_samples(key, trace, prm, tokens)
         name = key.removesuffix("_ms")
-        xtitle = f"{DIST_AXES[key]} (ms)"
-        figs[f"cdf_{name}"] = fg.cdf_figure(
-            samples, title=f"{title}: CDF", xtitle=xtitle, no_data_reason=reason
+        figs[f"cdf_{name}"], figs[f"hist_{name}"] = fg.distribution_figures(
+            samples, title=title, xtitle=f"{DIST_AXES[key]} (ms)", no_data_reason=reason
         )
-        figs[f"hist_{name}"] = fg.histogram_figure(
-            samples, title=f"{title}: histogram", xtitle=xtitle, no_data_reason=reason
-        )
+        del samples  # (10M ITL samples) before the next figure's arrays
     idx = indexes if indexes is not None else np.arange(trace.n_requests, dtype=np.int64)
     first = tokens.first_t()
     last = tokens.last_t()
@@ -129,18 +178,23 @@ def run_figures(
     )
     valid = valid_requests(trace)
     ev_keep = tokens.request_mask(valid)
+    if bool(ev_keep.all()):  # no gathered copies of every event when all count
+        t_s, counts = tokens.t_ns / NS_PER_S, tokens.tokens
+    else:
+        t_s, counts = tokens.t_ns[ev_keep] / NS_PER_S, tokens.tokens[ev_keep]
+    del ev_keep
     figs["throughput"] = fg.throughput_figure(
-        tokens.t_ns[ev_keep] / NS_PER_S,
-        tokens.tokens[ev_keep],
-        _seconds(trace.sent_ns),
-        _seconds(trace.end_ns),
+        t_s, counts, _seconds(trace.sent_ns), _seconds(trace.end_ns)
     )
+    del t_s, counts
     if trace.summary_only:
         figs["itl_position"] = fg.empty_figure(
             "ITL against token position", "no per-token data (summary-only run)"
         )
     else:
-        figs["itl_position"] = fg.itl_position_figure(*itl_by_position(trace, tokens))
+        pos, itl = itl_by_position(trace, tokens)
+        figs["itl_position"] = fg.itl_position_figure(pos, itl, sorted_by_position=True)
+        del pos, itl
     figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, prm.ttft_ns / NS_PER_MS)
     figs["phases"] = phase_breakdown_figure(trace, idx)
     if scheduled_ns is not None and sent_sched_ns is not None and scheduled_ns.size:
