@@ -372,7 +372,10 @@ def test_probe_form_refuses_without_the_run_scope(lab: Lab) -> None:
 
 def test_launch_form_covers_every_run_spec_field() -> None:
     names = {f.name for f in launch_form.FIELDS}
-    covered = {"goodput": any(n.startswith("goodput_") for n in names)}
+    covered = {
+        "goodput": any(n.startswith("goodput_") for n in names),
+        "dataset_options": bool(launch_form.DATASET_GROUPS),  # typed, per dataset type
+    }
     for field in RunSpec.model_fields:
         assert field in names or covered.get(field), f"the launch form has no {field} field"
     assert {"req_labels", "req_gpu_name", "req_min_gpu_memory_mb"} <= names
@@ -602,16 +605,18 @@ def test_latency_vs_offered_load_figure_one_pair_of_lines_per_sweep() -> None:
 
 
 def test_launch_form_dataset_options() -> None:
-    """The dataset type's own fields go in as a JSON object: parsed into the spec, a bad
-    one named beside its field, "launch again" shows them back."""
+    """The dataset type's own fields are typed inputs (tests/test_web_dataset_options.py):
+    only the chosen type's are read, a bad one named beside its input, "launch again"
+    shows them back."""
     base = launch_form.defaults() | {"base_url": "http://127.0.0.1:9000", "model": "m"}
-    created, errors = launch_form.parse(base | {"dataset_options": "{}"})
+    created, errors = launch_form.parse(base)
     assert created is not None and errors == {} and created.dataset_options == {}
-    _, errors = launch_form.parse(base | {"dataset_options": "[1]"})
-    assert errors == {"dataset_options": 'must be a JSON object, e.g. {"range_ratio": 0.5}'}
-    _, errors = launch_form.parse(base | {"dataset_options": '{"nope": 1}'})
-    assert list(errors) == ["dataset_options"] and "dataset_options.nope" in errors[
-        "dataset_options"
-    ]
-    again = launch_form.values_from_spec({"dataset": "random", "dataset_options": {}}, "r")
-    assert again["dataset_options"] == ""
+    created, errors = launch_form.parse(base | {"opt-random-range_ratio": "0.5"})
+    assert created is not None and created.dataset_options == {"range_ratio": 0.5}
+    _, errors = launch_form.parse(base | {"opt-random-prefix_len": "x"})
+    assert list(errors) == ["opt-random-prefix_len"]
+    assert errors["opt-random-prefix_len"].startswith("dataset_options.prefix_len: ")
+    again = launch_form.values_from_spec(
+        {"dataset": "random", "dataset_options": {"prefix_len": 7}}, "r"
+    )
+    assert again["opt-random-prefix_len"] == "7" and again["opt-random-range_ratio"] == "0"

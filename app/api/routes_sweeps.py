@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, status
@@ -17,6 +18,7 @@ from app.api.deps import (
     WorkerCaller,
 )
 from app.api.schemas import RunCreate
+from app.client.datasets import dataset_type
 from app.client.sweep_plan import MAX_STEPS, SweepPlan
 from app.protocol.wire import MAX_SWEEP_STEPS, StepComplete, StepCompleted, StepCreate, StepCreated
 from app.services import sweep_jobs, targets
@@ -46,7 +48,39 @@ class SweepCreate(RunCreate):
             raise ValueError("give exactly one of rates, concurrencies or auto")
         return self
 
+    def check_load_fields(self) -> None:
+        """Refuse (422 naming the field) what each step sets itself: a request rate (every
+        step sets its rate, or sends all at once under its concurrency), a concurrency cap
+        in a concurrency sweep, and in a rate sweep (``rates``, ``auto``) a ramp-up or a
+        timed dataset (both give the send times the step's rate would)."""
+        by_rate = self.concurrencies is None
+        if not math.isinf(self.request_rate):
+            raise Invalid(
+                "request_rate: a sweep sets each step's load (rates, concurrencies or auto): "
+                "leave request_rate out",
+                loc=("body", "request_rate"),
+            )
+        if not by_rate and self.max_concurrency is not None:
+            raise Invalid(
+                "max_concurrency: a concurrency sweep sets each step's concurrency: leave "
+                "max_concurrency out",
+                loc=("body", "max_concurrency"),
+            )
+        if by_rate and self.ramp_up_strategy is not None:
+            raise Invalid(
+                "ramp_up_strategy: a rate sweep sets each step's request rate; a ramp-up "
+                "applies to a concurrency sweep (concurrencies) only",
+                loc=("body", "ramp_up_strategy"),
+            )
+        if by_rate and dataset_type(self.dataset).timed:
+            raise Invalid(
+                f"dataset: the dataset {self.dataset!r} gives each request's send time, so a "
+                "rate sweep does not apply: sweep concurrencies instead",
+                loc=("body", "dataset"),
+            )
+
     def plan(self) -> SweepPlan:
+        self.check_load_fields()
         try:
             if self.auto:
                 return SweepPlan("auto", (), self.auto_steps, self.min_ratio, self.max_error_rate)

@@ -218,9 +218,11 @@ def render_form(
     errors: dict[str, str],
     principal: Principal | None,
     status_code: int = 200,
+    dataset_groups: Any = (),
 ) -> Response:
     """A launch form page (run, sweep, probe): its fields by group, the values shown, the
-    messages beside fields, and whether the principal may submit (the ``run`` scope)."""
+    messages beside fields, and whether the principal may submit (the ``run`` scope);
+    ``dataset_groups``: each dataset type's own option fields (run and sweep forms)."""
     return render(
         request,
         template,
@@ -230,6 +232,7 @@ def render_form(
             "groups": groups,
             "values": values,
             "errors": errors,
+            "dataset_groups": dataset_groups,
             "can_run": principal is not None and principal.has("run"),
         },
         principal=principal,

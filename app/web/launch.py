@@ -67,6 +67,7 @@ def _launch(
         errors=errors,
         principal=principal,
         status_code=status_code,
+        dataset_groups=launch_form.DATASET_GROUPS,
     )
 
 

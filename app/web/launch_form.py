@@ -14,6 +14,11 @@ from app.api.schemas import RunCreate
 from app.client.datasets import DATASETS
 from app.client.spec import RunSpec
 from app.settings import Settings
+from app.web import dataset_fields
+from app.web.dataset_fields import DatasetGroup
+
+# the dataset types' own options, one group each, shown after the dataset path
+DATASET_GROUPS: tuple[DatasetGroup, ...] = dataset_fields.GROUPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +56,6 @@ FIELDS: tuple[FormField, ...] = (
     ),
     FormField("dataset", "Dataset", "select", choices=tuple(DATASETS), group="Workload"),
     FormField("dataset_path", "Dataset path", help="JSONL file on the worker", group="Workload"),
-    FormField(
-        "dataset_options",
-        "Dataset options (JSON)",
-        "textarea",
-        help="the dataset type's own fields (docs/api.md), e.g. {} for random and jsonl",
-        group="Workload",
-    ),
     FormField("input_len", "Input length (tokens)", "number", group="Workload"),
     FormField("output_len", "Output length (tokens)", "number", group="Workload"),
     FormField("num_prompts", "Number of requests", "number", group="Workload"),
@@ -188,7 +186,7 @@ GROUPS: tuple[str, ...] = (
 )  # fmt: skip
 LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
 CHECKBOXES_ON = ("ignore_eos", "scrape_metrics", "stream")  # default on
-JSON_FIELDS = {"extra_body": "{\"temperature\": 0}", "dataset_options": "{\"range_ratio\": 0.5}"}
+JSON_FIELDS = {"extra_body": '{"temperature": 0}'}
 SLO_KEYS = ("ttft", "tpot", "e2el", "user_ttft")
 
 
@@ -216,12 +214,17 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
         url, model = settings.default_target_url, settings.default_target_model
     out: dict[str, str] = {"base_url": url, "model": model}
     for name, info in RunSpec.model_fields.items():
-        if name in JSON_FIELDS or name in ("base_url", "model", "goodput", "tags", "api_key"):
+        if name in JSON_FIELDS or name in (
+            "base_url", "model", "goodput", "tags", "api_key", "dataset_options"
+        ):  # fmt: skip
             continue
         default = info.get_default(call_default_factory=True)
         out[name] = _text(default)
     for name in CHECKBOXES_ON:
         out[name] = "on" if RunSpec.model_fields[name].default else ""
+    for group in DATASET_GROUPS:
+        for f in group.fields:
+            out[f.name] = _text(f.default)
     return out
 
 
@@ -244,6 +247,12 @@ def values_from_spec(
     out["name"] = f"{name} (again)" if name else ""
     for key in CHECKBOXES_ON:
         out[key] = "on" if spec.get(key, True) else ""
+    options = spec.get("dataset_options")
+    group = dataset_fields.BY_DATASET.get(str(spec.get("dataset")))
+    if group is not None and isinstance(options, dict):  # stored less the defaults
+        for f in group.fields:
+            if f.option in options:
+                out[f.name] = _text(options[f.option])
     return out
 
 
@@ -275,7 +284,10 @@ def _headers(text: str) -> dict[str, str]:
 
 def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
     if not loc:  # a model validator's message names its field first ("metrics_url must ...")
-        first = msg.split(" ", 1)[0].rstrip(":").split(".", 1)[0]
+        first = msg.split(" ", 1)[0].rstrip(":")
+        if first.startswith("dataset_options."):  # a dataset type's option: its input
+            return first
+        first = first.split(".", 1)[0]
         if first in FIELD_NAMES:
             return first
         return "dataset_path" if "dataset_path" in msg else "__all__"
@@ -320,6 +332,7 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         if raw:
             slos[key] = raw
     body["goodput"] = slos
+    body["dataset_options"] = dataset_fields.options_of(form)
     for key in LIST_FIELDS:
         body[key] = _list(form.get(key) or "")
     for key, example in JSON_FIELDS.items():
@@ -361,13 +374,25 @@ def validation_errors(e: ValidationError, field_of: Any = None) -> dict[str, str
     return errors
 
 
+def place_option_errors(errors: dict[str, str], form: dict[str, str]) -> dict[str, str]:
+    """Errors keyed ``dataset_options.<option>`` moved beside that option's input of the
+    chosen dataset type (else beside the dataset select)."""
+    dataset = (form.get("dataset") or "").strip()
+    out: dict[str, str] = {}
+    for key, msg in errors.items():
+        if key.startswith("dataset_options"):
+            key = dataset_fields.field_of_error(dataset, key) or "dataset"
+        out.setdefault(key, msg)
+    return out
+
+
 def parse(form: dict[str, str]) -> tuple[RunCreate | None, dict[str, str]]:
     """Form values -> a validated ``RunCreate``; else field name -> message."""
     body, errors = form_body(form)
     try:
         created = RunCreate.model_validate(body)
     except ValidationError as e:
-        return None, validation_errors(e) | errors
+        return None, place_option_errors(validation_errors(e) | errors, form)
     if errors:
         return None, errors
     return created, {}

@@ -51,6 +51,7 @@ SWEEP_FIELDS: tuple[FormField, ...] = (
 FIELDS: tuple[FormField, ...] = (_BASE[0], *SWEEP_FIELDS, *_BASE[1:])
 GROUPS: tuple[str, ...] = ("Target", "Sweep", *launch_form.GROUPS[1:])
 _SPLIT = re.compile(r"[,\s]+")
+_FIELD_NAMES = frozenset(f.name for f in FIELDS)
 
 
 def defaults(settings: Settings | None = None) -> dict[str, str]:
@@ -128,13 +129,17 @@ def parse(form: dict[str, str]) -> tuple[tuple[SweepCreate, SweepPlan] | None, d
     try:
         created = SweepCreate.model_validate(body)
     except ValidationError as e:
-        return None, launch_form.validation_errors(e, _field_of) | errors
+        found = launch_form.validation_errors(e, _field_of) | errors
+        return None, launch_form.place_option_errors(found, form)
     if errors:
         return None, errors
     try:
         plan = created.plan()
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "loads"
-        msg = e.detail.split(": ", 1)[-1] if ": " in e.detail else e.detail
-        return None, {"auto_steps" if field == "auto_steps" else "loads": msg}
+        if field in ("rates", "concurrencies") or field not in _FIELD_NAMES:
+            field = "loads"
+        if field in ("loads", "auto_steps"):  # their own message, less the API's field name
+            return None, {field: e.detail.split(": ", 1)[-1]}
+        return None, {field: e.detail}
     return (created, plan), {}

@@ -19,6 +19,7 @@ from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.web import launch_form
 from app.web import sweeps_form as sweep_form
 from app.web.context import (
     csrf_ok,
@@ -127,6 +128,7 @@ def _form(
         errors=errors,
         principal=principal,
         status_code=status_code,
+        dataset_groups=launch_form.DATASET_GROUPS,
     )
 
 
