@@ -119,7 +119,7 @@ def test_sweep_form_bad_input_names_the_field_and_creates_nothing(
 ) -> None:
     before = _counts(lab)
     r = post_form(client, "/launch/sweep", SWEEP_BASE | change)
-    assert r.status_code == 200
+    assert r.status_code == 422
     errors = _errors(r.text)
     assert field in errors, errors
     assert text in errors[field], errors
@@ -316,7 +316,7 @@ def test_probe_form_bad_input_names_the_field_and_creates_nothing(
     client: TestClient, lab: Lab, change: dict[str, str], field: str, text: str
 ) -> None:
     r = post_form(client, "/launch/probe", PROBE_BASE | change)
-    assert r.status_code == 200
+    assert r.status_code == 422
     errors = _errors(r.text)
     assert field in errors, errors
     assert text in errors[field], errors

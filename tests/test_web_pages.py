@@ -231,7 +231,7 @@ def test_launch_needs_sign_in_then_validates_then_queues(
     assert 'id="signin-needed"' not in client.get("/launch").text
 
     bad = post_form(client, "/launch", data | {"num_prompts": "0", "base_url": "ftp://x"})
-    assert bad.status_code == 200 and 'id="form-error"' in bad.text
+    assert bad.status_code == 422 and 'id="form-error"' in bad.text
     assert 'id="err-num_prompts"' in bad.text and 'id="err-base_url"' in bad.text
     bad_slo = post_form(client, "/launch", data | {"goodput_ttft": "-1", "extra_body": "[1]"})
     assert 'id="err-goodput_ttft"' in bad_slo.text and 'id="err-extra_body"' in bad_slo.text

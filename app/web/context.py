@@ -217,12 +217,13 @@ def render_form(
     values: dict[str, str],
     errors: dict[str, str],
     principal: Principal | None,
-    status_code: int = 200,
+    status_code: int | None = None,
     dataset_groups: Any = (),
 ) -> Response:
     """A launch form page (run, sweep, probe): its fields by group, the values shown, the
     messages beside fields, and whether the principal may submit (the ``run`` scope);
-    ``dataset_groups``: each dataset type's own option fields (run and sweep forms)."""
+    ``dataset_groups``: each dataset type's own option fields (run and sweep forms).
+    Status: ``status_code`` when given, else 422 with messages and 200 without."""
     return render(
         request,
         template,
@@ -236,5 +237,5 @@ def render_form(
             "can_run": principal is not None and principal.has("run"),
         },
         principal=principal,
-        status_code=status_code,
+        status_code=status_code if status_code is not None else (422 if errors else 200),
     )

@@ -55,7 +55,7 @@ def _launch(
     values: dict[str, str],
     errors: dict[str, str],
     principal: Any,
-    status_code: int = 200,
+    status_code: int | None = None,
 ) -> Response:
     return render_form(
         request,
