@@ -9,7 +9,8 @@ turns in order, with the output length asked for each reply.
 * ``jsonl``: one conversation per line, ``{"turns": ["...", ...], "output_len": N}`` or chat
   ``{"messages": [...]}``: the ``user`` messages are the turns, an ``assistant`` message
   after one gives that turn's output length (its token count), ``system`` messages before
-  the first user turn open every request of the session. In file order, cycled.
+  the first user turn open every request of the session. In file order, cycled; the run
+  records the file's sha256 (``Sessions.source``).
 
 The dataset's own replies are never sent: a session sends the replies the server streamed.
 """
@@ -27,6 +28,7 @@ from typing import Any
 from app.client.datasets.base import (
     AnyTokenizer,
     BuildContext,
+    FileDigest,
     WorkloadParams,
     check_cancel,
     open_dataset,
@@ -176,7 +178,9 @@ def build_sessions(
     elif dataset == "jsonl":
         if not params.dataset_path:
             raise ValueError("dataset_path is required when dataset is 'jsonl'")
-        for lineno, line in enumerate(open_dataset(params.dataset_path, ctx.dataset_dirs), 1):
+        digest = FileDigest()
+        lines = open_dataset(params.dataset_path, ctx.dataset_dirs, digest.update)
+        for lineno, line in enumerate(lines, 1):
             check_cancel(ctx.cancelled, lineno)
             if line.strip():
                 try:
@@ -185,6 +189,7 @@ def build_sessions(
                     where = f"dataset_path line {lineno}"
                     raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
                 convs.append(_jsonl_conversation(obj, lineno, tok, params.output_len))
+        source = digest.source()
     else:
         raise ValueError(f"dataset: multi_turn needs one of {', '.join(SESSION_DATASETS)}")
     if not convs:
