@@ -220,6 +220,11 @@ def test_request_exports_carry_session_and_turn(runs: Runs) -> None:
         cols = table.to_pydict()
         trip = zip(cols["idx"], cols["session"], cols["turn"], cols["warmup"], strict=True)
         assert [(i, s, t) for i, s, t, w in trip if not w] == want
+        browse = c.get(f"/runs/{runs.multi}/requests").text
+        _, s_, t_ = want[-1]
+        assert f'title="session {s_}, turn {t_}">s{s_} t{t_}</span>' in browse
+        api = c.get(f"/api/v1/runs/{runs.multi}/requests?limit=5000").json()["items"]
+        assert [(r["index"], r["session"], r["turn"]) for r in api if not r["warmup"]] == want
         single = list(csv.DictReader(io.StringIO(c.get(f"/runs/{runs.single}/requests.csv").text)))
         assert single and all(r["session"] == "" and r["turn"] == "" for r in single)
 
