@@ -255,3 +255,71 @@ def test_prefix_cache_hit_ratio_beside_the_turn_table(runs: Runs) -> None:
             )
         text = c.get(f"/runs/{runs.multi}").text
         assert "60.0% of 400 queried prompt tokens were hits (240;" in text
+
+
+def _rec(
+    idx: int, session: int, turn: int, ttft_ms: float, n: int, inp: int, ok: bool = True
+) -> Any:
+    import numpy as np
+
+    from app.domain import RequestRecord, RequestStatus
+
+    ms = 1_000_000
+    first, last = int(ttft_ms * ms), int(ttft_ms * ms) + (n - 1) * 2 * ms  # TPOT 2 ms
+    return RequestRecord(
+        index=idx,
+        scheduled_ns=0,
+        sent_ns=0,
+        end_ns=last,
+        status=RequestStatus.OK if ok else RequestStatus.ERROR,
+        error=None if ok else "boom",
+        input_tokens=inp,
+        output_tokens=n,
+        session=session,
+        turn=turn,
+        event_t_ns=np.array([first, last], np.int64),
+        event_bytes=np.array([10, 10], np.int32),
+        event_kind=np.array([0, 0], np.int8),
+        event_tokens=np.array([1, n - 1], np.int32),
+    )
+
+
+def test_turn_table_from_request_rows_on_sqlite_and_postgres(db_url: str) -> None:
+    from app.analysis.metrics import per_request_metrics
+    from app.analysis.turns import turn_table
+    from app.client.spec import RunSpec
+    from app.domain import RunStatus, trace_from_records
+    from app.services import run_turns
+    from app.services.runs import run_dict
+
+    recs = [
+        _rec(0, 0, 1, 100.0, 3, 50),  # 2 ms per prompt token
+        _rec(1, 1, 1, 60.0, 3, 20),  # 3
+        _rec(2, 2, 1, 999.0, 3, 10, ok=False),  # failed: counted as sent only
+        _rec(3, 0, 2, 20.0, 1, 100),  # one token: no TPOT
+        _rec(4, 1, 2, 30.0, 5, 60),  # 0.5
+    ]
+    spec = RunSpec(
+        base_url="http://h:1", model="m", dataset="jsonl", dataset_path="/c.jsonl",
+        multi_turn=True, endpoint="chat",
+    )  # fmt: skip
+    sessions = open_database(db_url)
+    with session_scope(sessions) as s:
+        run_id = repo.create_run(s, spec, status=RunStatus.SUCCEEDED)
+        trace = trace_from_records(recs)
+        repo.insert_requests(s, run_id, recs, per_request_metrics(trace))
+    with session_scope(sessions) as s:
+        run = run_dict(repo.get_run(s, run_id))
+        table = run_turns.turn_table_of_run(s, run_id, run)
+    assert table is not None
+    t = {r["turn"]: r for r in table}
+    assert (t[1]["requests"], t[1]["ok"], t[2]["requests"], t[2]["ok"]) == (3, 2, 2, 2)
+    assert t[1]["ttft_ms"]["p50"] == pytest.approx(80.0)
+    assert t[1]["ttft_ms"]["p99"] == pytest.approx(60.0 + 40.0 * 0.99)
+    assert t[1]["ttft_per_prompt_token_ms"]["mean"] == pytest.approx(2.5)
+    assert t[1]["tpot_ms"]["mean"] == pytest.approx(2.0)
+    assert t[1]["prompt_tokens"]["mean"] == pytest.approx(35.0)
+    assert t[2]["ttft_per_prompt_token_ms"]["p50"] == pytest.approx((0.2 + 0.5) / 2)
+    assert t[2]["tpot_ms"]["n"] == 1 and t[2]["tpot_ms"]["mean"] == pytest.approx(2.0)
+    assert t[2]["prompt_tokens"]["p50"] == pytest.approx(80.0)
+    assert table == turn_table(recs)  # the rows give what the client computed at finalize
