@@ -87,3 +87,28 @@ def test_a_non_utf8_line_is_named(tmp_path: Path) -> None:
     p.write_bytes(b'{"prompt": "fine"}\n{"prompt": "\xff"}\n')
     with pytest.raises(ValueError, match="dataset_path line 2: the file is not UTF-8 text"):
         build_workload(_spec("jsonl", p), BuiltinTokenizer())
+
+
+def test_stored_runs_on_other_files_at_one_path_are_flagged_by_compare(tmp_path: Path) -> None:
+    from app.services import compare as compare_svc
+    from app.services.runs import open_database
+    from app.targets.sim_config import SimConfig
+    from tests.web_support import bench
+
+    p = tmp_path / "prompts.jsonl"
+    sessions = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    sim = SimConfig(ttft_ms=2, itl_ms=0.5, seed=1)
+    kw: dict[str, Any] = {"dataset": "jsonl", "dataset_path": str(p), "num_prompts": 4}
+    p.write_text('{"prompt": "one two three"}\n')
+    a = bench(sessions, sim, "a", **kw)
+    b = bench(sessions, sim, "b", **kw)  # the same file
+    p.write_text('{"prompt": "four five six"}\n')  # another file, the same path and lengths
+    c = bench(sessions, sim, "c", **kw)
+    ra, rb, rc = (compare_svc.load_samples(sessions, i) for i in (a, b, c))
+    assert ra.key["dataset_source"] == _sha('{"prompt": "one two three"}\n')
+    assert rb.key["dataset_source"] == ra.key["dataset_source"]
+    assert rc.key["dataset_source"] == _sha('{"prompt": "four five six"}\n')
+    assert not check([ra.key, rb.key]).differing
+    other = check([ra.key, rc.key], variable="seed")
+    assert [d.field for d in other.differing] == ["dataset_source"] and not other.comparable
+    assert "dataset file" in other.message()
