@@ -67,3 +67,14 @@ def test_scraped_by_default_and_stored_with_the_runs_load_statistics() -> None:
     plain: dict[str, Any] = {}
     attach_scrape(plain, ScrapeOutcome({"status": "ok"}, series[:0]))
     assert "prefix_cache" not in plain["server_metrics"]
+
+
+def test_the_cli_reports_line_of_the_ratio() -> None:
+    from app.cli.render import prefix_cache_line
+
+    cache = {"source": "vllm", "queried_tokens": 1200.0, "hit_tokens": 300.0, "hit_ratio": 0.25}
+    assert prefix_cache_line(cache) == (
+        "server prefix cache: 25.0% of 1,200 queried prompt tokens were hits "
+        "(vllm counters, warm-ups included)"
+    )
+    assert "no prompt token" in prefix_cache_line(cache | {"hit_ratio": None})
