@@ -8,9 +8,11 @@ the history is already cached), TPOT and prompt tokens (mean, p50, p99; linear p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from app.analysis.metrics import per_request_metrics
 from app.domain import RequestRecord, trace_from_records
@@ -34,13 +36,25 @@ def turn_table(records: Sequence[RequestRecord]) -> list[dict[str, object]]:
     trace = trace_from_records(recs)
     prm = per_request_metrics(trace)
     turns = np.array([r.turn for r in recs], np.int64)
-    ok = trace.ok
-    inp = trace.input_tokens.astype(np.float64)
-    inp[inp <= 0] = np.nan
+    return turn_table_of(turns, trace.ok, prm.ttft_ns, prm.tpot_ns, trace.input_tokens)
+
+
+def turn_table_of(
+    turns: npt.NDArray[np.int64],
+    ok: npt.NDArray[np.bool_],
+    ttft_ns: npt.NDArray[np.float64],
+    tpot_ns: npt.NDArray[np.float64],
+    input_tokens: npt.ArrayLike,
+) -> list[dict[str, object]]:
+    """``turn_table`` from per-request columns (measured requests of a turn, aligned):
+    status ok, TTFT and TPOT (NaN where none) and prompt tokens (<= 0 or NaN: unknown), as
+    a run's stored request rows give them (``app.storage.turn_rows``)."""
+    inp = np.asarray(input_tokens, np.float64).copy()
+    inp[~(inp > 0)] = np.nan
     rows: list[dict[str, object]] = []
     for k in sorted(set(turns.tolist())):
         sel = (turns == k) & ok
-        ttft = prm.ttft_ns[sel]
+        ttft = ttft_ns[sel]
         rows.append(
             {
                 "turn": int(k),
@@ -48,8 +62,27 @@ def turn_table(records: Sequence[RequestRecord]) -> list[dict[str, object]]:
                 "ok": int(sel.sum()),
                 "ttft_ms": _stats(ttft / NS_PER_MS),
                 "ttft_per_prompt_token_ms": _stats(ttft / NS_PER_MS / inp[sel]),
-                "tpot_ms": _stats(prm.tpot_ns[sel] / NS_PER_MS),
+                "tpot_ms": _stats(tpot_ns[sel] / NS_PER_MS),
                 "prompt_tokens": _stats(inp[sel]),
             }
         )
     return rows
+
+
+# the per-turn export's columns (``flat_rows``): each statistic as <quantity>_<stat>
+STATS = ("mean", "p50", "p99")
+QUANTITIES = ("ttft_ms", "ttft_per_prompt_token_ms", "tpot_ms", "prompt_tokens")
+CSV_COLUMNS = ("turn", "requests", "ok", *(f"{q}_{st}" for q in QUANTITIES for st in STATS))
+
+
+def flat_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A turn table's rows with one column per statistic (``CSV_COLUMNS``; None: no value)."""
+    out: list[dict[str, Any]] = []
+    for row in table:
+        flat: dict[str, Any] = {c: row.get(c) for c in ("turn", "requests", "ok")}
+        for q in QUANTITIES:
+            stats = row.get(q)
+            for st in STATS:
+                flat[f"{q}_{st}"] = stats.get(st) if isinstance(stats, Mapping) else None
+        out.append(flat)
+    return out

@@ -83,6 +83,8 @@ def request_row(r: dict[str, Any]) -> RequestRow:
         conn_id=r.get("conn_id"),
         conn_reused=r.get("conn_reused"),
         retries=int(r.get("retries") or 0),
+        session=r.get("session_idx"),
+        turn=r.get("turn_idx"),
     )
 
 

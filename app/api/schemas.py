@@ -114,6 +114,9 @@ class RequestRow(BaseModel):
     conn_id: int | None = None
     conn_reused: bool | None = None
     retries: int = 0
+    # multi-turn sessions: session from 0, turn from 1; None for single requests
+    session: int | None = None
+    turn: int | None = None
 
 
 class RequestPage(BaseModel):

@@ -101,6 +101,10 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     turns = report.get("turns")
     if isinstance(turns, list) and turns:
         render_turns(turns, console)
+        scrape = (report.get("load") or {}).get("server_metrics")
+        cache = scrape.get("prefix_cache") if isinstance(scrape, dict) else None
+        if isinstance(cache, dict):
+            console.print(prefix_cache_line(cache))
     timing = report.get("server_timing")
     if isinstance(timing, dict):
         render_server_timing(timing, console)
@@ -135,6 +139,17 @@ def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
             fmt(_pct(row.get("tpot_ms") or {}, "mean")),
         )
     console.print(t)
+
+
+def prefix_cache_line(cache: dict[str, Any]) -> str:
+    """The server's prefix-cache hit ratio over the run (``load.server_metrics.prefix_cache``)."""
+    ratio = cache.get("hit_ratio")
+    if not isinstance(ratio, int | float):
+        return "server prefix cache: no prompt token was looked up during the run"
+    return (
+        f"server prefix cache: {ratio * 100:.1f}% of {fmt(cache.get('queried_tokens'), 0)} "
+        f"queried prompt tokens were hits ({cache.get('source')} counters, warm-ups included)"
+    )
 
 
 def render_server_timing(t: dict[str, Any], console: Console) -> None:

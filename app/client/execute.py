@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import __version__
+from app.analysis.prefix_cache import prefix_cache
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
@@ -262,12 +263,16 @@ def attach_scrape(
     load_stats: dict[str, Any], outcome: ScrapeOutcome, records: Sequence[RequestRecord] = ()
 ) -> None:
     """The scrape's status in the run's load statistics, with the server's own prefill and
-    decode time (``timing``) where its counters give them."""
+    decode time (``timing``) and prefix-cache hit ratio (``prefix_cache``) where its
+    counters give them."""
     status = dict(outcome.status)
     ok = sum(1 for r in records if r.status is RequestStatus.OK)
     timing = server_timing(outcome.series, requests=ok)
     if timing is not None:
         status["timing"] = timing
+    cache = prefix_cache(outcome.series)
+    if cache is not None:  # the server's prefix-cache hit ratio over the run
+        status["prefix_cache"] = cache
     load_stats[SCRAPE_STATS_KEY] = status
 
 

@@ -5,7 +5,8 @@ kinds). ``select`` keeps the series that matter for reading a run: requests runn
 waiting, KV-cache usage, preemptions, prompt and generation token counters, the server's own
 prefill and decode time (llama.cpp's ``prompt_seconds_total`` /
 ``tokens_predicted_seconds_total``; the ``_sum`` and ``_count`` of vLLM's
-``request_prefill_time_seconds`` / ``request_decode_time_seconds`` histograms), under vLLM,
+``request_prefill_time_seconds`` / ``request_decode_time_seconds`` histograms), vLLM's
+prefix-cache query and hit counters, under vLLM,
 SGLang and llama.cpp names, plus any extra names the user configures.
 """
 
@@ -56,10 +57,17 @@ KNOWN_SERIES: dict[str, tuple[str, ...]] = {
         "llamacpp:tokens_predicted_seconds_total",
         "vllm:request_decode_time_seconds_sum",
     ),
+    # prompt tokens looked up in the prefix cache and those found there (vLLM)
+    "prefix_cache_queries": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     "prefill_requests": ("vllm:request_prefill_time_seconds_count",),
     "decode_requests": ("vllm:request_decode_time_seconds_count",),
 }
 ROLE_OF: dict[str, str] = {name: role for role, names in KNOWN_SERIES.items() for name in names}
+
 
 class PrometheusFormatError(ValueError):
     """A line of the exposition is not valid; the message names it."""

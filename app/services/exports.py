@@ -1,5 +1,6 @@
-"""Exports of a stored run: per-request rows (CSV, JSON, JSON lines, Parquet), per-event
-rows (CSV, JSON lines, Parquet) and the run's summary JSON. Times are milliseconds on the
+"""Exports of a stored run: per-request rows (CSV, JSON, JSON lines, Parquet; a multi-turn
+run's requests carry ``session`` and ``turn``), per-event rows (CSV, JSON lines, Parquet),
+the per-turn table (``turns.csv``) and the run's summary JSON. Times are milliseconds on the
 run's axis; blank/null where unknown. Reads storage; builds bytes; no HTTP.
 
 Every export is a stream (``export_stream``): requests are read ``PAGE`` at a time, events
@@ -19,9 +20,11 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis import turns
 from app.analysis.phases import user_ttft_ms_of_row
 from app.domain import PHASES, EventKind
 from app.protocol.packing import unpack_many
+from app.services import run_turns
 from app.services import runs as run_svc
 from app.storage import browse
 from app.storage import interop as interop_repo
@@ -60,6 +63,8 @@ REQUEST_COLUMNS = (
     "conn_id",
     "conn_reused",
     "retries",
+    "session",
+    "turn",
 )
 EVENT_COLUMNS = ("idx", "event", "t_ms", "since_sent_ms", "kind", "tokens", "bytes")
 FORMATS = {
@@ -71,6 +76,7 @@ FORMATS = {
     "events.jsonl": "application/jsonl",
     "events.parquet": "application/vnd.apache.parquet",
     "summary.json": "application/json",
+    "turns.csv": "text/csv; charset=utf-8",
 }
 
 
@@ -105,6 +111,8 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "conn_id": r.get("conn_id"),
         "conn_reused": r.get("conn_reused"),
         "retries": int(r.get("retries") or 0),
+        "session": r.get("session_idx"),
+        "turn": r.get("turn_idx"),
     }
 
 
@@ -243,7 +251,8 @@ def _request_types() -> dict[str, Any]:
 
     f, i, s = pa.float64(), pa.int64(), pa.string()
     types = {c: f for c in REQUEST_COLUMNS if c.endswith("_ms")}
-    ints = ("idx", "http_status", "input_tokens", "output_tokens", "n_events", "conn_id", "retries")
+    ints: tuple[str, ...] = ("idx", "http_status", "input_tokens", "output_tokens", "n_events")
+    ints += ("conn_id", "retries", "session", "turn")
     types |= {c: i for c in ints}
     types |= {"warmup": pa.bool_(), "status": s, "error": s, "token_source": s}
     types |= {"conn_reused": pa.bool_()}
@@ -396,6 +405,8 @@ def export_stream(sessions: sessionmaker[Session], run_id: str, what: str) -> It
     if what == "summary.json":
         body = json.dumps(json_safe(summary(sessions, run_id)), indent=2, allow_nan=False)
         return iter([body.encode("utf-8")])
+    if what == "turns.csv":
+        return iter([to_csv(turn_rows(sessions, run_id), turns.CSV_COLUMNS)])
     if what == "requests.csv":
         return (chunk.encode("utf-8") for chunk in iter_requests_csv(sessions, run_id))
     if what == "requests.json":
@@ -411,6 +422,15 @@ def export_stream(sessions: sessionmaker[Session], run_id: str, what: str) -> It
     if what == "events.parquet":
         return _parquet_stream(iter_event_tables(sessions, run_id), EVENT_COLUMNS, _event_types())
     raise ValueError(f"unknown export {what!r}")
+
+
+def turn_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
+    """A multi-turn run's turn table, one row per turn, one column per statistic
+    (``turns.CSV_COLUMNS``); no row for a single-turn run."""
+    with session_scope(sessions) as s:
+        run = run_svc.run_dict(repo.get_run(s, run_id))
+        table = run_turns.turn_table_of_run(s, run_id, run)
+    return turns.flat_rows(table or [])
 
 
 def summary(sessions: sessionmaker[Session], run_id: str) -> dict[str, Any]:

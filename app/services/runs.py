@@ -29,7 +29,7 @@ from app.client.runner import LoadResult, Progress, run_load
 from app.client.spec import RunSpec
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.protocol.wire import RunMeta
-from app.services import run_summaries, server_metrics
+from app.services import run_summaries, run_turns, server_metrics
 from app.services.run_summaries import RunSummary
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
@@ -349,8 +349,15 @@ def run_report(
         trace = None if stored else repo.load_trace(s, run_id)
     if trace is None:
         summary = run_summaries.page_summary(sessions, run_id)
-        return summary_report(run, summary, slos_ms=slos_ms, profile=profile)
-    return assemble_report(run=run, trace=trace, slos_ms=slos_ms, profile=profile)
+        report = summary_report(run, summary, slos_ms=slos_ms, profile=profile)
+    else:
+        report = assemble_report(run=run, trace=trace, slos_ms=slos_ms, profile=profile)
+    if "turns" not in report and run_turns.is_multi_turn(run):  # stored without its table
+        with session_scope(sessions) as s:
+            table = run_turns.turn_table_of_run(s, run_id, run)
+        if table:
+            report["turns"] = table
+    return report
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:

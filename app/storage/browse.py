@@ -35,6 +35,8 @@ SUMMARY_COLUMNS = (
     "conn_id",
     "conn_reused",
     "retries",
+    "session_idx",
+    "turn_idx",
 )
 
 

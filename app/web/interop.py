@@ -108,5 +108,6 @@ for _what in (
     "events.jsonl",
     "events.parquet",
     "summary.json",
+    "turns.csv",
 ):
     _route(_what)

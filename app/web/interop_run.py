@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.prefix_cache import prefix_cache
 from app.figures.interop import server_metrics_figure_of
 from app.figures.scriptjson import plotly_json
 from app.services.import_compare import comparison_of, import_window
@@ -20,8 +21,9 @@ def add_interop(
     ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str, summary: RunSummary
 ) -> None:
     """Add ``imported`` (the file's figures beside ours, or None), ``import_setup`` (what
-    an imported file says about its setup, or None for our own runs), ``server_status`` and
-    the ``server_metrics`` figure to a run page's context."""
+    an imported file says about its setup, or None for our own runs), ``server_status``,
+    ``prefix_cache`` (``app.analysis.prefix_cache``) and the ``server_metrics`` figure to a
+    run page's context."""
     with session_scope(sessions) as s:
         info = interop_repo.get_import(s, run_id)
         group = interop_repo.group_runs(s, info.group_id) if info is not None else []
@@ -51,3 +53,4 @@ def add_interop(
     figures = ctx.setdefault("figures", {})
     figures["server_metrics"] = plotly_json(fig)
     ctx["has_server_metrics"] = bool(series)
+    ctx["prefix_cache"] = prefix_cache(series)

@@ -10,6 +10,7 @@ exists on the worker's file system. Building is cancellable (``check_cancel`` po
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -143,20 +144,43 @@ def _open_confined(path: str, dirs: Sequence[str] | None, *, binary: bool = Fals
         raise
 
 
-def open_dataset(path: str, dirs: Sequence[str] | None) -> Iterator[str]:
+def open_dataset(
+    path: str, dirs: Sequence[str] | None, digest: Callable[[bytes], None] | None = None
+) -> Iterator[str]:
     """The lines of a dataset file. ``dirs`` None: any file the process can read (the local
     CLI's own files); else only a regular file inside one of ``dirs`` (symlinks resolved).
-    Every refusal reads the same, whatever the reason (missing, elsewhere, a device)."""
-    with _open_confined(path, dirs) as f:
+    Every refusal reads the same, whatever the reason (missing, elsewhere, a device).
+    ``digest`` (a hash's ``update``) is given every byte of the file, as read: read to the
+    end, it has hashed the whole file (``FileDigest``). A line keeps its ending ("\r\n"
+    too: JSON and ``str.strip`` ignore it)."""
+    with _open_confined(path, dirs, binary=True) as f:
         read = 0
-        try:
-            for line in f:
-                read += len(line)
-                if read > MAX_DATASET_BYTES:  # it grew while being read
-                    raise ValueError(TOO_LARGE)
-                yield line
-        except UnicodeDecodeError:
-            raise ValueError("dataset_path: the file is not UTF-8 text") from None
+        for lineno, raw in enumerate(f, start=1):
+            read += len(raw)
+            if read > MAX_DATASET_BYTES:  # it grew while being read
+                raise ValueError(TOO_LARGE)
+            if digest is not None:
+                digest(raw)
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(
+                    f"dataset_path line {lineno}: the file is not UTF-8 text"
+                ) from None
+
+
+class FileDigest:
+    """The sha256 of a dataset file, fed by ``open_dataset(..., digest=d.update)``."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+
+    def update(self, data: bytes) -> None:
+        self._sha.update(data)
+
+    def source(self) -> str:
+        """``Workload.source``: "sha256:<hex>" (as ``sha256sum`` prints it, once read whole)."""
+        return "sha256:" + self._sha.hexdigest()
 
 
 def read_dataset(path: str, dirs: Sequence[str] | None) -> bytes:

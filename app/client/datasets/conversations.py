@@ -5,11 +5,15 @@ turns in order, with the output length asked for each reply.
   ``human`` entry; its output length is the token count of the ``gpt`` reply right after it
   (``dataset_options.output_len`` overrides it; a human turn with no reply after it gets the
   run's ``output_len``). Conversations are shuffled with ``random.Random(seed)``, as the
-  single-turn type draws them; those without a human turn are dropped.
+  single-turn type draws them. vLLM's length filters (``dataset_options`` ``min_len``,
+  ``max_prompt_len``, ``max_total_len``) apply to each turn's own text and reply: a session
+  is cut before its first failing turn, and dropped when that is its first (or it has no
+  human turn).
 * ``jsonl``: one conversation per line, ``{"turns": ["...", ...], "output_len": N}`` or chat
   ``{"messages": [...]}``: the ``user`` messages are the turns, an ``assistant`` message
   after one gives that turn's output length (its token count), ``system`` messages before
-  the first user turn open every request of the session. In file order, cycled.
+  the first user turn open every request of the session. In file order, cycled; the run
+  records the file's sha256 (``Sessions.source``).
 
 The dataset's own replies are never sent: a session sends the replies the server streamed.
 """
@@ -27,6 +31,7 @@ from typing import Any
 from app.client.datasets.base import (
     AnyTokenizer,
     BuildContext,
+    FileDigest,
     WorkloadParams,
     check_cancel,
     open_dataset,
@@ -64,8 +69,11 @@ class Sessions:
 
 
 def _sharegpt_turns(
-    entry: Any, n: int, tok: AnyTokenizer, out_len: int | None, default_out: int
+    entry: Any, n: int, tok: AnyTokenizer, options: ShareGPTOptions, default_out: int
 ) -> tuple[Turn, ...]:
+    """The entry's human turns, up to the first that fails vLLM's length filters
+    (``turn_passes``): a session is cut there (its later turns would carry a history
+    without it), so one whose first turn fails has none and is dropped."""
     where = f"dataset_path entry {n + 1}"
     if not isinstance(entry, dict) or not isinstance(entry.get("conversations"), list):
         raise ValueError(f"{where}: expected an object with a 'conversations' list")
@@ -78,9 +86,26 @@ def _sharegpt_turns(
             continue
         nxt = raw[k + 1] if k + 1 < len(raw) else None
         reply = nxt.get("value") if isinstance(nxt, dict) and nxt.get("from") == "gpt" else None
-        n_out = out_len or (max(1, tok.count(reply)) if isinstance(reply, str) else default_out)
+        from_reply = options.output_len is None and isinstance(reply, str)
+        counted = max(1, tok.count(reply)) if isinstance(reply, str) else default_out
+        n_out = options.output_len or counted
+        if not turn_passes(tok.count(t["value"]), n_out, options, from_reply=from_reply):
+            break
         turns.append(Turn(t["value"], n_out))
     return tuple(turns)
+
+
+def turn_passes(prompt_len: int, output_len: int, o: ShareGPTOptions, *, from_reply: bool) -> bool:
+    """vLLM's ShareGPT filters on one turn: its own human text (not the history before it)
+    at least ``min_len`` and at most ``max_prompt_len`` tokens, text + reply at most
+    ``max_total_len``; the reply at least ``min_len`` when its length is the dataset
+    reply's (not ``output_len``, nor the run's for a turn with no reply)."""
+    return not (
+        prompt_len < o.min_len
+        or (from_reply and output_len < o.min_len)
+        or prompt_len > o.max_prompt_len
+        or prompt_len + output_len > o.max_total_len
+    )
 
 
 def _sharegpt_entries(path: str | None, dirs: Sequence[str] | None) -> tuple[list[Any], str]:
@@ -170,13 +195,15 @@ def build_sessions(
         random.Random(params.seed).shuffle(order)
         for k, i in enumerate(order):
             check_cancel(ctx.cancelled, k)
-            turns = _sharegpt_turns(entries[i], i, tok, options.output_len, params.output_len)
+            turns = _sharegpt_turns(entries[i], i, tok, options, params.output_len)
             if turns:
                 convs.append(Conversation(turns))
     elif dataset == "jsonl":
         if not params.dataset_path:
             raise ValueError("dataset_path is required when dataset is 'jsonl'")
-        for lineno, line in enumerate(open_dataset(params.dataset_path, ctx.dataset_dirs), 1):
+        digest = FileDigest()
+        lines = open_dataset(params.dataset_path, ctx.dataset_dirs, digest.update)
+        for lineno, line in enumerate(lines, 1):
             check_cancel(ctx.cancelled, lineno)
             if line.strip():
                 try:
@@ -185,6 +212,7 @@ def build_sessions(
                     where = f"dataset_path line {lineno}"
                     raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
                 convs.append(_jsonl_conversation(obj, lineno, tok, params.output_len))
+        source = digest.source()
     else:
         raise ValueError(f"dataset: multi_turn needs one of {', '.join(SESSION_DATASETS)}")
     if not convs:

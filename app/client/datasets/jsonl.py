@@ -2,8 +2,9 @@
 
 One object per line, ``{"prompt": "..."}`` or ``{"messages": [...]}``, optionally
 ``"output_len": N``. Blank lines are skipped; anything else is a ``ValueError`` naming the
-line. When the file has fewer prompts than asked for, it is cycled; warm-ups come from the
-end of the file, so the measured prompts do not depend on the warm-up count.
+line. The run records the file's sha256 (``Workload.source``). When the file has fewer
+prompts than asked for, it is cycled; warm-ups come from the end of the file, so the
+measured prompts do not depend on the warm-up count.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from app.client.datasets.base import (
     AnyTokenizer,
     BuildContext,
+    FileDigest,
     NoOptions,
     Prompt,
     Workload,
@@ -71,9 +73,10 @@ def load_jsonl(
     *,
     dirs: Sequence[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    digest: Callable[[bytes], None] | None = None,
 ) -> list[Prompt]:
     out: list[Prompt] = []
-    for lineno, line in enumerate(open_dataset(path, dirs), start=1):
+    for lineno, line in enumerate(open_dataset(path, dirs, digest), start=1):
         check_cancel(cancelled, lineno)
         if line.strip():
             out.append(_parse_line(line, lineno, tok, default_output_len))
@@ -97,16 +100,18 @@ class JsonlDataset:
 
     def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
         assert params.dataset_path is not None
+        digest = FileDigest()
         items = load_jsonl(
             params.dataset_path,
             ctx.tokenizer,
             params.output_len,
             dirs=ctx.dataset_dirs,
             cancelled=ctx.cancelled,
+            digest=digest.update,
         )
         measured = [items[i % len(items)] for i in range(params.num_prompts)]
         warm = [items[-1 - (i % len(items))] for i in range(params.warmup_requests)]
-        return Workload(warm, measured)
+        return Workload(warm, measured, digest.source())
 
 
 JSONL = JsonlDataset()

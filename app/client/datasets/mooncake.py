@@ -19,6 +19,7 @@
   hash id appeared earlier in them (``Workload.stats``, stored in ``load_stats.workload``).
 * Warm-ups take lengths from the trace's last lines and blocks of their own (another seed
   stream), so they never fill the prefix cache for the measured requests.
+* **Identity**: the run records the trace file's sha256 (``Workload.source``).
 
 Bad input (a decreasing timestamp, a negative or zero length, ``hash_ids`` too short for
 ``input_length`` at the block size, a non-integer id) is a ``ValueError`` naming the line
@@ -40,6 +41,7 @@ from app.client.datasets.base import (
     MAX_PROMPT_TOKENS,
     AnyTokenizer,
     BuildContext,
+    FileDigest,
     Prompt,
     Workload,
     WorkloadParams,
@@ -128,10 +130,11 @@ def load_trace(
     block_size: int,
     dirs: Any = None,
     cancelled: Callable[[], bool] | None = None,
+    digest: Callable[[bytes], None] | None = None,
 ) -> list[TraceLine]:
     out: list[TraceLine] = []
     previous: float | None = None
-    for lineno, line in enumerate(open_dataset(path, dirs), start=1):
+    for lineno, line in enumerate(open_dataset(path, dirs, digest), start=1):
         check_cancel(cancelled, lineno)
         if not line.strip():
             continue
@@ -239,7 +242,10 @@ class MooncakeDataset:
 
     def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
         assert isinstance(options, MooncakeOptions) and params.dataset_path is not None
-        lines = load_trace(params.dataset_path, options.block_size, ctx.dataset_dirs, ctx.cancelled)
+        digest = FileDigest()
+        lines = load_trace(
+            params.dataset_path, options.block_size, ctx.dataset_dirs, ctx.cancelled, digest.update
+        )
         if len(lines) < params.num_prompts:
             raise ValueError(
                 f"num_prompts: {params.num_prompts} requested, the trace has {len(lines)} "
@@ -263,7 +269,7 @@ class MooncakeDataset:
             "prefix_reuse_ratio": prefix_reuse_ratio(measured_lines),
             "trace_span_ms": measured_lines[-1].timestamp_ms - measured_lines[0].timestamp_ms,
         }
-        return Workload(warm, measured, at_ns=at, stats=stats)
+        return Workload(warm, measured, digest.source(), at_ns=at, stats=stats)
 
 
 MOONCAKE = MooncakeDataset()

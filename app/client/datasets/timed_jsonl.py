@@ -4,7 +4,8 @@ schedule). One object per line: ``timestamp`` (ms from the trace's start) and
 ``jsonl``). Request k is sent at ``(timestamp_k - timestamp_0) / speedup`` after the
 measured phase starts; the first ``num_prompts`` lines are replayed (a shorter file is
 refused), warm-ups come from the end of the file. A decreasing timestamp, or any bad line,
-is a ``ValueError`` naming the line and field; nothing is sent.
+is a ``ValueError`` naming the line and field; nothing is sent. The run records the
+file's sha256 (``Workload.source``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from app.client.datasets.base import (
     BuildContext,
+    FileDigest,
     Prompt,
     Workload,
     WorkloadParams,
@@ -50,7 +52,9 @@ class TimedJsonlDataset:
         assert isinstance(options, TimedJsonlOptions) and params.dataset_path is not None
         items: list[tuple[float, Prompt]] = []
         previous: float | None = None
-        for lineno, line in enumerate(open_dataset(params.dataset_path, ctx.dataset_dirs), 1):
+        digest = FileDigest()
+        lines = open_dataset(params.dataset_path, ctx.dataset_dirs, digest.update)
+        for lineno, line in enumerate(lines, 1):
             check_cancel(ctx.cancelled, lineno)
             if not line.strip():
                 continue
@@ -79,7 +83,7 @@ class TimedJsonlDataset:
             "speedup": options.speedup,
             "trace_span_ms": chosen[-1][0] - chosen[0][0],
         }
-        return Workload(warm, [p for _, p in chosen], at_ns=at, stats=stats)
+        return Workload(warm, [p for _, p in chosen], digest.source(), at_ns=at, stats=stats)
 
 
 TIMED_JSONL = TimedJsonlDataset()

@@ -1,0 +1,61 @@
+"""Read-only SQL for a multi-turn run's per-request columns by turn (``requests.turn_idx``,
+migration 0012): summary columns only, no event blob is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from app.domain import RequestStatus
+from app.storage.models import Request
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnColumns:
+    """The measured (non-warm-up) requests that belong to a turn, in index order; NaN where a
+    value is missing."""
+
+    turn: I64
+    ok: npt.NDArray[np.bool_]
+    ttft_ns: F64
+    tpot_ns: F64
+    input_tokens: F64
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.turn.shape[0])
+
+
+def turn_columns(session: Session, run_id: str) -> TurnColumns:
+    """One read of five numeric columns of the run's measured requests with a turn (missing
+    values as -1 in SQL, so the rows convert to one float array at C speed)."""
+    t = Request.__table__
+    ok = case((t.c.status == RequestStatus.OK.value, 1), else_=0)
+    cols = [func.coalesce(t.c[c], -1) for c in ("ttft_ns", "tpot_ns", "input_tokens")]
+    stmt = (
+        select(t.c.turn_idx, ok, *cols)
+        .where(t.c.run_id == run_id, t.c.warmup.is_(False), t.c.turn_idx.is_not(None))
+        .order_by(t.c.idx)
+    )
+    rows = [tuple(r) for r in session.execute(stmt)]
+    arr = np.array(rows, np.float64).reshape(len(rows), 5)
+
+    def floats(j: int) -> F64:
+        col: F64 = arr[:, j].copy()
+        col[col < 0] = np.nan  # durations and counts are never negative: -1 is "missing"
+        return col
+
+    return TurnColumns(
+        turn=arr[:, 0].astype(np.int64),
+        ok=arr[:, 1] == 1,
+        ttft_ns=floats(2),
+        tpot_ns=floats(3),
+        input_tokens=floats(4),
+    )
