@@ -151,6 +151,21 @@ class Console:
         return self.errors + [f"CSP violation: {v}" for v in csp]
 
 
+def submit_refused(page: Any, con: Any, selector: str, status: int = 422) -> None:
+    """Submit a form the server refuses: its page comes back with ``status`` (a form with
+    messages beside its fields answers 422), which Chromium logs as a failed resource
+    load; that one line, and nothing else, is expected (and cleared)."""
+    with page.expect_navigation() as nav:
+        page.click(selector)
+    resp = nav.value
+    assert resp is not None and resp.status == status
+    assert con.errors == [
+        f"Failed to load resource: the server responded with a status of "
+        f"{status} (Unprocessable Entity)"
+    ], con.errors
+    con.errors.clear()
+
+
 def charts(page: Any) -> list[dict[str, Any]]:
     """Every chart div of the page once Plotly had its chance to draw the visible ones."""
     page.wait_for_load_state("load")

@@ -17,7 +17,7 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from tests.browser_support import CHROMIUM, DashboardServer, browser_missing
+from tests.browser_support import CHROMIUM, DashboardServer, browser_missing, submit_refused
 from tests.web_support import Seeded, seed
 
 pytestmark = pytest.mark.slow
@@ -163,8 +163,7 @@ def test_launch_form_submits_and_the_run_appears(
     assert page.url.endswith("/launch") and page.locator("#signin-needed").count() == 0
 
     page.fill("#f-num_prompts", "0")  # a validation message beside the field first
-    with page.expect_navigation():
-        page.click("#launch-submit")
+    submit_refused(page, con, "#launch-submit")
     assert "greater than or equal to 1" in page.locator("#err-num_prompts").inner_text()
 
     sim = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=1, seed=9))

@@ -109,8 +109,15 @@ def test_a_bad_option_comes_back_beside_its_input_then_the_run_is_queued(
     page.select_option("#f-dataset", "prefix_repetition")
     page.fill("#f-opt-prefix_repetition-num_prefixes", "9")  # more prefixes than prompts
     page.fill("#f-opt-prefix_repetition-prefix_len", "32")
-    with page.expect_navigation():
+    with page.expect_navigation() as nav:
         page.click("#launch-submit")
+    resp = nav.value
+    assert resp is not None and resp.status == 422  # the form comes back refused ...
+    assert con.errors == [  # ... which Chromium logs as a failed load: that line only
+        "Failed to load resource: the server responded with a status of "
+        "422 (Unprocessable Entity)"
+    ], con.errors
+    con.errors.clear()
     err = page.locator("#err-opt-prefix_repetition-num_prefixes")
     assert err.is_visible() and "dataset_options.num_prefixes" in err.inner_text()
     assert _shown(page) == ["prefix_repetition"]

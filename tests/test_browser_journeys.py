@@ -30,7 +30,14 @@ from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import SimulatorThread, start_simulator_thread
 from app.worker.capabilities import torch_version
-from tests.browser_support import CHROMIUM, Console, DashboardServer, assert_drawn, browser_missing
+from tests.browser_support import (
+    CHROMIUM,
+    Console,
+    DashboardServer,
+    assert_drawn,
+    browser_missing,
+    submit_refused,
+)
 
 pytestmark = pytest.mark.slow
 _MISSING = browser_missing()
@@ -142,8 +149,7 @@ def test_sweep_form_live_steps_and_cancel(page: Page, server: DashboardServer, l
     # the target defaults to the server's (here: the simulator)
     assert page.input_value("#f-base_url") == lab.sim.base_url
     page.fill("#f-loads", "4, 2")  # a message beside the field first, nothing queued
-    with page.expect_navigation():
-        page.click("#sweep-submit")
+    submit_refused(page, con, "#sweep-submit")
     assert "increasing order" in page.inner_text("#err-loads")
     assert page.url.endswith("/launch/sweep")
 
@@ -238,8 +244,7 @@ def test_probe_form_runs_a_cpu_probe(page: Page, server: DashboardServer, lab: L
     assert page.locator("fieldset[data-group='Ceilings parameters']").is_hidden()
     page.fill("#f-name", "browser probe")
     page.fill("#f-linear_width", "0")  # a message beside the field first
-    with page.expect_navigation():
-        page.click("#probe-submit")
+    submit_refused(page, con, "#probe-submit")
     assert "greater than or equal to 1" in page.inner_text("#err-linear_width")
     for field, value in (("width", "16"), ("batch", "2"), ("seq", "4"), ("sweep_max", "2"),
                          ("warmup", "1"), ("iters", "2")):  # fmt: skip
