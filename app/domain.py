@@ -99,6 +99,9 @@ class RequestRecord:
     tokenizer_output_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
+    # prompt tokens the server served from its prefix cache (usage.prompt_tokens_details.
+    # cached_tokens or llama.cpp's timings.cache_n); None where it did not say (0013)
+    cached_prompt_tokens: int | None = None
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: int | None = None  # server's "complete" signal ([DONE] or end of stream)
     warmup: bool = False

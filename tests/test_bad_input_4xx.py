@@ -65,6 +65,7 @@ def _leased(api: Api, **spec: Any) -> tuple[str, str, str]:
         ("input_tokens", BIG),
         ("output_tokens", BIG),
         ("usage_completion_tokens", 2**63),
+        ("cached_prompt_tokens", 2**63),
         ("scheduled_ns", BIG),
         ("sent_ns", -BIG),
         ("end_ns", BIG),

@@ -375,6 +375,8 @@ def test_fixture_replay_over_socket(name: str, mode: str) -> None:
                          "transformers-serve-completions.sse": 16}[name]  # fmt: skip
     assert rec.status is RequestStatus.OK
     assert rec.done_ns is not None and rec.done_ns >= rec.event_t_ns[-1]
+    # llama.cpp reports its prefix-cache hits (none: a fresh server); transformers does not
+    assert rec.cached_prompt_tokens == (0 if name.startswith("llamacpp") else None)
     # usage kept in every case; chat fixtures' usage (22, 8) disagrees with the chunk count
     assert rec.usage_completion_tokens is not None
     assert rec.token_source == "usage" and rec.output_tokens == rec.usage_completion_tokens

@@ -148,7 +148,10 @@ def test_transformers_serve_real_model(tmp_path: Path) -> None:
 def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
     """Multi-turn sessions on llama.cpp with its prompt cache (``cache_prompt``): a later
     turn's history is already in the slot's cache, so its TTFT per prompt token is lower
-    than the first turn's (a long first turn, short later ones: the effect is large)."""
+    than the first turn's (a long first turn, short later ones: the effect is large), and
+    each response reports the prompt tokens it served from the cache (``cached_tokens``):
+    a count on turn 1, a positive one on later turns, stored per request and summed per
+    turn."""
     _need("xllamacpp")
     _gguf()
     import json
@@ -162,6 +165,7 @@ def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
         convs.append({"turns": [f"Summarize: {first}", "Shorter, please.", "Once more."]})
     path = tmp_path / "conv.jsonl"
     path.write_text("".join(json.dumps(c) + "\n" for c in convs))
+    sessions = open_database(f"sqlite:///{tmp_path / 'turns.db'}")
     server = start_llamacpp_process(parallel=1, threads=2)
     try:
         spec = RunSpec(
@@ -176,10 +180,10 @@ def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
             extra_body={"cache_prompt": True},
             request_timeout_s=120,
         )
-        out = execute_bench(spec, sessions=None, name="llama.cpp sessions")
+        out = execute_bench(spec, sessions=sessions, name="llama.cpp sessions")
     finally:
         server.stop()
-    assert not out.failed
+    assert not out.failed and out.run_id is not None
     rows = {r["turn"]: r for r in out.report["turns"]}
     assert sorted(rows) == [1, 2, 3] and all(rows[k]["ok"] == 2 for k in rows)
     # the server's prompt counts (usage) grow with the history
@@ -187,3 +191,24 @@ def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
     first = rows[1]["ttft_per_prompt_token_ms"]["mean"]
     for k in (2, 3):
         assert rows[k]["ttft_per_prompt_token_ms"]["mean"] < first
+    with session_scope(sessions) as s:
+        stored = browse.request_rows(s, out.run_id, limit=100, offset=0)
+    measured = [r for r in stored if not r["warmup"]]
+    assert len(measured) == 6
+    for r in measured:
+        cached = r["cached_prompt_tokens"]
+        assert isinstance(cached, int) and 0 <= cached <= r["input_tokens"], r
+        if r["turn_idx"] >= 2:
+            assert cached > 0, r  # the history was in the slot's cache
+    for k in (1, 2, 3):
+        of_turn = [r for r in measured if r["turn_idx"] == k]
+        share = sum(r["cached_prompt_tokens"] for r in of_turn) / sum(
+            r["input_tokens"] for r in of_turn
+        )
+        assert rows[k]["cached_prompt_tokens"]["n"] == 2
+        assert rows[k]["cached_share"] == pytest.approx(share)
+        print(
+            f"turn {k}: cached prompt tokens {[r['cached_prompt_tokens'] for r in of_turn]} "
+            f"of {[r['input_tokens'] for r in of_turn]} (share {share:.3f})"
+        )
+    assert rows[2]["cached_share"] > 0.5  # most of turn 2's prompt is turn 1's history

@@ -6,11 +6,16 @@ vLLM counts prompt tokens looked up in its prefix cache and those found
 is used): the hit ratio over the run is
 the hits' increase over the queries' (first scrape, before the load, to the last, after it;
 warm-ups included). A server that exposes neither counter gives None.
+
+``responses_prefix_cache``: the same ratio from the responses instead, for a server without
+those counters whose usage objects report the cached prompt tokens (llama.cpp; vLLM with
+``--enable-prompt-tokens-details``): summed over a multi-turn run's turn table
+(``app.analysis.turns``; successful measured requests that reported a count).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.protocol.prometheus import KNOWN_SERIES, Series, counter_increase
@@ -39,4 +44,29 @@ def prefix_cache(series: Sequence[Series]) -> dict[str, Any] | None:
         "hit_tokens": hits,
         "hit_ratio": hits / queries if queries > 0 else None,
         "basis": "vLLM counters: prefix_cache_hits increase / prefix_cache_queries increase",
+    }
+
+
+def responses_prefix_cache(turns: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Prompt tokens and cached prompt tokens summed over the turns' requests that reported
+    a cached count, and their ratio; None when no request reported one (or the table
+    predates the count)."""
+    hit = queried = 0
+    requests = 0
+    for row in turns:
+        c, p = row.get("cached_tokens_sum"), row.get("cache_prompt_tokens_sum")
+        stats = row.get("cached_prompt_tokens")
+        if isinstance(c, int) and isinstance(p, int):
+            hit, queried = hit + c, queried + p
+            requests += int(stats.get("n") or 0) if isinstance(stats, Mapping) else 0
+    if not requests:
+        return None
+    return {
+        "source": "responses",
+        "queried_tokens": queried,
+        "hit_tokens": hit,
+        "hit_ratio": hit / queried if queried > 0 else None,
+        "requests": requests,
+        "basis": "usage.prompt_tokens_details.cached_tokens (or llama.cpp timings.cache_n) "
+        "over the same requests' prompt tokens; successful measured requests",
     }

@@ -4,6 +4,14 @@ For each turn number (1-based, ``RequestRecord.turn``) over the measured request
 were sent and succeeded, and over the successful ones TTFT, TTFT per prompt token (each
 request's TTFT divided by its prompt tokens: with prefix caching it falls after turn 1, as
 the history is already cached), TPOT and prompt tokens (mean, p50, p99; linear percentiles).
+
+Where the server reported the prompt tokens it served from its prefix cache
+(``RequestRecord.cached_prompt_tokens``): their statistics over the successful requests that
+reported them, and the cached share, the sum of those cached tokens over the sum of the same
+requests' prompt tokens (the server's ``usage.prompt_tokens`` where given, else the prompt
+count metrics use); ``cached_tokens_sum`` and ``cache_prompt_tokens_sum`` keep the two sums so
+a run's share over every turn follows (``app.analysis.prefix_cache.responses_prefix_cache``).
+None where no request of the turn reported a count.
 """
 
 from __future__ import annotations
@@ -36,7 +44,28 @@ def turn_table(records: Sequence[RequestRecord]) -> list[dict[str, object]]:
     trace = trace_from_records(recs)
     prm = per_request_metrics(trace)
     turns = np.array([r.turn for r in recs], np.int64)
-    return turn_table_of(turns, trace.ok, prm.ttft_ns, prm.tpot_ns, trace.input_tokens)
+    return turn_table_of(
+        turns,
+        trace.ok,
+        prm.ttft_ns,
+        prm.tpot_ns,
+        trace.input_tokens,
+        cached_prompt_tokens=_floats([r.cached_prompt_tokens for r in recs]),
+        usage_prompt_tokens=_floats([r.usage_prompt_tokens for r in recs]),
+    )
+
+
+def _floats(values: Sequence[int | None]) -> npt.NDArray[np.float64]:
+    return np.array([np.nan if v is None else float(v) for v in values], np.float64)
+
+
+def _known(values: npt.ArrayLike | None, n: int) -> npt.NDArray[np.float64]:
+    """Counts as floats, NaN where unknown (None, NaN or negative)."""
+    if values is None:
+        return np.full(n, np.nan)
+    out = np.asarray(values, np.float64).copy()
+    out[~(out >= 0)] = np.nan
+    return out
 
 
 def turn_table_of(
@@ -45,16 +74,26 @@ def turn_table_of(
     ttft_ns: npt.NDArray[np.float64],
     tpot_ns: npt.NDArray[np.float64],
     input_tokens: npt.ArrayLike,
+    *,
+    cached_prompt_tokens: npt.ArrayLike | None = None,
+    usage_prompt_tokens: npt.ArrayLike | None = None,
 ) -> list[dict[str, object]]:
     """``turn_table`` from per-request columns (measured requests of a turn, aligned):
-    status ok, TTFT and TPOT (NaN where none) and prompt tokens (<= 0 or NaN: unknown), as
-    a run's stored request rows give them (``app.storage.turn_rows``)."""
+    status ok, TTFT and TPOT (NaN where none), prompt tokens (<= 0 or NaN: unknown), and
+    the server's cached and prompt token counts (NaN or negative: not reported; None: no
+    request reported any), as a run's stored request rows give them
+    (``app.storage.turn_rows``)."""
     inp = np.asarray(input_tokens, np.float64).copy()
     inp[~(inp > 0)] = np.nan
+    cached = _known(cached_prompt_tokens, turns.shape[0])
+    basis = _known(usage_prompt_tokens, turns.shape[0])
+    basis = np.where(np.isnan(basis), inp, basis)  # the server's prompt count where given
     rows: list[dict[str, object]] = []
     for k in sorted(set(turns.tolist())):
         sel = (turns == k) & ok
         ttft = ttft_ns[sel]
+        both = sel & np.isfinite(cached) & np.isfinite(basis)
+        cached_sum, basis_sum = float(cached[both].sum()), float(basis[both].sum())
         rows.append(
             {
                 "turn": int(k),
@@ -64,6 +103,10 @@ def turn_table_of(
                 "ttft_per_prompt_token_ms": _stats(ttft / NS_PER_MS / inp[sel]),
                 "tpot_ms": _stats(tpot_ns[sel] / NS_PER_MS),
                 "prompt_tokens": _stats(inp[sel]),
+                "cached_prompt_tokens": _stats(cached[sel]),
+                "cached_share": cached_sum / basis_sum if basis_sum > 0 else None,
+                "cached_tokens_sum": int(cached_sum) if both.any() else None,
+                "cache_prompt_tokens_sum": int(basis_sum) if both.any() else None,
             }
         )
     return rows
@@ -71,8 +114,20 @@ def turn_table_of(
 
 # the per-turn export's columns (``flat_rows``): each statistic as <quantity>_<stat>
 STATS = ("mean", "p50", "p99")
-QUANTITIES = ("ttft_ms", "ttft_per_prompt_token_ms", "tpot_ms", "prompt_tokens")
-CSV_COLUMNS = ("turn", "requests", "ok", *(f"{q}_{st}" for q in QUANTITIES for st in STATS))
+QUANTITIES = (
+    "ttft_ms",
+    "ttft_per_prompt_token_ms",
+    "tpot_ms",
+    "prompt_tokens",
+    "cached_prompt_tokens",
+)
+CSV_COLUMNS = (
+    "turn",
+    "requests",
+    "ok",
+    *(f"{q}_{st}" for q in QUANTITIES for st in STATS),
+    "cached_share",
+)
 
 
 def flat_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -84,5 +139,6 @@ def flat_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             stats = row.get(q)
             for st in STATS:
                 flat[f"{q}_{st}"] = stats.get(st) if isinstance(stats, Mapping) else None
+        flat["cached_share"] = row.get("cached_share")
         out.append(flat)
     return out

@@ -85,6 +85,7 @@ def request_row(r: dict[str, Any]) -> RequestRow:
         retries=int(r.get("retries") or 0),
         session=r.get("session_idx"),
         turn=r.get("turn_idx"),
+        cached_prompt_tokens=r.get("cached_prompt_tokens"),
     )
 
 

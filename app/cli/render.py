@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.analysis.metric_defs import metric
+from app.analysis.prefix_cache import responses_prefix_cache
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
@@ -103,6 +104,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         render_turns(turns, console)
         scrape = (report.get("load") or {}).get("server_metrics")
         cache = scrape.get("prefix_cache") if isinstance(scrape, dict) else None
+        if not isinstance(cache, dict):  # no server counters: what the responses said
+            cache = responses_prefix_cache([r for r in turns if isinstance(r, dict)])
         if isinstance(cache, dict):
             console.print(prefix_cache_line(cache))
     timing = report.get("server_timing")
@@ -125,6 +128,8 @@ def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
         "TTFT p50 (ms)",
         "TTFT/prompt token mean (ms)",
         "TPOT mean (ms)",
+        "cached prompt tokens mean",
+        "cached share",
     ):
         t.add_column(col, justify="right")
     for row in turns:
@@ -137,13 +142,28 @@ def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
             fmt(_pct(row.get("ttft_ms") or {}, "p50")),
             fmt(_pct(row.get("ttft_per_prompt_token_ms") or {}, "mean"), 4),
             fmt(_pct(row.get("tpot_ms") or {}, "mean")),
+            fmt(_pct(row.get("cached_prompt_tokens") or {}, "mean"), 1),
+            _share(row.get("cached_share")),
         )
     console.print(t)
 
 
+def _share(v: Any) -> str:
+    return f"{v * 100:.1f}%" if isinstance(v, int | float) else "no data"
+
+
 def prefix_cache_line(cache: dict[str, Any]) -> str:
-    """The server's prefix-cache hit ratio over the run (``load.server_metrics.prefix_cache``)."""
+    """The server's prefix-cache hit ratio over the run (``load.server_metrics.prefix_cache``,
+    else the responses' cached-token counts: ``responses_prefix_cache``)."""
     ratio = cache.get("hit_ratio")
+    if cache.get("source") == "responses":
+        if not isinstance(ratio, int | float):
+            return "server prefix cache (from the responses): no prompt tokens reported"
+        return (
+            f"server prefix cache: {ratio * 100:.1f}% of {fmt(cache.get('queried_tokens'))} "
+            f"prompt tokens were served from the cache (source: the cached-token counts in "
+            f"{cache.get('requests')} successful requests' responses; no /metrics counters)"
+        )
     if not isinstance(ratio, int | float):
         return "server prefix cache: no prompt token was looked up during the run"
     return (

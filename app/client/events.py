@@ -4,6 +4,8 @@
 reasoning), the ``usage`` object when the event carries one (also when the same chunk carries
 content or ``finish_reason``, as ``transformers serve`` does), and an error message when the
 event is not valid stream data (non-JSON data line, ``{"error": ...}`` object).
+``cached_prompt_tokens`` reads the prompt tokens the server served from its prefix cache off
+the event that carried the usage object.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from app.domain import EventKind
 
 DONE = b"[DONE]"
 _SNIPPET = 200
+_INT64_MAX = 2**63 - 1
 # decodes one JSON string literal (C accelerated); not in the typing stubs
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
@@ -71,6 +74,35 @@ def _error_message(err: object) -> str:
         text = msg if isinstance(msg, str) else json.dumps(err)[:_SNIPPET]
         return f"server error in stream: {text}" + (f" ({code})" if code else "")
     return f"server error in stream: {snippet(str(err))}"
+
+
+def _count(v: object) -> int | None:
+    """A token count as a server reports it: a non-negative int that fits 64 bits, else
+    None (a bool, a float, a string, a negative or huge number is not a count)."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _INT64_MAX:
+        return v
+    return None
+
+
+def cached_prompt_tokens(usage: dict[str, Any] | None, data: bytes | None) -> int | None:
+    """The prompt tokens the server found in its prefix cache, from the event that carried
+    the stream's usage object (``usage``, its data ``data``): OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens`` (llama.cpp always; vLLM with
+    ``--enable-prompt-tokens-details``), else llama.cpp's ``timings.cache_n`` on the same
+    chunk. None when the server said neither, or said something that is not a count."""
+    if usage is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and "cached_tokens" in details:
+        return _count(details["cached_tokens"])
+    if data is None or b'"timings"' not in data:
+        return None
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    timings = obj.get("timings") if isinstance(obj, dict) else None
+    return _count(timings.get("cache_n")) if isinstance(timings, dict) else None
 
 
 def classify(data: bytes | None) -> Classified:

@@ -15,6 +15,9 @@ both counts are always recorded so reports can flag disagreement.
 Prompt tokens follow the same rule: with "auto" or "usage" and ``usage.prompt_tokens``
 present, ``input_tokens`` is the server's count (a chat template adds tokens the client's
 tokenizer never saw); ``tokenizer_input_tokens`` keeps the client's.
+
+``cached_prompt_tokens``: the prompt tokens the server says it served from its prefix cache
+(``app.client.events.cached_prompt_tokens``; None where it did not say).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from app.client.events import Classifier
+from app.client.events import Classifier, cached_prompt_tokens
 from app.client.http_stream import RawStream
 from app.client.spec import TokenCounting
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
@@ -67,6 +70,7 @@ def record_steps(
     texts: list[str] = []
     token_idx: list[int] = []
     usage: dict[str, Any] | None = None
+    usage_data: bytes | None = None  # the event that carried ``usage``
     stream_error: str | None = None
     classify = Classifier().classify
     for i, data in enumerate(raw.ev_data):
@@ -75,7 +79,7 @@ def record_steps(
         kind, text, ev_usage, ev_error = classify(data)
         kind_list.append(kind)
         if ev_usage is not None:
-            usage = ev_usage
+            usage, usage_data = ev_usage, data
         if ev_error is not None and stream_error is None:
             stream_error = ev_error
         if kind in TOKEN_KINDS:
@@ -131,6 +135,7 @@ def record_steps(
         tokenizer_output_tokens=tok_total,
         usage_prompt_tokens=usage_pt,
         usage_completion_tokens=usage_ct,
+        cached_prompt_tokens=cached_prompt_tokens(usage, usage_data),
         token_source=source,  # type: ignore[arg-type]
         done_ns=rel(raw.done_ns),
         warmup=warmup,

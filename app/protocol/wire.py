@@ -177,6 +177,7 @@ class WireRequest(_Model):
     tokenizer_output_tokens: Int64 | None = None
     usage_prompt_tokens: Int64 | None = None
     usage_completion_tokens: Int64 | None = None
+    cached_prompt_tokens: Int64 | None = None  # absent from older workers: unknown
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: Int64 | None = None
     warmup: bool = False
@@ -213,6 +214,7 @@ class WireRequest(_Model):
             tokenizer_output_tokens=_int64_or_none(r.tokenizer_output_tokens),
             usage_prompt_tokens=_int64_or_none(r.usage_prompt_tokens),
             usage_completion_tokens=_int64_or_none(r.usage_completion_tokens),
+            cached_prompt_tokens=_int64_or_none(r.cached_prompt_tokens),
             token_source=r.token_source,
             done_ns=r.done_ns,
             warmup=r.warmup,
@@ -251,6 +253,7 @@ class WireRequest(_Model):
             tokenizer_output_tokens=self.tokenizer_output_tokens,
             usage_prompt_tokens=self.usage_prompt_tokens,
             usage_completion_tokens=self.usage_completion_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
             token_source=self.token_source,
             done_ns=self.done_ns,
             warmup=self.warmup,

@@ -1,5 +1,6 @@
 """Exports of a stored run: per-request rows (CSV, JSON, JSON lines, Parquet; a multi-turn
-run's requests carry ``session`` and ``turn``), per-event rows (CSV, JSON lines, Parquet),
+run's requests carry ``session`` and ``turn``; ``cached_prompt_tokens`` where the server
+reported its prefix-cache hits), per-event rows (CSV, JSON lines, Parquet),
 the per-turn table (``turns.csv``) and the run's summary JSON. Times are milliseconds on the
 run's axis; blank/null where unknown. Reads storage; builds bytes; no HTTP.
 
@@ -47,6 +48,7 @@ REQUEST_COLUMNS = (
     "send_lag_ms",
     "input_tokens",
     "output_tokens",
+    "cached_prompt_tokens",
     "token_source",
     "ttft_ms",
     "ttfot_ms",
@@ -100,6 +102,7 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "send_lag_ms": None if sent is None or sched is None else (sent - sched) / 1e6,
         "input_tokens": r.get("input_tokens"),
         "output_tokens": r.get("output_tokens"),
+        "cached_prompt_tokens": r.get("cached_prompt_tokens"),
         "token_source": r.get("token_source"),
         "ttft_ms": _ms(r.get("ttft_ns")),
         "ttfot_ms": _ms(r.get("ttfot_ns")),
@@ -252,6 +255,7 @@ def _request_types() -> dict[str, Any]:
     f, i, s = pa.float64(), pa.int64(), pa.string()
     types = {c: f for c in REQUEST_COLUMNS if c.endswith("_ms")}
     ints: tuple[str, ...] = ("idx", "http_status", "input_tokens", "output_tokens", "n_events")
+    ints += ("cached_prompt_tokens",)
     ints += ("conn_id", "retries", "session", "turn")
     types |= {c: i for c in ints}
     types |= {"warmup": pa.bool_(), "status": s, "error": s, "token_source": s}

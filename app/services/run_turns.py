@@ -2,7 +2,7 @@
 
 The table is computed where the load ran and stored with the run (``load_stats.turns``,
 ``app.client.execute``); a multi-turn run stored without it (by an older client or worker)
-has it computed from its stored request rows (``app.storage.turn_rows``: five summary
+has it computed from its stored request rows (``app.storage.turn_rows``: seven summary
 columns, no event read). A single-turn run has none."""
 
 from __future__ import annotations
@@ -36,5 +36,13 @@ def turn_table_of_run(
     cols = turn_rows.turn_columns(s, run_id)
     if not cols.n_requests:
         return None
-    table = turn_table_of(cols.turn, cols.ok, cols.ttft_ns, cols.tpot_ns, cols.input_tokens)
+    table = turn_table_of(
+        cols.turn,
+        cols.ok,
+        cols.ttft_ns,
+        cols.tpot_ns,
+        cols.input_tokens,
+        cached_prompt_tokens=cols.cached_prompt_tokens,
+        usage_prompt_tokens=cols.usage_prompt_tokens,
+    )
     return [dict(r) for r in table]

@@ -20,6 +20,7 @@ SUMMARY_COLUMNS = (
     "end_ns",
     "input_tokens",
     "output_tokens",
+    "cached_prompt_tokens",
     "token_source",
     "ttft_ns",
     "ttfot_ns",

@@ -171,6 +171,8 @@ class Request(Base):
     tokenizer_output_tokens: Mapped[int | None] = mapped_column(TokenCount)
     usage_prompt_tokens: Mapped[int | None] = mapped_column(TokenCount)
     usage_completion_tokens: Mapped[int | None] = mapped_column(TokenCount)
+    # prompt tokens the server served from its prefix cache; None: not reported (0013)
+    cached_prompt_tokens: Mapped[int | None] = mapped_column(TokenCount)
     token_source: Mapped[str | None] = mapped_column(String(16))
     ttft_ns: Mapped[int | None] = mapped_column(BigInteger)
     ttfot_ns: Mapped[int | None] = mapped_column(BigInteger)

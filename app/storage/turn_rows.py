@@ -27,6 +27,8 @@ class TurnColumns:
     ttft_ns: F64
     tpot_ns: F64
     input_tokens: F64
+    cached_prompt_tokens: F64  # as the server reported them (NaN: not reported)
+    usage_prompt_tokens: F64
 
     @property
     def n_requests(self) -> int:
@@ -34,18 +36,19 @@ class TurnColumns:
 
 
 def turn_columns(session: Session, run_id: str) -> TurnColumns:
-    """One read of five numeric columns of the run's measured requests with a turn (missing
+    """One read of seven numeric columns of the run's measured requests with a turn (missing
     values as -1 in SQL, so the rows convert to one float array at C speed)."""
     t = Request.__table__
     ok = case((t.c.status == RequestStatus.OK.value, 1), else_=0)
-    cols = [func.coalesce(t.c[c], -1) for c in ("ttft_ns", "tpot_ns", "input_tokens")]
+    names = ("ttft_ns", "tpot_ns", "input_tokens", "cached_prompt_tokens", "usage_prompt_tokens")
+    cols = [func.coalesce(t.c[c], -1) for c in names]
     stmt = (
         select(t.c.turn_idx, ok, *cols)
         .where(t.c.run_id == run_id, t.c.warmup.is_(False), t.c.turn_idx.is_not(None))
         .order_by(t.c.idx)
     )
     rows = [tuple(r) for r in session.execute(stmt)]
-    arr = np.array(rows, np.float64).reshape(len(rows), 5)
+    arr = np.array(rows, np.float64).reshape(len(rows), 2 + len(names))
 
     def floats(j: int) -> F64:
         col: F64 = arr[:, j].copy()
@@ -58,4 +61,6 @@ def turn_columns(session: Session, run_id: str) -> TurnColumns:
         ttft_ns=floats(2),
         tpot_ns=floats(3),
         input_tokens=floats(4),
+        cached_prompt_tokens=floats(5),
+        usage_prompt_tokens=floats(6),
     )

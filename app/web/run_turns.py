@@ -1,6 +1,7 @@
 """Run-page context for multi-turn runs: the turn table and its figures (``turn_ttft``,
 ``turn_ttft_per_token``), from the stored table or the request rows (``run_turns``), never
-from events. A single-turn run gets ``turns`` empty and no figure."""
+from events, and the prefix-cache share the responses reported. A single-turn run gets
+``turns`` empty and no figure."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.prefix_cache import responses_prefix_cache
 from app.figures.scriptjson import plotly_json
 from app.figures.turns import turn_figures
 from app.services import run_turns
@@ -15,11 +17,13 @@ from app.storage.db import session_scope
 
 
 def add_turns(ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str) -> None:
-    """Add ``turns`` (the turn table's rows, [] for a single-turn run) and its figures; the
+    """Add ``turns`` (the turn table's rows, [] for a single-turn run), its figures and
+    ``prefix_cache_responses`` (the cached share the responses reported, or None); the
     report in ``ctx`` gets ``turns`` when it was computed now."""
     run = ctx.get("run") or {}
     report = ctx.get("report")
     ctx["turns"] = []
+    ctx["prefix_cache_responses"] = None
     if not run_turns.is_multi_turn(run):
         return
     with session_scope(sessions) as s:
@@ -29,6 +33,7 @@ def add_turns(ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str)
     if isinstance(report, dict):
         report.setdefault("turns", table)
     ctx["turns"] = table
+    ctx["prefix_cache_responses"] = responses_prefix_cache(table)
     figures = ctx.setdefault("figures", {})
     for key, fig in turn_figures(table).items():
         figures[key] = plotly_json(fig)
