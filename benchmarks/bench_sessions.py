@@ -1,7 +1,8 @@
 """Multi-turn sessions: how soon after a reply ends does its session's next turn leave?
 
     python benchmarks/bench_sessions.py [--sessions 256] [--turns 4] [--think-ms 0 50]
-        [--rates inf 100] [--lengths fixed varied] [--out benchmarks/results/sessions.json]
+        [--rates inf 100] [--lengths fixed varied] [--realtime]
+        [--out benchmarks/results/sessions.json]
 
 The simulator runs in its own process (TTFT 20 ms, ITL 5 ms); ``--sessions`` sessions run
 at once (``max_concurrency`` = sessions), each replaying a ``--turns``-turn conversation
@@ -78,7 +79,13 @@ def conversations(path: Path, n: int, turns: int, lengths: str, seed: int = 0) -
 
 
 def case(
-    url: str, path: str, sessions: int, think_ms: float, rate: float, lengths: str
+    url: str,
+    path: str,
+    sessions: int,
+    think_ms: float,
+    rate: float,
+    lengths: str,
+    realtime: bool = False,
 ) -> dict[str, Any]:
     spec = RunSpec(
         base_url=url,
@@ -95,9 +102,13 @@ def case(
         scrape_metrics=False,
         request_timeout_s=60,
     )
-    c0 = time.process_time()
-    res = eventloop.run(run_load(spec, run_tag="bench"))
-    cpu_s = time.process_time() - c0
+
+    async def load() -> tuple[Any, float]:
+        c0 = time.process_time()
+        res = await run_load(spec, run_tag="bench", realtime=realtime)
+        return res, time.process_time() - c0
+
+    res, cpu_s = eventloop.run(load())
     g = gaps_ms(res.records, think_ms)
     ok = sum(1 for r in res.records if r.status is RequestStatus.OK)
     p50, p99 = np.percentile(g, [50, 99]) if g.size else (float("nan"), float("nan"))
@@ -120,6 +131,8 @@ def case(
         "loop_lag_ms": {"p50": res.loop_lag.p50_ms, "p99": res.loop_lag.p99_ms},
         "max_in_flight": res.max_in_flight,
         "clock_source": res.clock_source.value,
+        "scheduling": res.scheduling.as_dict(),
+        "cpu_wait_ms": {"p99": res.cpu_wait.p99_ms, "max": res.cpu_wait.max_ms},
         "output_tokens_mean": float(np.mean([r.output_tokens or 0 for r in res.records])),
         "client_cpu_ms_per_turn": round(cpu_s * 1e3 / max(1, len(res.records)), 3),
     }
@@ -141,6 +154,11 @@ def main() -> int:
     ap.add_argument(
         "--lengths", nargs="+", choices=("fixed", "varied"), default=["fixed", "varied"]
     )
+    ap.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run the load thread at real-time priority (app.client.sched; needs the right)",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sessions.json"))
     args = ap.parse_args()
     cfg = SimConfig(ttft_ms=20, itl_ms=5, seed=1, record_ground_truth=False)
@@ -151,7 +169,9 @@ def main() -> int:
             conversations(path, args.sessions, args.turns, lengths)
             for rate in args.rates:
                 for think in args.think_ms:
-                    row = case(sim.base_url, str(path), args.sessions, think, rate, lengths)
+                    row = case(
+                        sim.base_url, str(path), args.sessions, think, rate, lengths, args.realtime
+                    )
                     rows.append(row)
                     print(summary_line(row), file=sys.stderr)
     out = {
