@@ -9,6 +9,7 @@ import json
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.client.http_stream import (
@@ -22,6 +23,7 @@ from app.client.http_stream import (
     request_head,
     request_headers,
 )
+from app.client.records import record_steps
 from app.client.reply import UNSURE, ReplyText
 from app.client.sessions import History, body_template, dumps, reply_text
 from app.client.spec import RunSpec
@@ -122,17 +124,40 @@ def cut_sets(n: int, seed: int) -> list[list[int]]:
     return [[], every] + [sorted(rng.sample(every, k)) for k in (1, 3, 10, 40) if k < n]
 
 
+def record(raw: RawStream) -> Any:
+    steps = record_steps(
+        raw, index=0, scheduled_ns=0, run_start_ns=0, tokenizer=BuiltinTokenizer(),
+        token_counting="auto",
+    )  # fmt: skip
+    try:
+        while True:
+            next(steps)
+    except StopIteration as stop:
+        return stop.value
+
+
+def same_records(a: Any, b: Any) -> bool:
+    fields = ("status", "error", "output_tokens", "tokenizer_output_tokens", "token_source")
+    fields += ("usage_prompt_tokens", "usage_completion_tokens", "sent_ns", "end_ns")
+    arrays = ("event_t_ns", "event_bytes", "event_kind", "event_tokens")
+    return all(getattr(a, f) == getattr(b, f) for f in fields) and all(
+        np.array_equal(getattr(a, f), getattr(b, f)) for f in arrays
+    )
+
+
 @pytest.mark.parametrize("name", sorted(CLAIMED) + sorted(OTHER))
 def test_reply_while_streaming_equals_the_finished_decode(name: str) -> None:
     response = CLAIMED.get(name) or OTHER[name]
     for i, cuts in enumerate(cut_sets(len(response), seed=hash(name) & 0xFFFF)):
         raw, acc = capture(response, cuts)
         fast = acc.result(raw)
-        exact = reply_text(raw)
+        exact = reply_text(capture(response, cuts)[0])
         if name in CLAIMED:
-            assert fast is not UNSURE, (name, i)
+            assert fast is not UNSURE and raw.ev_classified is not None, (name, i)
         if fast is not UNSURE:
             assert fast == exact, (name, i, fast, exact)
+        # the record, using the classification done while streaming, is the same
+        assert same_records(record(raw), record(capture(response, cuts)[0])), (name, i)
 
 
 def test_the_claimed_replies() -> None:

@@ -69,7 +69,7 @@ from app.client.connpool import (
     tx_stamps_supported,
 )
 from app.client.eventloop import StampingSelector, stamping_selector
-from app.client.events import http_error_text
+from app.client.events import Classified, http_error_text
 from app.client.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
 from app.domain import ClockSource, RequestStatus
 
@@ -484,6 +484,9 @@ class RawStream:
     read_to_close: bool = False  # the response was framed by the server closing
     server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
     content_type: str | None = None
+    # the first events' classification, already done while the stream arrived (a session's
+    # ``app.client.reply.ReplyText``): the record uses it for those events
+    ev_classified: list[Classified] | None = field(default=None, repr=False)
 
     def finalize(self) -> RawStream:
         """Decode the captured body into events (idempotent); never raises."""

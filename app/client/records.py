@@ -69,10 +69,13 @@ def record_steps(
     usage: dict[str, Any] | None = None
     stream_error: str | None = None
     classify = Classifier().classify
+    done = raw.ev_classified or []  # the first events, classified as they arrived
+    if len(done) > n:
+        done = []
     for i, data in enumerate(raw.ev_data):
         if i % RECORD_STEP_EVENTS == RECORD_STEP_EVENTS - 1:
             yield
-        kind, text, ev_usage, ev_error = classify(data)
+        kind, text, ev_usage, ev_error = done[i] if i < len(done) else classify(data)
         kind_list.append(kind)
         if ev_usage is not None:
             usage = ev_usage

@@ -13,14 +13,16 @@ It only claims the common case, and says when it cannot (``result`` returns ``UN
 the caller then decodes the stream the exact way. It is sure when the stream is an HTTP 200
 event stream (not a JSON answer), its status OK, every byte up to a ``data: [DONE]`` event
 decoded with LF-only line ends, and no framing or event-size error met on the way. Then
-the events before ``[DONE]`` are the ones ``finalize`` keeps, and the text is ``reply_text``'s.
+the events before ``[DONE]`` are the ones ``finalize`` keeps, and the text is ``reply_text``'s;
+their classification is handed to the record (``RawStream.ev_classified``), which then
+classifies only the events after them.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from app.client.events import Classifier
+from app.client.events import Classified, Classifier
 from app.client.http_stream import (
     MODE_CHUNKED,
     MODE_HEAD,
@@ -53,6 +55,7 @@ class ReplyText:
         "_pending",
         "_pos",
         "_stopped",
+        "classified",
         "done",
         "failed",
         "tokens",
@@ -72,6 +75,7 @@ class ReplyText:
         self._pending = b""  # event-stream bytes not yet split into events
         self._parts: list[str] = []
         self._classify = Classifier().classify
+        self.classified: list[Classified] = []  # each event before "[DONE]", as classified
         self._stopped = False  # nothing more to decode (done, failed or unsure)
         self.tokens = 0
         self.done = False  # a "[DONE]" event was decoded
@@ -196,7 +200,9 @@ class ReplyText:
                 if ev == b"[DONE]":
                     self.done = self._stopped = True
                     return
-                kind, text, _usage, error = classify(ev)
+                c = classify(ev)
+                self.classified.append(c)
+                kind, text, _usage, error = c
                 if error is not None:
                     self.failed = self._stopped = True
                     return
@@ -213,11 +219,15 @@ class ReplyText:
 
     def result(self, raw: RawStream) -> str | _Unsure | None:
         """The reply (``reply_text``'s answer: None for a failed turn) once ``raw`` ended,
-        or ``UNSURE`` where only the exact decode can tell."""
+        or ``UNSURE`` where only the exact decode can tell. When sure, the events decoded
+        are the first ones ``finalize`` will give: their classification goes to
+        ``raw.ev_classified`` so that the record does not classify them again."""
         if self.unsure or raw.status is not RequestStatus.OK:
             return UNSURE
         if self.failed:
+            raw.ev_classified = self.classified
             return None
         if not self.done:
             return UNSURE
+        raw.ev_classified = self.classified
         return "".join(self._parts) if self.tokens else None
