@@ -14,6 +14,8 @@ best of several repetitions, so the figures stay meaningful on a busy machine):
 * per read: the read callback's bookkeeping (``StreamRequest._took``) for one read of one
   event, alone and with ``ReplyText.feed`` (what a session's stream pays for decoding its
   reply as it arrives).
+* record: post-processing one finished stream into its record (off the critical path),
+  classifying every event, or taking the classification ``ReplyText`` did.
 * dispatch: building one trace request (a 1,536-token Mooncake prompt: body, headers,
   request bytes), done before the request is due.
 
@@ -48,6 +50,7 @@ from app.client.http_stream import (
     request_head,
     request_headers,
 )
+from app.client.records import record_steps
 from app.client.reply import ReplyText
 from app.client.sessions import History, _NextTurn, body_template, dumps, reply_text
 from app.client.spec import RunSpec
@@ -222,6 +225,22 @@ def main() -> int:
     def one_read(state: tuple[StreamRequest, ReplyText | None]) -> None:
         feed(state[0], mid, state[1])
 
+    def streamed_with_reply() -> RawStream:
+        acc = ReplyText()
+        raw = feed(new_stream(), pieces, acc)
+        acc.result(raw)  # hands its classification to the record
+        return raw
+
+    def build_record(raw: RawStream) -> object:
+        steps = record_steps(
+            raw, index=0, scheduled_ns=0, run_start_ns=0, tokenizer=tok, token_counting="auto"
+        )
+        try:
+            while True:
+                next(steps)
+        except StopIteration as stop:
+            return stop.value
+
     old_req = whole_stream_decode(finished_stream())
     assert while_streaming(before_last_read()) == old_req  # the same bytes either way
 
@@ -249,6 +268,10 @@ def main() -> int:
             "capture_and_reply_feed": cpu_us(one_read, read_setup(True), n=2000),
         },
         "dispatch_build_us": cpu_us(dispatch_build, n=2000),
+        "record_us": {  # post-processing one finished stream into its record
+            "classifying_every_event": cpu_us(build_record, finished_stream),
+            "events_classified_while_streaming": cpu_us(build_record, streamed_with_reply),
+        },
     }
     nt = out["next_turn_us"]
     out["next_turn_speedup"] = round(nt["whole_stream_decode"] / nt["while_streaming"], 1)

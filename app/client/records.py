@@ -30,7 +30,7 @@ from app.client.spec import TokenCounting
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
 from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus
 
-RECORD_STEP_EVENTS = 48  # events classified per resumable piece of record_steps
+RECORD_STEP_EVENTS = 16  # events classified per resumable piece of record_steps
 
 
 def _int_or_none(usage: dict[str, Any] | None, key: str) -> int | None:
@@ -62,6 +62,7 @@ def record_steps(
     """Build the record in resumable pieces: yields between pieces (finalizing the stream,
     every ``RECORD_STEP_EVENTS`` events classified, token counting) and returns the record."""
     yield from raw.finalize_steps()  # nothing to do when already decoded
+    yield
     n = len(raw.ev_t)
     kind_list: list[int] = []
     texts: list[str] = []

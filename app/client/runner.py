@@ -71,6 +71,7 @@ from app.domain import ClockSource, RequestRecord, RequestStatus
 
 MONITOR_PERIOD_S = 0.005
 SPIN_NS = 1_200_000  # ``wait_until``: the last stretch of a wait, in zero-timeout loop rounds
+HOLD_BACKLOG_MAX = 64  # streams waiting for post-processing beyond which it never pauses
 POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
 BURST_STARTS = 4  # request starts between two I/O rounds during a burst
 CLOCK_RESAMPLE_S = 1.0
@@ -217,6 +218,7 @@ class _Run:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.halted: str | None = None
         self.sleepers: set[asyncio.Future[None]] = set()  # ``wait_until``s: ``halt`` wakes them
+        self.holding = 0  # waits in their last stretch that asked post-processing to pause
         self.phase = "warmup"
         # every measured request due at t = 0 (rate inf): their start is a burst, not lag
         self.all_at_once = math.isinf(spec.request_rate)
@@ -259,13 +261,18 @@ class _Run:
         for sr in list(self.active):
             sr.abort(RequestStatus.CANCELLED, message)
 
-    async def wait_until(self, t_ns: int) -> None:
+    async def wait_until(
+        self, t_ns: int, on_spin: Callable[[], None] | None = None, *, hold: bool = False
+    ) -> None:
         """Return at ``t_ns`` (monotonic), never before it, or as soon as the run halts.
 
         The event loop's timers wake late by up to a millisecond (epoll waits in whole
         milliseconds, rounded up): the loop's timer sleeps until ``SPIN_NS`` before
         ``t_ns``, then the wait ends in zero-timeout loop rounds (I/O and other tasks
-        served meanwhile) until the clock reaches ``t_ns``."""
+        served meanwhile) until the clock reaches ``t_ns``. ``on_spin`` is called as that
+        last stretch begins (work to get out of the way before ``t_ns``); ``hold`` pauses
+        post-processing meanwhile (one of its pieces may take a millisecond), unless its
+        backlog is long."""
         if self.halted:
             return
         now = time.monotonic_ns()
@@ -279,8 +286,15 @@ class _Run:
             finally:
                 h.cancel()
                 self.sleepers.discard(fut)
-        while not self.halted and time.monotonic_ns() < t_ns:
-            await asyncio.sleep(0)
+        if on_spin is not None and not self.halted:
+            on_spin()
+        held = 1 if hold else 0
+        self.holding += held
+        try:
+            while not self.halted and time.monotonic_ns() < t_ns:
+                await asyncio.sleep(0)
+        finally:
+            self.holding -= held
 
     # ---- requests
 
@@ -319,14 +333,21 @@ class _Run:
             sr = self.stream(rid, req)
             scheduled = self.start_ns + it.scheduled_ns
             if scheduled > time.monotonic_ns():
-                await self.wait_until(scheduled)
+                # the kept-alive connection is taken (and checked) before the send is due
+                free = sr is not None and not self.sem.locked()
+                reserve = sr.reserve if sr is not None and free else None
+                await self.wait_until(scheduled, reserve, hold=True)
                 burst = 0
             if self.halted:
+                if sr is not None:
+                    sr.unreserve()
                 break
             waited = self.sem.locked()
             await self.sem.acquire()
             if self.halted:
                 self.sem.release()
+                if sr is not None:
+                    sr.unreserve()
                 break
             # When the request could start: when it was due, or when the slot it took was
             # given back, if later (the k-th slot taken past the first ``slots`` is the k-th
@@ -462,9 +483,14 @@ class _Run:
                 await self.backlog_ready.wait()
                 continue
             t_end = time.monotonic_ns() + POSTPROCESS_SLICE_NS
-            while time.monotonic_ns() < t_end and self.step():
+            while time.monotonic_ns() < t_end and not self.held() and self.step():
                 pass
             await asyncio.sleep(0)
+
+    def held(self) -> bool:
+        """Post-processing pauses while a request is about to be sent (``wait_until``'s
+        ``hold``), unless the backlog is long."""
+        return self.holding > 0 and len(self.backlog) <= HOLD_BACKLOG_MAX
 
     def step(self) -> bool:
         """Run one piece of post-processing; False when there is nothing left to do."""
