@@ -16,6 +16,8 @@ best of several repetitions, so the figures stay meaningful on a busy machine):
   reply as it arrives).
 * record: post-processing one finished stream into its record (off the critical path),
   classifying every event, or taking the classification ``ReplyText`` did.
+* stream object: creating one request's ``StreamRequest`` (a next turn's, after its bytes;
+  starting it, the connection check and the send syscall are not in these figures).
 * dispatch: building one trace request (a 1,536-token Mooncake prompt: body, headers,
   request bytes), done before the request is due.
 
@@ -268,6 +270,7 @@ def main() -> int:
             "capture_and_reply_feed": cpu_us(one_read, read_setup(True), n=2000),
         },
         "dispatch_build_us": cpu_us(dispatch_build, n=2000),
+        "stream_object_us": cpu_us(new_stream, n=2000),  # a request's StreamRequest
         "record_us": {  # post-processing one finished stream into its record
             "classifying_every_event": cpu_us(build_record, finished_stream),
             "events_classified_while_streaming": cpu_us(build_record, streamed_with_reply),
