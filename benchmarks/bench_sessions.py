@@ -1,28 +1,38 @@
 """Multi-turn sessions: how soon after a reply ends does its session's next turn leave?
 
     python benchmarks/bench_sessions.py [--sessions 256] [--turns 4] [--think-ms 0 50]
+        [--rates inf 100] [--lengths fixed varied] [--realtime]
         [--out benchmarks/results/sessions.json]
 
-The simulator runs in its own process (TTFT 20 ms, ITL 5 ms, 32 output tokens per turn);
-``--sessions`` sessions run at once (``max_concurrency`` = sessions), each replaying a
-``--turns``-turn conversation of a generated JSONL file, with every think time of
-``--think-ms``, the sessions started all at once (their turns then end together: the
-worst case, every next turn built in the same moment) or at ``--rates`` per second. For
-each pair of consecutive turns of a session, from the records: the gap
-``next turn's send - previous reply's end - think time`` (ms): p50, p99, max and the share
-within 1 ms (the issue's target), plus the runner's send lag (it measures the same from
-each turn's due time) and event-loop lag. Timing on a shared machine is noisy.
+The simulator runs in its own process (TTFT 20 ms, ITL 5 ms); ``--sessions`` sessions run
+at once (``max_concurrency`` = sessions), each replaying a ``--turns``-turn conversation
+(64-word human turns), with every think time of ``--think-ms``, the sessions started all at
+once (rate inf) or at ``--rates`` per second. Two reply-length cases:
+
+* ``fixed``: every reply 32 tokens. Started at once, every session's turn then ends in the
+  same moment, so all next turns are built and sent in one burst: this row measures how
+  long the client takes to work through 256 next turns, not one session's wait.
+* ``varied``: each turn's reply length drawn per conversation (log-normal, median 32
+  tokens, 4..256, as ShareGPT's replies spread), so reply ends spread out as with real
+  conversations.
+
+For each pair of consecutive turns of a session, from the records: the gap ``next turn's
+send stamp - previous reply's end stamp - think time`` (ms; the records' ``sent_ns`` and
+``end_ns``): p50, p99, max and the share within 1 ms (the target of issue 16), plus the
+runner's send lag (the same from each turn's due time), event-loop lag and the client's
+CPU time per turn. Timing on a shared machine is noisy.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
+import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.client import eventloop
 from app.client.runner import run_load
 from app.client.spec import RunSpec
 from app.domain import RequestStatus
@@ -47,7 +58,35 @@ def gaps_ms(records: list[Any], think_ms: float) -> np.ndarray:
     return np.asarray(out, np.float64)
 
 
-def case(url: str, path: str, sessions: int, think_ms: float, rate: float) -> dict[str, Any]:
+def conversations(path: Path, n: int, turns: int, lengths: str, seed: int = 0) -> None:
+    """``n`` conversations of ``turns`` 64-word human turns; each assistant message's token
+    count is the reply length asked for that turn (``max_tokens``)."""
+    rng = np.random.default_rng(seed)
+    words = " ".join(f"w{i}" for i in range(64))
+    lines = []
+    for _ in range(n):
+        if lengths == "fixed":
+            outs = [32] * turns
+        else:
+            drawn = np.clip(np.round(rng.lognormal(np.log(32), 0.8, turns)), 4, 256)
+            outs = [int(o) for o in drawn]
+        msgs: list[dict[str, str]] = []
+        for k, o in enumerate(outs):
+            msgs.append({"role": "user", "content": f"turn {k}: {words}"})
+            msgs.append({"role": "assistant", "content": " ".join(["x"] * int(o))})
+        lines.append(json.dumps({"messages": msgs}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def case(
+    url: str,
+    path: str,
+    sessions: int,
+    think_ms: float,
+    rate: float,
+    lengths: str,
+    realtime: bool = False,
+) -> dict[str, Any]:
     spec = RunSpec(
         base_url=url,
         model="sim",
@@ -63,11 +102,18 @@ def case(url: str, path: str, sessions: int, think_ms: float, rate: float) -> di
         scrape_metrics=False,
         request_timeout_s=60,
     )
-    res = asyncio.run(run_load(spec, run_tag="bench"))
+
+    async def load() -> tuple[Any, float]:
+        c0 = time.process_time()
+        res = await run_load(spec, run_tag="bench", realtime=realtime)
+        return res, time.process_time() - c0
+
+    res, cpu_s = eventloop.run(load())
     g = gaps_ms(res.records, think_ms)
     ok = sum(1 for r in res.records if r.status is RequestStatus.OK)
     p50, p99 = np.percentile(g, [50, 99]) if g.size else (float("nan"), float("nan"))
     return {
+        "lengths": lengths,
         "sessions": sessions,
         "think_ms": think_ms,
         "session_rate_per_s": "inf" if rate == float("inf") else rate,
@@ -85,6 +131,10 @@ def case(url: str, path: str, sessions: int, think_ms: float, rate: float) -> di
         "loop_lag_ms": {"p50": res.loop_lag.p50_ms, "p99": res.loop_lag.p99_ms},
         "max_in_flight": res.max_in_flight,
         "clock_source": res.clock_source.value,
+        "scheduling": res.scheduling.as_dict(),
+        "cpu_wait_ms": {"p99": res.cpu_wait.p99_ms, "max": res.cpu_wait.max_ms},
+        "output_tokens_mean": float(np.mean([r.output_tokens or 0 for r in res.records])),
+        "client_cpu_ms_per_turn": round(cpu_s * 1e3 / max(1, len(res.records)), 3),
     }
 
 
@@ -101,30 +151,54 @@ def main() -> int:
         help="session start rates (per s): inf starts every session at once (their turns "
         "then end together), a finite rate staggers them",
     )
+    ap.add_argument(
+        "--lengths", nargs="+", choices=("fixed", "varied"), default=["fixed", "varied"]
+    )
+    ap.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run the load thread at real-time priority (app.client.sched; needs the right)",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sessions.json"))
     args = ap.parse_args()
     cfg = SimConfig(ttft_ms=20, itl_ms=5, seed=1, record_ground_truth=False)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "conv.jsonl"
-        words = " ".join(f"w{i}" for i in range(64))
-        line = {"turns": [f"turn {k}: {words}" for k in range(args.turns)]}
-        path.write_text(json.dumps(line) + "\n")
-        with start_simulator_process(cfg) as sim:
+    with tempfile.TemporaryDirectory() as tmp, start_simulator_process(cfg) as sim:
+        for lengths in args.lengths:
+            path = Path(tmp) / f"conv-{lengths}.jsonl"
+            conversations(path, args.sessions, args.turns, lengths)
             for rate in args.rates:
                 for think in args.think_ms:
-                    rows.append(case(sim.base_url, str(path), args.sessions, think, rate))
+                    row = case(
+                        sim.base_url, str(path), args.sessions, think, rate, lengths, args.realtime
+                    )
+                    rows.append(row)
+                    print(summary_line(row), file=sys.stderr)
     out = {
         "host": platform.node(),
         "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
         "note": "timing on a shared machine; noisy under contention",
-        "simulator": {"ttft_ms": 20, "itl_ms": 5, "output_tokens": 32},
+        "simulator": {"ttft_ms": 20, "itl_ms": 5},
         "turns_per_session": args.turns,
         "cases": rows,
     }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))
     return 0
+
+
+def summary_line(row: dict[str, Any]) -> str:
+    g = row["gap_ms"]
+    return (
+        f"{row['lengths']:>6} replies, {row['sessions']} sessions at "
+        f"{row['session_rate_per_s']}/s, think {row['think_ms']:g} ms: next-turn gap p50 "
+        f"{g['p50']:.2f} ms, p99 {g['p99']:.2f} ms, max {g['max']:.2f} ms, "
+        f"{100 * (row['share_within_1ms'] or 0):.0f}% within 1 ms; loop lag p99 "
+        f"{row['loop_lag_ms']['p99']:.2f} ms; client CPU {row['client_cpu_ms_per_turn']} ms/turn"
+    )
 
 
 if __name__ == "__main__":

@@ -24,10 +24,14 @@
 (h) workloads: a Mooncake trace at 100 req/s replayed against the simulator: arrival
     lateness against the trace's schedule (p50/p99/max; target p99 <= 1 ms);
 (i) sessions: 256 concurrent multi-turn sessions against the simulator: how long after each
-    reply's end (+ think time) its session's next turn left (the target: within 1 ms).
+    reply's end (+ think time) its session's next turn left (the target: within 1 ms), with
+    fixed reply lengths (every turn ends together: a burst) and varied ones (ShareGPT-like);
+(j) ops: the client's CPU per operation on those paths (next-turn build, per read, a trace
+    request's bytes, a record), meaningful on a busy machine.
 
 Results: fidelity.json, capacity.json, storage.json, pages.json, imports.json,
-browser_paint.json, datasets.json, workloads.json, sessions.json and summary.md.
+browser_paint.json, datasets.json, workloads.json, sessions.json, client_ops.json and
+summary.md.
 """
 
 from __future__ import annotations
@@ -213,6 +217,7 @@ def summary_md(
     datasets: dict[str, Any] | None = None,
     workloads: dict[str, Any] | None = None,
     sessions: dict[str, Any] | None = None,
+    ops: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# Benchmark figures",
@@ -311,12 +316,15 @@ def summary_md(
     if sessions:
         lines += ["", "## (i) Multi-turn sessions", "", "```", json.dumps(sessions, indent=2)]
         lines += ["```"]
+    if ops:
+        lines += ["", "## (j) Client cost per operation", "", "```", json.dumps(ops, indent=2)]
+        lines += ["```"]
     return "\n".join(lines) + "\n"
 
 
 PARTS = (
     "fidelity", "capacity", "storage", "pages", "imports", "paint", "datasets", "workloads",
-    "sessions", "head",
+    "sessions", "head", "ops",
 )  # fmt: skip
 
 
@@ -388,7 +396,14 @@ def main() -> int:
             [sys.executable, str(HERE / "bench_sessions.py")], check=True, cwd=HERE.parent
         )
     sessions = _earlier("sessions.json")
-    summary = summary_md(fid, cap, storage, pages, imports, paint, datasets, workloads, sessions)
+    if "ops" in args.only:
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_client_ops.py")], check=True, cwd=HERE.parent
+        )
+    ops = _earlier("client_ops.json")
+    summary = summary_md(
+        fid, cap, storage, pages, imports, paint, datasets, workloads, sessions, ops
+    )
     (RESULTS / "summary.md").write_text(summary)
     print((RESULTS / "summary.md").read_text())
     return 0

@@ -322,3 +322,70 @@ def test_blocks_under_a_hugging_face_tokenizer(
     assert texts[0] == b7 + blocks.block_text(8, 4) + blocks.block_text(9, 2)
     for p in w.measured:
         assert p.input_tokens == len(hf_tokenizer.encode(p.prompt or ""))
+
+
+def test_a_replay_reuses_its_connection_and_never_sends_early(tmp_path: Path) -> None:
+    """Each send waits on the loop's timer, then ends the wait in zero-timeout rounds taking
+    the kept-alive connection ahead of the send: every request leaves at or after its trace
+    time, all on the one connection (none taken ahead and lost); a stop during a wait ends
+    the run with the requests due before it sent."""
+    sim_mod = pytest.importorskip("app.targets.simulator")
+    from app.targets.sim_config import SimConfig
+
+    times_ms = [0, 15, 30, 45, 60, 90, 105, 120, 140, 160]  # each ends before the next
+    rows: list[dict[str, Any] | str] = [
+        {"timestamp": t, "prompt": f"p{i}", "output_len": 2} for i, t in enumerate(times_ms)
+    ]
+    path = write_lines(tmp_path / "t.jsonl", rows)
+    handle = sim_mod.start_simulator_thread(SimConfig(ttft_ms=1.0, itl_ms=0.5, seed=1))
+    try:
+        spec = trace_spec(
+            path,
+            base_url=handle.base_url,
+            dataset="timed_jsonl",
+            num_prompts=len(times_ms),
+            request_timeout_s=10.0,
+            scrape_metrics=False,
+        )
+        res = run_load_sync(spec, run_tag="ka", handle_sigint=False)
+        short = spec.model_copy(update={"max_duration_s": 0.5, "num_prompts": 2})
+        rows2: list[dict[str, Any] | str] = [
+            {"timestamp": 0, "prompt": "a", "output_len": 2},
+            {"timestamp": 5000, "prompt": "b", "output_len": 2},  # never due: the run ends
+        ]
+        cut = run_load_sync(
+            short.model_copy(update={"dataset_path": write_lines(tmp_path / "c.jsonl", rows2)}),
+            run_tag="st",
+            handle_sigint=False,
+        )
+    finally:
+        handle.stop()
+    recs = sorted(res.records, key=lambda r: r.index)
+    assert [r.status for r in recs] == [RequestStatus.OK] * len(times_ms)
+    assert all((r.sent_ns or 0) >= r.scheduled_ns for r in recs)
+    assert res.connections["opened"] == 1 and res.connections["reused"] == len(times_ms) - 1
+    assert cut.stopped == "max_duration" and cut.counts["sent"] == 1
+    assert cut.end_ns < 2e9  # the 5 s wait was cut short
+
+
+def test_a_connection_taken_ahead_goes_back_when_the_request_does_not_start() -> None:
+    from app.client.connpool import Conn, ConnPool
+    from app.client.http_stream import ClockMap, StreamRequest, parse_target
+
+    pool = ConnPool(keep_alive=True, bound=4)
+    a, b = socket.socketpair()
+    try:
+        conn = Conn(id=pool.new_id(), sock=a, family=socket.AF_UNIX)
+        pool.give(conn)
+        sr = StreamRequest(
+            parse_target("http://127.0.0.1:9"), ("127.0.0.1", 9), socket.AF_INET,
+            "/v1/completions", b"", [], request_id="r", timeout_s=1.0, clock=ClockMap(),
+            pool=pool,
+        )  # fmt: skip
+        sr.reserve()
+        assert pool.idle == 0
+        sr.unreserve()
+        assert pool.idle == 1 and pool.take() is conn
+    finally:
+        a.close()
+        b.close()

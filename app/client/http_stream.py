@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from app.client.connpool import (
@@ -69,7 +69,7 @@ from app.client.connpool import (
     tx_stamps_supported,
 )
 from app.client.eventloop import StampingSelector, stamping_selector
-from app.client.events import http_error_text
+from app.client.events import Classified, http_error_text
 from app.client.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
 from app.domain import ClockSource, RequestStatus
 
@@ -297,6 +297,7 @@ _MODE_HEAD = 0  # still reading the response head
 _MODE_CHUNKED = 1
 _MODE_LENGTH = 2  # Content-Length (or an empty body: 204/304, HEAD)
 _MODE_CLOSE = 3  # read until the server closes
+MODE_HEAD, MODE_CHUNKED, MODE_LENGTH = _MODE_HEAD, _MODE_CHUNKED, _MODE_LENGTH  # RawStream.mode
 _LAST_CHUNK = b"\r\n0\r\n\r\n"
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _MAX_HEAD_BYTES = 64 * 1024
@@ -483,6 +484,9 @@ class RawStream:
     read_to_close: bool = False  # the response was framed by the server closing
     server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
     content_type: str | None = None
+    # the first events' classification, already done while the stream arrived (a session's
+    # ``app.client.reply.ReplyText``): the record uses it for those events
+    ev_classified: list[Classified] | None = field(default=None, repr=False)
 
     def finalize(self) -> RawStream:
         """Decode the captured body into events (idempotent); never raises."""
@@ -627,18 +631,37 @@ def _read_buffer(size: int) -> list[memoryview]:
     return b
 
 
-def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
-    """The HTTP/1.1 request bytes (fixed and simple: no h11 needed)."""
+def request_head(path: str, headers: list[tuple[str, str]]) -> bytes:
+    """The request line and ``headers``, each line ending in CRLF: everything before the
+    ``Content-Length`` line (``finish_request`` adds it and the body)."""
     lines = [f"POST {path} HTTP/1.1"]
     for k, v in headers:
         if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
             raise ValueError(f"invalid header {k!r}")
         lines.append(f"{k}: {v}")
-    lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
+def finish_request(head: bytes, body: bytes) -> bytes:
+    """``head`` (``request_head``) + ``Content-Length`` + the blank line + ``body``."""
+    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+
+
+def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """The HTTP/1.1 request bytes (fixed and simple: no h11 needed)."""
+    return finish_request(request_head(path, headers), body)
 
 
 DONE_GRACE_S = 0.5  # keep-alive: how long after "[DONE]" the body's own end may take
+
+
+class ReplyFeed(Protocol):
+    """Decodes a stream while it arrives (``app.client.reply.ReplyText``): ``feed`` is called
+    after each read that added bytes, ``reset`` when the request starts over."""
+
+    def feed(self, raw: RawStream) -> None: ...
+
+    def reset(self) -> None: ...
 
 
 class StreamRequest:
@@ -678,7 +701,9 @@ class StreamRequest:
         "_pool",
         "_rbuf",
         "_reader_fd",
+        "_reply",
         "_req_bytes",
+        "_reserved",
         "_sel",
         "_sent",
         "_ssl_ctx",
@@ -711,8 +736,11 @@ class StreamRequest:
         ssl_context: ssl.SSLContext | None = None,
         pool: ConnPool | None = None,
         done_grace_s: float = DONE_GRACE_S,
+        reply: ReplyFeed | None = None,
     ) -> None:
         self._target = target
+        self._reply = reply
+        self._reserved: Conn | None = None  # a pooled connection taken ahead (``reserve``)
         self._addr = addr
         self._family = family
         self._timeout_s = timeout_s
@@ -812,6 +840,13 @@ class StreamRequest:
     async def run(self, *, finalize: bool = True) -> RawStream:
         """Run the request. With ``finalize=False`` the body is left undecoded: call
         ``raw.finalize()`` later (the runner does it between I/O rounds)."""
+        self.start()
+        return await self.wait(finalize=finalize)
+
+    def start(self) -> None:
+        """Start the request now, on the running loop, without a task switch: connect (or
+        take a kept-alive connection) and send from here (``run`` = ``start`` + ``wait``).
+        The caller must then ``await wait()``, which releases what the request holds."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._sel = stamping_selector(loop)
@@ -819,16 +854,29 @@ class StreamRequest:
         self._timer = loop.call_later(self._timeout_s, self._on_timeout)
         try:
             self._start()
+        except BaseException:
+            self._close_out()
+            raise
+
+    async def wait(self, *, finalize: bool = True) -> RawStream:
+        """Wait for the request ``start`` began to end; its ``RawStream`` (finalized unless
+        ``finalize=False``)."""
+        assert self._done is not None, "start() first"
+        try:
             await self._done
         finally:
-            self._timer.cancel()
-            if not self._finished:  # cancelled from outside
-                self._finish(RequestStatus.CANCELLED, "request cancelled", time.monotonic_ns())
-            self._release()
+            self._close_out()
         r = self.raw
         if r.kernel_reads and not r.user_reads:
             r.clock = ClockSource.KERNEL
         return r.finalize() if finalize else r
+
+    def _close_out(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._finished:  # cancelled from outside
+            self._finish(RequestStatus.CANCELLED, "request cancelled", time.monotonic_ns())
+        self._release()
 
     def _release(self) -> None:
         """Resolve ``t0`` from the transmit stamps, then keep or close the connection."""
@@ -874,12 +922,27 @@ class StreamRequest:
                             r.sent_end_ns = t1
         stamps.clear()
 
+    def reserve(self) -> None:
+        """Take the kept-alive connection ``start`` will use now, ahead of the send: the
+        pool's check that the server has not closed it (a ``recv`` peek: ~50 µs on
+        loopback, the kernel's pending work on the socket included) then happens before the
+        request is due. ``unreserve`` gives it back when the request is not started."""
+        if self._keep_alive and self._pool is not None and self._reserved is None:
+            self._reserved = self._pool.take()
+
+    def unreserve(self) -> None:
+        conn, self._reserved = self._reserved, None
+        if conn is not None and self._pool is not None:
+            self._pool.give(conn)
+
     def _start(self) -> None:
         """Take an open connection or open one; send from callbacks (no futures or task
         switches on the way)."""
         r = self.raw
         r.io_start_ns = r.t0_ns = time.monotonic_ns()
-        conn = self._pool.take() if self._keep_alive and self._pool is not None else None
+        conn, self._reserved = self._reserved, None
+        if conn is None and self._keep_alive and self._pool is not None:
+            conn = self._pool.take()
         if conn is None:
             self._open()
             return
@@ -984,6 +1047,8 @@ class StreamRequest:
         else:
             conn.close()
         r.retries += 1
+        if self._reply is not None:
+            self._reply.reset()
         r.buf = bytearray()
         r.read_t, r.read_user_t, r.read_end = [], [], []
         r.mode, r.body_start, r.body_end = _MODE_HEAD, -1, -1
@@ -1191,6 +1256,8 @@ class StreamRequest:
         old = len(buf)
         buf += rbuf[0][:n]
         self._took(old, n, stamp, t_user)
+        if self._reply is not None:
+            self._reply.feed(r)
 
     def _on_readable_tls(self) -> None:
         """``_on_readable`` for TLS: the read's stamp goes to the plaintext it made
@@ -1251,6 +1318,8 @@ class StreamRequest:
             old = len(buf)
             buf += data
             self._took(old, len(data), stamp, t_user)
+            if self._reply is not None:
+                self._reply.feed(r)
         if self._finished:
             return
         if closed:

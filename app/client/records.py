@@ -33,7 +33,7 @@ from app.client.spec import TokenCounting
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
 from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus
 
-RECORD_STEP_EVENTS = 48  # events classified per resumable piece of record_steps
+RECORD_STEP_EVENTS = 16  # events classified per resumable piece of record_steps
 
 
 def _int_or_none(usage: dict[str, Any] | None, key: str) -> int | None:
@@ -65,6 +65,7 @@ def record_steps(
     """Build the record in resumable pieces: yields between pieces (finalizing the stream,
     every ``RECORD_STEP_EVENTS`` events classified, token counting) and returns the record."""
     yield from raw.finalize_steps()  # nothing to do when already decoded
+    yield
     n = len(raw.ev_t)
     kind_list: list[int] = []
     texts: list[str] = []
@@ -73,10 +74,13 @@ def record_steps(
     usage_data: bytes | None = None  # the event that carried ``usage``
     stream_error: str | None = None
     classify = Classifier().classify
+    done = raw.ev_classified or []  # the first events, classified as they arrived
+    if len(done) > n:
+        done = []
     for i, data in enumerate(raw.ev_data):
         if i % RECORD_STEP_EVENTS == RECORD_STEP_EVENTS - 1:
             yield
-        kind, text, ev_usage, ev_error = classify(data)
+        kind, text, ev_usage, ev_error = done[i] if i < len(done) else classify(data)
         kind_list.append(kind)
         if ev_usage is not None:
             usage, usage_data = ev_usage, data

@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +44,7 @@ from app.client.datasets.base import Prompt, Workload
 from app.client.http_stream import (
     ClockMap,
     RawStream,
+    ReplyFeed,
     StreamRequest,
     Target,
     build_request,
@@ -69,6 +70,8 @@ from app.client.workload import build_workload
 from app.domain import ClockSource, RequestRecord, RequestStatus
 
 MONITOR_PERIOD_S = 0.005
+SPIN_NS = 1_200_000  # ``wait_until``: the last stretch of a wait, in zero-timeout loop rounds
+HOLD_BACKLOG_MAX = 64  # streams waiting for post-processing beyond which it never pauses
 POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
 BURST_STARTS = 4  # request starts between two I/O rounds during a burst
 CLOCK_RESAMPLE_S = 1.0
@@ -214,8 +217,8 @@ class _Run:
         self.active: set[StreamRequest] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.halted: str | None = None
-        self.halted_event = asyncio.Event()  # set by ``halt`` (sessions' think times wait on it)
-        self.wake: asyncio.Future[None] | None = None
+        self.sleepers: set[asyncio.Future[None]] = set()  # ``wait_until``s: ``halt`` wakes them
+        self.holding = 0  # waits in their last stretch that asked post-processing to pause
         self.phase = "warmup"
         # every measured request due at t = 0 (rate inf): their start is a burst, not lag
         self.all_at_once = math.isinf(spec.request_rate)
@@ -253,25 +256,45 @@ class _Run:
         if self.halted is not None:
             return
         self.halted = reason
-        self.halted_event.set()
-        if self.wake is not None and not self.wake.done():
-            self.wake.set_result(None)
+        for fut in list(self.sleepers):
+            _set_once(fut)
         for sr in list(self.active):
             sr.abort(RequestStatus.CANCELLED, message)
 
-    async def sleep_until(self, t_ns: int) -> None:
-        delay = (t_ns - time.monotonic_ns()) / 1e9
-        if delay <= 0 or self.halted:
+    async def wait_until(
+        self, t_ns: int, on_spin: Callable[[], None] | None = None, *, hold: bool = False
+    ) -> None:
+        """Return at ``t_ns`` (monotonic), never before it, or as soon as the run halts.
+
+        The event loop's timers wake late by up to a millisecond (epoll waits in whole
+        milliseconds, rounded up): the loop's timer sleeps until ``SPIN_NS`` before
+        ``t_ns``, then the wait ends in zero-timeout loop rounds (I/O and other tasks
+        served meanwhile) until the clock reaches ``t_ns``. ``on_spin`` is called as that
+        last stretch begins (work to get out of the way before ``t_ns``); ``hold`` pauses
+        post-processing meanwhile (one of its pieces may take a millisecond), unless its
+        backlog is long."""
+        if self.halted:
             return
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self.wake = fut
-        h = loop.call_later(delay, _set_once, fut)
+        now = time.monotonic_ns()
+        if t_ns - now > SPIN_NS:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            self.sleepers.add(fut)
+            h = loop.call_later((t_ns - SPIN_NS - now) / 1e9, _set_once, fut)
+            try:
+                await fut
+            finally:
+                h.cancel()
+                self.sleepers.discard(fut)
+        if on_spin is not None and not self.halted:
+            on_spin()
+        held = 1 if hold else 0
+        self.holding += held
         try:
-            await fut
+            while not self.halted and time.monotonic_ns() < t_ns:
+                await asyncio.sleep(0)
         finally:
-            h.cancel()
-            self.wake = None
+            self.holding -= held
 
     # ---- requests
 
@@ -307,16 +330,24 @@ class _Run:
                 stream=spec.stream,
             )
             req = build_request(self.path, headers, body)
+            sr = self.stream(rid, req)
             scheduled = self.start_ns + it.scheduled_ns
             if scheduled > time.monotonic_ns():
-                await self.sleep_until(scheduled)
+                # the kept-alive connection is taken (and checked) before the send is due
+                free = sr is not None and not self.sem.locked()
+                reserve = sr.reserve if sr is not None and free else None
+                await self.wait_until(scheduled, reserve, hold=True)
                 burst = 0
             if self.halted:
+                if sr is not None:
+                    sr.unreserve()
                 break
             waited = self.sem.locked()
             await self.sem.acquire()
             if self.halted:
                 self.sem.release()
+                if sr is not None:
+                    sr.unreserve()
                 break
             # When the request could start: when it was due, or when the slot it took was
             # given back, if later (the k-th slot taken past the first ``slots`` is the k-th
@@ -329,7 +360,9 @@ class _Run:
                 due = max(scheduled, self.release_times.popleft())
             if waited and not self.capped and not it.warmup:
                 self.pool_waits += 1
-            task = asyncio.create_task(self.one(it, rid, req, due, scheduled, fresh_slot))
+            # started here, not in the task's first step a loop round later
+            stream = self.begin(sr, rid)
+            task = asyncio.create_task(self.complete(it, stream, due, scheduled, fresh_slot))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             self.sent_total += 1
@@ -344,51 +377,81 @@ class _Run:
         while self.tasks:
             await asyncio.wait(set(self.tasks))
 
-    async def one(
-        self, it: _Item, rid: str, req: bytes, due_ns: int, scheduled_ns: int, fresh_slot: bool
-    ) -> RawStream:
-        spec = self.spec
+    def stream(
+        self, rid: str, req: bytes, reply: ReplyFeed | None = None
+    ) -> StreamRequest | None:
+        """The request, ready to start (None when the target's address is unknown)."""
+        if self.addr is None:
+            return None
+        family, addr = self.addr
+        return StreamRequest(
+            self.target,
+            addr,
+            family,
+            self.path,
+            b"",
+            [],
+            request_id=rid,
+            timeout_s=self.spec.request_timeout_s,
+            clock=self.clock,
+            kernel_stamps=self.kernel_stamps,
+            request_bytes=req,
+            pool=self.pool,
+            reply=reply,
+        )
+
+    def begin(self, sr: StreamRequest | None, rid: str) -> StreamRequest | RawStream:
+        """Start ``sr`` now, on a slot the caller holds; ``complete`` must follow. Without a
+        request (no address) the failed stream it would have been."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if sr is None:
+            now = time.monotonic_ns()
+            raw = RawStream(request_id=rid, t0_ns=now, end_ns=now)
+            raw.status = RequestStatus.ERROR
+            raw.error = self.resolve_error or "target address unknown"
+            return raw
+        self.active.add(sr)
         try:
-            if self.addr is None:
-                now = time.monotonic_ns()
-                raw = RawStream(request_id=rid, t0_ns=now, end_ns=now)
-                raw.status = RequestStatus.ERROR
-                raw.error = self.resolve_error or "target address unknown"
-            else:
-                family, addr = self.addr
-                sr = StreamRequest(
-                    self.target,
-                    addr,
-                    family,
-                    self.path,
-                    b"",
-                    [],
-                    request_id=rid,
-                    timeout_s=spec.request_timeout_s,
-                    clock=self.clock,
-                    kernel_stamps=self.kernel_stamps,
-                    request_bytes=req,
-                    pool=self.pool,
-                )
-                self.active.add(sr)
+            sr.start()
+        except BaseException:
+            self.active.discard(sr)
+            self.end_slot()
+            raise
+        return sr
+
+    def end_slot(self) -> None:
+        self.in_flight -= 1
+        self.release_times.append(time.monotonic_ns())
+        self.sem.release()
+
+    async def complete(
+        self,
+        it: _Item,
+        stream: StreamRequest | RawStream,
+        due_ns: int,
+        scheduled_ns: int,
+        fresh_slot: bool,
+    ) -> RawStream:
+        """Wait for a request ``begin`` started; queue it for post-processing."""
+        try:
+            if isinstance(stream, StreamRequest):
                 try:
                     # the body is decoded later, in post-processing slices
-                    raw = await sr.run(finalize=False)
+                    raw = await stream.wait(finalize=False)
                 finally:
-                    self.active.discard(sr)
+                    self.active.discard(stream)
+            else:
+                raw = stream
         finally:
-            self.in_flight -= 1
-            self.release_times.append(time.monotonic_ns())
-            self.sem.release()
+            self.end_slot()
         if not it.warmup:
             self.finished += 1
         self.backlog.append((it, raw, _Timing(due_ns, scheduled_ns, fresh_slot)))
         self.backlog_ready.set()
         return raw
 
-    async def send_turn(
+    def start_turn(
         self,
         index: int,
         prompt: Prompt,
@@ -398,13 +461,16 @@ class _Run:
         req: bytes,
         due_ns: int,
         fresh_slot: bool,
-    ) -> RawStream:
-        """One turn of a multi-turn session (``app.client.sessions``): sent now, on a slot
-        the caller holds (``sem`` acquired); its record is built in post-processing."""
+        reply: ReplyFeed | None = None,
+    ) -> Coroutine[Any, Any, RawStream]:
+        """One turn of a multi-turn session (``app.client.sessions``), started now on a slot
+        the caller holds (``sem`` acquired); await what it returns for the stream (its
+        record is built in post-processing). ``reply`` decodes the stream as it arrives."""
         it = _Item(index, prompt, False, due_ns - self.start_ns, session, turn)
         self.sent_total += 1
         self.sent_measured += 1
-        return await self.one(it, rid, req, due_ns, due_ns, fresh_slot)
+        stream = self.begin(self.stream(rid, req, reply), rid)
+        return self.complete(it, stream, due_ns, due_ns, fresh_slot)
 
     async def postprocess(self) -> None:
         """Decode and classify finished streams in resumable pieces (~0.1 ms each: body
@@ -417,9 +483,14 @@ class _Run:
                 await self.backlog_ready.wait()
                 continue
             t_end = time.monotonic_ns() + POSTPROCESS_SLICE_NS
-            while time.monotonic_ns() < t_end and self.step():
+            while time.monotonic_ns() < t_end and not self.held() and self.step():
                 pass
             await asyncio.sleep(0)
+
+    def held(self) -> bool:
+        """Post-processing pauses while a request is about to be sent (``wait_until``'s
+        ``hold``), unless the backlog is long."""
+        return self.holding > 0 and len(self.backlog) <= HOLD_BACKLOG_MAX
 
     def step(self) -> bool:
         """Run one piece of post-processing; False when there is nothing left to do."""

@@ -19,18 +19,28 @@ Warm-ups are single requests: the first turn of ``warmup_requests`` conversation
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
+import json
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Prompt, Workload
-from app.client.datasets.conversations import Conversation, Sessions, build_sessions
+from app.client.datasets.conversations import Conversation, Sessions, Turn, build_sessions
 from app.client.events import Classifier
-from app.client.http_stream import RawStream, Target, build_request, request_body, request_headers
+from app.client.http_stream import (
+    RawStream,
+    ReplyFeed,
+    Target,
+    finish_request,
+    request_body,
+    request_head,
+    request_headers,
+)
+from app.client.reply import UNSURE, ReplyText
 from app.client.spec import RunSpec
 from app.domain import TOKEN_KINDS, EventKind, RequestStatus
 
@@ -50,14 +60,13 @@ class SessionHost(Protocol):
     start_ns: int
     measure_start_ns: int
     halted: str | None
-    halted_event: asyncio.Event
     sem: asyncio.Semaphore
     slots: int
     tasks: set[asyncio.Task[Any]]
 
-    async def sleep_until(self, t_ns: int) -> None: ...
+    async def wait_until(self, t_ns: int) -> None: ...
 
-    async def send_turn(
+    def start_turn(
         self,
         index: int,
         prompt: Prompt,
@@ -67,7 +76,8 @@ class SessionHost(Protocol):
         req: bytes,
         due_ns: int,
         fresh_slot: bool,
-    ) -> RawStream: ...
+        reply: ReplyFeed | None = None,
+    ) -> Coroutine[Any, Any, RawStream]: ...
 
 
 def build_session_workload(
@@ -130,7 +140,7 @@ async def drive_sessions(
             break
         scheduled = start + int(t)
         if scheduled > time.monotonic_ns():
-            await host.sleep_until(scheduled)
+            await host.wait_until(scheduled)
             burst = 0
         if host.halted:
             break
@@ -155,6 +165,110 @@ async def drive_sessions(
         await asyncio.wait(set(host.tasks))
 
 
+@dataclass(frozen=True, slots=True)
+class BodyTemplate:
+    """A turn's request body around its messages: ``head`` + the messages' JSON, joined by
+    commas + ``tail`` is ``request_body``'s bytes for those messages."""
+
+    head: bytes
+    tail: bytes
+
+    def body(self, messages_json: bytes) -> bytes:
+        return self.head + messages_json + self.tail
+
+
+def dumps(obj: object) -> bytes:
+    """JSON as ``request_body`` writes it (compact separators, ASCII escapes)."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+_MARK = "\x00tokentrace-history\x00"
+
+
+def body_template(spec: RunSpec, output_len: int) -> BodyTemplate | None:
+    """The template of a turn asking ``output_len`` tokens, from ``request_body`` itself
+    (with a one-message marker list); None when the marker does not show exactly once
+    (``extra_body`` replacing ``messages``): such turns are serialised whole."""
+    full = request_body(
+        endpoint="chat",
+        model=spec.model,
+        prompt=None,
+        messages=[_MARK],  # type: ignore[list-item]
+        output_len=output_len,
+        ignore_eos=spec.ignore_eos,
+        extra_body=spec.extra_body,
+    )
+    mark = b"[" + dumps(_MARK) + b"]"
+    i = full.find(mark)
+    if i < 0 or full.find(mark, i + 1) >= 0:
+        return None
+    return BodyTemplate(full[: i + 1], full[i + len(mark) - 1 :])
+
+
+@dataclass(frozen=True, slots=True)
+class _NextTurn:
+    """A turn, ready but for the reply before it: built while that reply streams."""
+
+    k: int  # 1-based
+    turn: Turn
+    user: dict[str, Any]
+    user_json: bytes
+    user_tokens: int
+    rid: str
+    head: bytes  # request line and headers (``request_head``)
+    template: BodyTemplate | None
+
+
+def _prepare(host: SessionHost, s: int, k: int, turn: Turn) -> _NextTurn:
+    spec = host.spec
+    rid = f"{host.run_tag}-s{s}-t{k}"
+    keep_alive = spec.connection_mode == "keep-alive"
+    headers = request_headers(host.target, rid, spec.api_key, keep_alive=keep_alive)
+    user = {"role": "user", "content": turn.text}
+    return _NextTurn(
+        k,
+        turn,
+        user,
+        dumps(user),
+        host.tok.count(turn.text),
+        rid,
+        request_head(host.path, headers),
+        body_template(spec, turn.output_len),
+    )
+
+
+class History:
+    """A session's messages so far, each serialised once (``json``: their JSON joined by
+    commas, the inside of the body's ``messages`` list), and their token count."""
+
+    __slots__ = ("json", "messages", "tokens")
+
+    def __init__(self, system: Sequence[dict[str, Any]], tok: AnyTokenizer) -> None:
+        self.messages: list[dict[str, Any]] = list(system)
+        self.json = b",".join(dumps(m) for m in system)
+        self.tokens = sum(tok.count(m["content"]) for m in system)
+
+    def add(self, message: dict[str, Any], message_json: bytes, tokens: int) -> None:
+        self.messages.append(message)
+        self.json = self.json + b"," + message_json if self.json else message_json
+        self.tokens += tokens
+
+    def body(self, spec: RunSpec, nxt: _NextTurn) -> bytes:
+        """The body of turn ``nxt``: these messages, then its own."""
+        if nxt.template is None:
+            return request_body(
+                endpoint="chat",
+                model=spec.model,
+                prompt=None,
+                messages=[*self.messages, nxt.user],
+                output_len=nxt.turn.output_len,
+                ignore_eos=spec.ignore_eos,
+                extra_body=spec.extra_body,
+            )
+        inner = self.json + b"," + nxt.user_json if self.json else nxt.user_json
+        return nxt.template.body(inner)
+
+
 async def _session(
     host: SessionHost,
     s: int,
@@ -168,44 +282,47 @@ async def _session(
     spec = host.spec
     tok = host.tok
     think_ns = int(spec.turn_delay_ms * 1e6)
-    keep_alive = spec.connection_mode == "keep-alive"
-    history: list[dict[str, Any]] = list(conv.system)
-    history_tokens = sum(tok.count(m["content"]) for m in history)
+    history = History(conv.system, tok)
+    turns = conv.turns
+    nxt: _NextTurn | None = _prepare(host, s, 1, turns[0])
     try:
-        for k, turn in enumerate(conv.turns, start=1):
+        while nxt is not None:
             if host.halted:
                 return
-            delay = (due_ns - time.monotonic_ns()) / 1e9
-            if delay > 0:  # think time, cut short when the run is stopped
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(host.halted_event.wait(), delay)
+            if due_ns > time.monotonic_ns():  # think time, cut short when the run halts
+                await host.wait_until(due_ns)
                 if host.halted:
                     return
-            user = {"role": "user", "content": turn.text}
-            user_tokens = tok.count(turn.text)
-            messages = [*history, user]
-            body = request_body(
-                endpoint="chat",
-                model=spec.model,
-                prompt=None,
-                messages=messages,
-                output_len=turn.output_len,
-                ignore_eos=spec.ignore_eos,
-                extra_body=spec.extra_body,
+            req = finish_request(nxt.head, history.body(spec, nxt))
+            prompt = Prompt(
+                None,
+                [*history.messages, nxt.user],
+                history.tokens + nxt.user_tokens,
+                nxt.turn.output_len,
             )
-            rid = f"{host.run_tag}-s{s}-t{k}"
-            headers = request_headers(host.target, rid, spec.api_key, keep_alive=keep_alive)
-            req = build_request(host.path, headers, body)
-            prompt = Prompt(None, messages, history_tokens + user_tokens, turn.output_len)
             await host.sem.acquire()  # never waits: active sessions <= slots
-            raw = await host.send_turn(next(index), prompt, s, k, rid, req, due_ns, fresh)
+            last = nxt.k == len(turns)
+            acc = None if last else ReplyText()  # the last reply is not sent back
+            pending = host.start_turn(
+                next(index), prompt, s, nxt.k, nxt.rid, req, due_ns, fresh, acc
+            )
             fresh = False
-            reply = reply_text(raw)
-            if reply is None:
+            try:  # while the reply streams: the next turn, all but the reply before it
+                history.add(nxt.user, nxt.user_json, nxt.user_tokens)
+                k = nxt.k
+                nxt = _prepare(host, s, k + 1, turns[k]) if k < len(turns) else None
+            finally:
+                raw = await pending
+            if acc is None or nxt is None:
+                return
+            reply = acc.result(raw)
+            if reply is UNSURE:
+                reply = reply_text(raw)
+            if not isinstance(reply, str):
                 return  # the failed turn's record carries the error; the session ends
             due_ns = raw.end_ns + think_ns
-            history = [*messages, {"role": "assistant", "content": reply}]
-            history_tokens += user_tokens + tok.count(reply)
+            message = {"role": "assistant", "content": reply}
+            history.add(message, dumps(message), tok.count(reply))
     finally:
         released.append(time.monotonic_ns())
         active.release()

@@ -26,6 +26,9 @@ def _data_of_lf(block: bytes) -> bytes | None:
     return _data_of_lines(block.split(b"\n"))
 
 
+event_data = _data_of_lf  # the data field of one event block of an LF-only stream
+
+
 def _data_of_lines(lines: list[bytes]) -> bytes | None:
     parts: list[bytes] = []
     for line in lines:
