@@ -442,3 +442,69 @@ def test_launch_form_multi_turn_fields() -> None:
     # a fresh form is single requests and valid as such
     created, errors = launch_form.parse(launch_form.defaults())
     assert errors == {} and created is not None and created.model_dump()["multi_turn"] is False
+
+
+def test_every_turn_carries_headers_and_sampling(tmp_path: Path) -> None:
+    """The run's headers and sampling parameters go with every turn, not only the first
+    (a later turn's body is built from a template: it carries them too)."""
+    path = conversations(tmp_path, [["one", "two", "three"]])
+
+    async def go() -> Server:
+        async with Server(replier()) as srv:
+            s = spec(
+                srv.url, path, num_prompts=1, headers={"X-Tenant": "lab-2"},
+                temperature=0.25, top_p=0.5, extra_body={"seed": 3},
+            )  # fmt: skip
+            await run_load(s, run_tag="h")
+        return srv
+
+    reqs = by_id(run(go()))
+    assert sorted(reqs) == ["h-s0-t1", "h-s0-t2", "h-s0-t3"]
+    for r in reqs.values():
+        assert r.headers["x-tenant"] == "lab-2"
+        assert (r.body["temperature"], r.body["top_p"], r.body["seed"]) == (0.25, 0.5, 3)
+        assert r.body["stream"] is True and r.headers["accept"] == "text/event-stream"
+    assert reqs["h-s0-t3"].body["messages"][1]["content"] == "h-s0-t1-0 h-s0-t1-1 h-s0-t1-2"
+
+
+def test_sessions_without_streaming_carry_the_answers(tmp_path: Path) -> None:
+    """``stream: false``: each turn asks for one JSON answer (Accept application/json, no
+    stream_options) and the next turn's history carries that answer's content."""
+    path = conversations(tmp_path, [["one", "two"]])
+
+    async def answer(req: Req, w: Writer) -> None:
+        rid = req.headers["x-request-id"]
+        body = json.dumps(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": f"answer {rid}"},
+                     "finish_reason": "length"}
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+            }
+        ).encode()  # fmt: skip
+        w.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await w.drain()
+
+    async def go() -> tuple[Any, Server]:
+        async with Server(answer) as srv:
+            res = await run_load(spec(srv.url, path, num_prompts=1, stream=False), run_tag="n")
+        return res, srv
+
+    res, srv = run(go())
+    reqs = by_id(srv)
+    assert sorted(reqs) == ["n-s0-t1", "n-s0-t2"]
+    for r in reqs.values():
+        assert r.body["stream"] is False and "stream_options" not in r.body
+        assert r.headers["accept"] == "application/json"
+    assert reqs["n-s0-t2"].body["messages"] == [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "answer n-s0-t1"},
+        {"role": "user", "content": "two"},
+    ]
+    assert all(r.status is RequestStatus.OK for r in res.records)

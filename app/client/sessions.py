@@ -196,7 +196,8 @@ def body_template(spec: RunSpec, output_len: int) -> BodyTemplate | None:
         messages=[_MARK],  # type: ignore[list-item]
         output_len=output_len,
         ignore_eos=spec.ignore_eos,
-        extra_body=spec.extra_body,
+        extra_body=spec.sampling_body(),
+        stream=spec.stream,
     )
     mark = b"[" + dumps(_MARK) + b"]"
     i = full.find(mark)
@@ -223,7 +224,10 @@ def _prepare(host: SessionHost, s: int, k: int, turn: Turn) -> _NextTurn:
     spec = host.spec
     rid = f"{host.run_tag}-s{s}-t{k}"
     keep_alive = spec.connection_mode == "keep-alive"
-    headers = request_headers(host.target, rid, spec.api_key, keep_alive=keep_alive)
+    headers = request_headers(
+        host.target, rid, spec.api_key, keep_alive=keep_alive, extra=spec.headers,
+        stream=spec.stream,
+    )  # fmt: skip
     user = {"role": "user", "content": turn.text}
     return _NextTurn(
         k,
@@ -263,7 +267,8 @@ class History:
                 messages=[*self.messages, nxt.user],
                 output_len=nxt.turn.output_len,
                 ignore_eos=spec.ignore_eos,
-                extra_body=spec.extra_body,
+                extra_body=spec.sampling_body(),
+                stream=spec.stream,
             )
         inner = self.json + b"," + nxt.user_json if self.json else nxt.user_json
         return nxt.template.body(inner)
