@@ -306,3 +306,49 @@ def test_cli_report_per_turn_columns_and_the_responses_line() -> None:
     out = console.export_text()
     assert "60.0% of 400 queried prompt tokens were hits (vllm counters" in out
     assert "served from the cache" not in out
+
+
+def test_a_single_turn_runs_cached_share_on_its_page_report_and_cli(tmp_path: Path) -> None:
+    """A prefix workload is single-turn: its run still shows the share its responses
+    reported, on the run page (one SQL sum), in the load statistics and the CLI report."""
+    from rich.console import Console
+
+    from app.analysis.metrics import per_request_metrics
+    from app.analysis.prefix_cache import records_prefix_cache
+    from app.cli.render import render_report
+    from tests.web_support import web_app
+
+    recs = [_rec(i, 1, inp, c, ok=ok) for i, (inp, c, ok) in enumerate(
+        [(512, 0, True), (512, 448, True), (520, 448, True), (512, None, True), (512, 500, False)]
+    )]  # fmt: skip
+    for r in recs:
+        r.session = r.turn = None  # single requests
+    warm = _rec(9, 1, 512, 512)
+    warm.session = warm.turn = None
+    warm.warmup = True  # a warm-up is not measured
+    share = records_prefix_cache([*recs, warm])
+    assert share is not None and share["requests"] == 3  # the None and the failed are out
+    assert (share["hit_tokens"], share["queried_tokens"]) == (896, 1544)  # 0+448+448, 512*2+520
+    from app.client import execute
+
+    assert execute._cached([*recs, warm]) == {"prefix_cache_responses": share}  # load_stats
+    assert execute._cached([recs[3]]) == {}  # no response said: nothing stored
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    sessions = open_database(url)
+    spec = RunSpec(base_url="http://h:1", model="m", dataset="prefix_repetition",
+                   dataset_options={"num_prefixes": 1})  # fmt: skip
+    with session_scope(sessions) as s:
+        run_id = repo.create_run(s, spec, status=RunStatus.SUCCEEDED)
+        all_recs = [*recs, warm]
+        pm = per_request_metrics(trace_from_records(all_recs, include_warmup=True))
+        repo.insert_requests(s, run_id, all_recs, pm)
+    with TestClient(web_app(url)) as c:
+        page = c.get(f"/runs/{run_id}").text
+    assert 'id="prefix-cache-run"' in page and 'id="turns"' not in page
+    assert "58.0% of 1,544 prompt tokens were served from the cache (896;" in page
+    console = Console(record=True, width=400, color_system=None)
+    render_report(
+        {"metrics": {"requests": {"sent": 5, "completed_ok": 4}}, "validity": {},
+         "load": {"prefix_cache_responses": share}}, console,
+    )  # fmt: skip
+    assert "58.0% of 1544 prompt tokens were served from the cache" in console.export_text()

@@ -10,7 +10,8 @@ warm-ups included). A server that exposes neither counter gives None.
 ``responses_prefix_cache``: the same ratio from the responses instead, for a server without
 those counters whose usage objects report the cached prompt tokens (llama.cpp; vLLM with
 ``--enable-prompt-tokens-details``): summed over a multi-turn run's turn table
-(``app.analysis.turns``; successful measured requests that reported a count).
+(``app.analysis.turns``) or over any run's records (``records_prefix_cache``), successful
+measured requests that reported a count (``cached_share``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.domain import RequestRecord, RequestStatus
 from app.protocol.prometheus import KNOWN_SERIES, Series, counter_increase
 
 
@@ -59,6 +61,27 @@ def responses_prefix_cache(turns: Sequence[Mapping[str, Any]]) -> dict[str, Any]
         if isinstance(c, int) and isinstance(p, int):
             hit, queried = hit + c, queried + p
             requests += int(stats.get("n") or 0) if isinstance(stats, Mapping) else 0
+    return cached_share(requests, hit, queried)
+
+
+def records_prefix_cache(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """``cached_share`` over a run's successful measured requests that reported a cached
+    count (their prompt tokens: the server's ``usage.prompt_tokens``, else the count used)."""
+    requests = hit = queried = 0
+    for r in records:
+        if r.warmup or r.status is not RequestStatus.OK or r.cached_prompt_tokens is None:
+            continue
+        prompt = r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.input_tokens
+        requests += 1
+        hit += r.cached_prompt_tokens
+        queried += prompt or 0
+    return cached_share(requests, hit, queried)
+
+
+def cached_share(requests: int, hit: int, queried: int) -> dict[str, Any] | None:
+    """The share of prompt tokens the responses said came from the server's prefix cache:
+    ``hit`` cached of ``queried`` prompt tokens over ``requests`` requests that reported a
+    count; None when none did."""
     if not requests:
         return None
     return {

@@ -100,14 +100,18 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         _render_latencies(m, console)
         _render_errors(req, console)
     turns = report.get("turns")
-    if isinstance(turns, list) and turns:
-        render_turns(turns, console)
-        scrape = (report.get("load") or {}).get("server_metrics")
-        cache = scrape.get("prefix_cache") if isinstance(scrape, dict) else None
-        if not isinstance(cache, dict):  # no server counters: what the responses said
-            cache = responses_prefix_cache([r for r in turns if isinstance(r, dict)])
-        if isinstance(cache, dict):
-            console.print(prefix_cache_line(cache))
+    turn_rows = [r for r in turns if isinstance(r, dict)] if isinstance(turns, list) else []
+    if turn_rows:
+        render_turns(turn_rows, console)
+    load_block = report.get("load") or {}
+    scrape = load_block.get("server_metrics")
+    cache = scrape.get("prefix_cache") if isinstance(scrape, dict) else None
+    if not isinstance(cache, dict):  # no server counters: what the responses said
+        cache = load_block.get("prefix_cache_responses")
+        if not isinstance(cache, dict) and turn_rows:  # a run stored before the run's share
+            cache = responses_prefix_cache(turn_rows)
+    if isinstance(cache, dict):
+        console.print(prefix_cache_line(cache))
     timing = report.get("server_timing")
     if isinstance(timing, dict):
         render_server_timing(timing, console)

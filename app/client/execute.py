@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import __version__
-from app.analysis.prefix_cache import prefix_cache
+from app.analysis.prefix_cache import prefix_cache, records_prefix_cache
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
@@ -209,11 +209,13 @@ def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE)
         clock_source=result.clock_source.value,
         client_limited=result.client_limited,
         validity=validity_notes(result, check, max_error_rate),
-        load_stats=load_stats(result) | {"token_counts": check} | _turns(result.records),
+        load_stats=load_stats(result)
+        | {"token_counts": check}
+        | _turns(result.records)
+        | _cached(result.records),
         client_host=platform.node(),
         client_version=__version__,
     )
-
 
 
 def _turns(records: list[RequestRecord]) -> dict[str, Any]:
@@ -221,6 +223,13 @@ def _turns(records: list[RequestRecord]) -> dict[str, Any]:
     load ran and stored with the run's load statistics (its stored report reads them)."""
     table = turn_table(records)
     return {"turns": table} if table else {}
+
+
+def _cached(records: list[RequestRecord]) -> dict[str, Any]:
+    """The share of prompt tokens the responses said the server's prefix cache served
+    (``records_prefix_cache``), when any response said."""
+    share = records_prefix_cache(records)
+    return {"prefix_cache_responses": share} if share is not None else {}
 
 
 @dataclass(slots=True)

@@ -64,3 +64,23 @@ def turn_columns(session: Session, run_id: str) -> TurnColumns:
         cached_prompt_tokens=floats(5),
         usage_prompt_tokens=floats(6),
     )
+
+
+def cached_prompt_sums(session: Session, run_id: str) -> tuple[int, int, int]:
+    """(requests, cached prompt tokens, their prompt tokens) over the run's successful
+    measured requests whose response reported a cached count (migration 0013), single-turn
+    runs included: one aggregate query. Prompt tokens: the server's ``usage_prompt_tokens``,
+    else the count the metrics used."""
+    t = Request.__table__
+    prompt = func.coalesce(t.c.usage_prompt_tokens, t.c.input_tokens, 0)
+    stmt = select(
+        func.count(), func.coalesce(func.sum(t.c.cached_prompt_tokens), 0),
+        func.coalesce(func.sum(prompt), 0),
+    ).where(
+        t.c.run_id == run_id,
+        t.c.warmup.is_(False),
+        t.c.status == RequestStatus.OK.value,
+        t.c.cached_prompt_tokens.is_not(None),
+    )  # fmt: skip
+    n, cached, prompts = session.execute(stmt).one()
+    return int(n), int(cached), int(prompts)

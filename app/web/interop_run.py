@@ -6,13 +6,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analysis.prefix_cache import prefix_cache
+from app.analysis.prefix_cache import cached_share, prefix_cache
 from app.figures.interop import server_metrics_figure_of
 from app.figures.scriptjson import plotly_json
 from app.services.import_compare import comparison_of, import_window
 from app.services.run_summaries import RunSummary
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
+from app.storage import turn_rows
 from app.storage.db import session_scope
 from app.web.interop_view import import_setup
 
@@ -22,8 +23,9 @@ def add_interop(
 ) -> None:
     """Add ``imported`` (the file's figures beside ours, or None), ``import_setup`` (what
     an imported file says about its setup, or None for our own runs), ``server_status``,
-    ``prefix_cache`` (``app.analysis.prefix_cache``) and the ``server_metrics`` figure to a
-    run page's context."""
+    ``prefix_cache`` (the server's counters, ``app.analysis.prefix_cache``),
+    ``prefix_cache_responses`` (the cached share its responses reported) and the
+    ``server_metrics`` figure to a run page's context."""
     with session_scope(sessions) as s:
         info = interop_repo.get_import(s, run_id)
         group = interop_repo.group_runs(s, info.group_id) if info is not None else []
@@ -31,6 +33,7 @@ def add_interop(
         row = repo.find_run(s, run_id)
         model = row.model if row is not None else None
         target = row.target_url if row is not None else None
+        cached = turn_rows.cached_prompt_sums(s, run_id)
     source = str((ctx.get("run") or {}).get("source") or "")
     ctx["import_setup"] = (
         import_setup(source, info, model=model, target=target)
@@ -54,3 +57,4 @@ def add_interop(
     figures["server_metrics"] = plotly_json(fig)
     ctx["has_server_metrics"] = bool(series)
     ctx["prefix_cache"] = prefix_cache(series)
+    ctx["prefix_cache_responses"] = cached_share(*cached)

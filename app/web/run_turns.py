@@ -23,7 +23,7 @@ def add_turns(ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str)
     run = ctx.get("run") or {}
     report = ctx.get("report")
     ctx["turns"] = []
-    ctx["prefix_cache_responses"] = None
+    ctx.setdefault("prefix_cache_responses", None)
     if not run_turns.is_multi_turn(run):
         return
     with session_scope(sessions) as s:
