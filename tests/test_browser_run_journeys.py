@@ -24,7 +24,13 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from tests.browser_support import CHROMIUM, Console, DashboardServer, browser_missing
+from tests.browser_support import (
+    CHROMIUM,
+    Console,
+    DashboardServer,
+    browser_missing,
+    submit_refused,
+)
 from tests.web_support import CSV_LOG, Seeded, seed
 
 pytestmark = pytest.mark.slow
@@ -97,20 +103,6 @@ def _submit(page: Page, selector: str) -> None:
         page.click(selector)
 
 
-def _refused(page: Page, con: Console, selector: str, status: int = 422) -> None:
-    """Submit a form the server refuses: its page comes back with ``status``, which
-    Chromium logs as a failed resource load; that one line, and nothing else, is expected."""
-    with page.expect_navigation() as nav:
-        page.click(selector)
-    resp = nav.value
-    assert resp is not None and resp.status == status
-    assert con.errors == [
-        f"Failed to load resource: the server responded with a status of "
-        f"{status} (Unprocessable Entity)"
-    ], con.errors
-    con.errors.clear()
-
-
 def test_tag_note_and_baseline_from_the_run_page(
     page: Page, server: DashboardServer, seeded: Seeded, tmp_path: Any
 ) -> None:
@@ -121,7 +113,7 @@ def test_tag_note_and_baseline_from_the_run_page(
     _sign_in(page, server, seeded, f"/runs/{run_id}")
     # a tag too long: the message is beside the field, nothing is saved
     page.fill("#f-tags", "fine, " + "y" * 120)
-    _refused(page, con, "#tags-save")
+    submit_refused(page, con, "#tags-save")
     assert "longer than 100 characters" in page.locator("#err-tags").inner_text()
     with session_scope(seeded.sessions) as s:
         assert repo.get_run(s, run_id).tags == tags_before
@@ -146,7 +138,7 @@ def test_tag_note_and_baseline_from_the_run_page(
     # a baseline: an empty name first (named error), then saved and pinned
     page.goto(f"{server.url}/runs/{run_id}")
     page.fill("#f-baseline_name", "   ")
-    _refused(page, con, "#baseline-save")
+    submit_refused(page, con, "#baseline-save")
     assert "baseline name:" in page.locator("#err-baseline_name").inner_text()
     page.fill("#f-baseline_name", "journey-base")
     _submit(page, "#baseline-save")
@@ -173,7 +165,7 @@ def test_delete_through_the_confirmation(
     _sign_in(page, server, seeded, f"/runs/{run_id}")
     _submit(page, "#delete-run")
     assert page.url.endswith(f"/runs/{run_id}/delete")
-    _refused(page, con, "#delete-submit")  # the word not typed: refused, still there
+    submit_refused(page, con, "#delete-submit")  # the word not typed: refused, still there
     assert "confirm: type" in page.locator("#err-confirm").inner_text()
     with session_scope(seeded.sessions) as s:
         assert repo.find_run(s, run_id) is not None
