@@ -11,6 +11,7 @@ exists on the worker's file system. Building is cancellable (``check_cancel`` po
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -190,3 +191,16 @@ def read_dataset(path: str, dirs: Sequence[str] | None) -> bytes:
     if len(data) > MAX_DATASET_BYTES:  # it grew while being read
         raise ValueError(TOO_LARGE)
     return data
+
+
+def json_object_line(line: str, lineno: int, expected: str) -> dict[str, Any]:
+    """Line ``lineno`` of a JSONL dataset as a JSON object; else a ValueError naming the line
+    (``expected``: what the object should hold, for the message)."""
+    where = f"dataset_path line {lineno}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object{expected}")
+    return obj

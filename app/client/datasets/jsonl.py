@@ -9,7 +9,6 @@ measured prompts do not depend on the warm-up count.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,19 +23,14 @@ from app.client.datasets.base import (
     Workload,
     WorkloadParams,
     check_cancel,
+    json_object_line,
     open_dataset,
 )
 
 
 def _parse_line(line: str, lineno: int, tok: AnyTokenizer, out_len: int) -> Prompt:
-    where = f"dataset_path line {lineno}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object with 'prompt' or 'messages'")
-    return parse_prompt_line(obj, where, tok, out_len)
+    obj = json_object_line(line, lineno, " with 'prompt' or 'messages'")
+    return parse_prompt_line(obj, f"dataset_path line {lineno}", tok, out_len)
 
 
 def parse_prompt_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_len: int) -> Prompt:

@@ -28,7 +28,6 @@ and field, raised while the workload is built: nothing is sent.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from app.client.datasets.base import (
     Workload,
     WorkloadParams,
     check_cancel,
+    json_object_line,
     open_dataset,
 )
 from app.client.tokenizer import WORDS, BuiltinTokenizer
@@ -102,12 +102,7 @@ def timestamp_of(obj: dict[str, Any], where: str, previous: float | None) -> flo
 
 def parse_trace_line(line: str, lineno: int, previous: float | None, block_size: int) -> TraceLine:
     where = f"dataset_path line {lineno}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+    obj = json_object_line(line, lineno, "")
     ts = timestamp_of(obj, where, previous)
     n_in = _int_field(obj, "input_length", where)
     n_out = _int_field(obj, "output_length", where)

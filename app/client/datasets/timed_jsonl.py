@@ -10,8 +10,6 @@ file's sha256 (``Workload.source``).
 
 from __future__ import annotations
 
-import json
-
 from pydantic import BaseModel, Field
 
 from app.client.datasets.base import (
@@ -21,6 +19,7 @@ from app.client.datasets.base import (
     Workload,
     WorkloadParams,
     check_cancel,
+    json_object_line,
     open_dataset,
 )
 from app.client.datasets.jsonl import parse_prompt_line
@@ -59,12 +58,7 @@ class TimedJsonlDataset:
             if not line.strip():
                 continue
             where = f"dataset_path line {lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object with 'timestamp'")
+            obj = json_object_line(line, lineno, " with 'timestamp'")
             previous = timestamp_of(obj, where, previous)
             prompt = parse_prompt_line(obj, where, ctx.tokenizer, params.output_len)
             items.append((previous, prompt))
