@@ -197,3 +197,12 @@ def assert_drawn(page: Any, expect: int | None = None) -> list[dict[str, Any]]:
         else:
             assert c["expected"] == 0 and "no data" in c["text"], f"{c['id']}: {c}"
     return found
+
+
+def sign_in(page: Any, server: DashboardServer, secret: str, nxt: str) -> None:
+    """Sign in with a token through the form, landing on ``nxt``."""
+    page.goto(f"{server.url}/signin?next={nxt}")
+    page.fill("#token", secret)
+    with page.expect_navigation():
+        page.click("#signin-form button[type=submit]")
+    assert page.url.endswith(nxt), page.url

@@ -17,7 +17,13 @@ from app.services import auth
 from app.services.runs import open_database
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from tests.browser_support import CHROMIUM, Console, DashboardServer, browser_missing
+from tests.browser_support import (
+    CHROMIUM,
+    Console,
+    DashboardServer,
+    browser_missing,
+    sign_in,
+)
 
 pytestmark = pytest.mark.slow
 _MISSING = browser_missing()
@@ -63,14 +69,6 @@ def page(browser: Browser) -> Iterator[Page]:
     ctx.close()
 
 
-def _sign_in(page: Page, server: DashboardServer, secret: str, nxt: str) -> None:
-    page.goto(f"{server.url}/signin?next={nxt}")
-    page.fill("#token", secret)
-    with page.expect_navigation():
-        page.click("#signin-form button[type=submit]")
-    assert page.url.endswith(nxt), page.url
-
-
 def _shown(page: Page) -> list[str]:
     """The dataset types whose option group is visible."""
     return [name for name in DATASETS if page.locator(f"#dataset-options-{name}").is_visible()]
@@ -82,7 +80,7 @@ def test_choosing_a_dataset_shows_only_its_options(
 ) -> None:
     lab, server = lab_server
     con = Console(page)
-    _sign_in(page, server, lab.secret, path)
+    sign_in(page, server, lab.secret, path)
     page.wait_for_selector("body[data-dataset-options=ready]")
     assert page.input_value("#f-dataset") == "random"
     assert _shown(page) == ["random"]
@@ -103,7 +101,7 @@ def test_a_bad_option_comes_back_beside_its_input_then_the_run_is_queued(
 ) -> None:
     lab, server = lab_server
     con = Console(page)
-    _sign_in(page, server, lab.secret, "/launch")
+    sign_in(page, server, lab.secret, "/launch")
     page.fill("#f-base_url", "http://127.0.0.1:9")
     page.fill("#f-num_prompts", "4")
     page.select_option("#f-dataset", "prefix_repetition")

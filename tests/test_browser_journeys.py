@@ -36,6 +36,7 @@ from tests.browser_support import (
     DashboardServer,
     assert_drawn,
     browser_missing,
+    sign_in,
     submit_refused,
 )
 
@@ -112,14 +113,6 @@ def page(browser: Browser) -> Iterator[Page]:
     ctx.close()
 
 
-def _sign_in(page: Page, server: DashboardServer, secret: str, nxt: str) -> None:
-    page.goto(f"{server.url}/signin?next={nxt}")
-    page.fill("#token", secret)
-    with page.expect_navigation():
-        page.click("#signin-form button[type=submit]")
-    assert page.url.endswith(nxt), page.url
-
-
 def _text(page: Page, selector: str) -> str | None:
     """The element's text, or None while the page is between two loads."""
     try:
@@ -144,7 +137,7 @@ def _rows(page: Page) -> int | None:
 
 def test_sweep_form_live_steps_and_cancel(page: Page, server: DashboardServer, lab: Lab) -> None:
     con = Console(page)
-    _sign_in(page, server, lab.secret, "/launch/sweep")
+    sign_in(page, server, lab.secret, "/launch/sweep")
     assert page.locator("#signin-needed").count() == 0
     # the target defaults to the server's (here: the simulator)
     assert page.input_value("#f-base_url") == lab.sim.base_url
@@ -236,7 +229,7 @@ def test_pick_two_sweeps_and_compare_their_curves(
 @pytest.mark.skipif(torch_version() is None, reason="torch is not installed (extra: probes)")
 def test_probe_form_runs_a_cpu_probe(page: Page, server: DashboardServer, lab: Lab) -> None:
     con = Console(page)
-    _sign_in(page, server, lab.secret, "/launch/probe")
+    sign_in(page, server, lab.secret, "/launch/probe")
     page.select_option("#f-kind", "linear")
     page.select_option("#f-device", "cpu")
     # only the chosen kind's parameters show
@@ -304,7 +297,7 @@ def test_launch_form_starts_with_the_servers_target(
     page: Page, server: DashboardServer, lab: Lab
 ) -> None:
     con = Console(page)
-    _sign_in(page, server, lab.secret, "/launch")
+    sign_in(page, server, lab.secret, "/launch")
     assert page.input_value("#f-base_url") == lab.sim.base_url
     assert page.input_value("#f-model") == "tokentrace-sim"
     assert page.is_checked("#f-scrape_metrics")
