@@ -1,8 +1,8 @@
 """Multi-turn sessions: how soon after a reply ends does its session's next turn leave?
 
     python benchmarks/bench_sessions.py [--sessions 256] [--turns 4] [--think-ms 0 50]
-        [--rates inf 100] [--lengths fixed varied] [--realtime]
-        [--out benchmarks/results/sessions.json]
+        [--rates inf 100] [--lengths fixed varied] [--realtime] [--no-pin]
+        [--itl-ms 5] [--out benchmarks/results/sessions.json]
 
 The simulator runs in its own process (TTFT 20 ms, ITL 5 ms); ``--sessions`` sessions run
 at once (``max_concurrency`` = sessions), each replaying a ``--turns``-turn conversation
@@ -21,6 +21,10 @@ send stamp - previous reply's end stamp - think time`` (ms; the records' ``sent_
 ``end_ns``): p50, p99, max and the share within 1 ms (the target of issue 16), plus the
 runner's send lag (the same from each turn's due time), event-loop lag and the client's
 CPU time per turn. Timing on a shared machine is noisy.
+
+The simulator stands for a server on its own machine: with two CPUs or more it is pinned
+to the last CPU and this process (the client) to the others (``--no-pin`` lets the
+kernel place both), so that neither takes the other's CPU in the middle of a turn.
 """
 
 from __future__ import annotations
@@ -159,6 +163,11 @@ def main() -> int:
         action="store_true",
         help="run the load thread at real-time priority (app.client.sched; needs the right)",
     )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let the kernel place the simulator and the client (default: pinned apart)",
+    )
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="the simulator's TTFT")
     ap.add_argument(
         "--itl-ms",
@@ -172,7 +181,15 @@ def main() -> int:
     args = ap.parse_args()
     cfg = SimConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, seed=1, record_ground_truth=False)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, start_simulator_process(cfg) as sim:
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = not args.no_pin and len(cpus) >= 2
+    sim_cpus = {cpus[-1]} if pinned else None
+    if pinned:
+        os.sched_setaffinity(0, set(cpus[:-1]))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        start_simulator_process(cfg, cpus=sim_cpus) as sim,
+    ):
         for lengths in args.lengths:
             path = Path(tmp) / f"conv-{lengths}.jsonl"
             conversations(path, args.sessions, args.turns, lengths)
@@ -190,6 +207,10 @@ def main() -> int:
         "load_avg_1m": os.getloadavg()[0],
         "note": "timing on a shared machine; noisy under contention",
         "simulator": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms},
+        "pinning": {
+            "client": sorted(os.sched_getaffinity(0)),
+            "simulator": sorted(sim_cpus) if sim_cpus else "any",
+        },
         "turns_per_session": args.turns,
         "cases": rows,
     }

@@ -508,3 +508,101 @@ def test_sessions_without_streaming_carry_the_answers(tmp_path: Path) -> None:
         {"role": "user", "content": "two"},
     ]
     assert all(r.status is RequestStatus.OK for r in res.records)
+
+
+def _crlf_replier() -> Any:
+    """As ``replier``, its events ended by CRLF CRLF: ``ReplyText`` leaves those to the
+    exact decode (``reply_text``), so the next turn is sent from the session's task."""
+
+    async def b(req: Req, w: Writer) -> None:
+        rid = req.headers["x-request-id"]
+        n = int(req.body["max_tokens"])
+        w.write(SSE_HEAD)
+        for i in range(n):
+            await asyncio.sleep(0.002)
+            delta = {"content": (" " if i else "") + f"{rid}-{i}"}
+            w.write(chunk(b"data: " + json.dumps({"choices": [{"delta": delta}]}).encode()))
+            w.write(chunk(b"\r\n\r\n"))
+        usage = {"prompt_tokens": 7, "completion_tokens": n}
+        w.write(chunk(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()))
+        w.write(chunk(b"\r\n\r\ndata: [DONE]\r\n\r\n") + b"0\r\n\r\n")
+        await w.drain()
+
+    return b
+
+
+@pytest.mark.parametrize(
+    ("think_ms", "crlf", "from_callback"),
+    [(0.0, False, True), (20.0, False, False), (0.0, True, False)],
+)
+def test_where_the_next_turn_leaves_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, think_ms: float, crlf: bool,
+    from_callback: bool,
+) -> None:  # fmt: skip
+    """Without think time, a turn leaves from the read callback where the reply before it
+    ended (no task is running there), its history exact; with think time, or a reply only
+    the exact decode reads, from the session's task. Either way the records are whole."""
+    from app.client import runner
+
+    path = conversations(tmp_path, [["a", "b", "c"], ["x", "y"]])
+    seen: dict[str, bool] = {}
+    send_turn = runner._Run.send_turn
+
+    def spy(self: Any, rid: str, req: bytes, reply: Any = None) -> Any:
+        seen[rid] = asyncio.current_task() is None
+        return send_turn(self, rid, req, reply)
+
+    monkeypatch.setattr(runner._Run, "send_turn", spy)
+
+    async def go() -> tuple[Any, Server]:
+        async with Server(_crlf_replier() if crlf else replier()) as srv:
+            res = await run_load(spec(srv.url, path, turn_delay_ms=think_ms), run_tag="t")
+        return res, srv
+
+    res, srv = run(go())
+    assert seen == {
+        "t-s0-t1": False,  # first turns leave from the task
+        "t-s1-t1": False,
+        "t-s0-t2": from_callback,
+        "t-s0-t3": from_callback,
+        "t-s1-t2": from_callback,
+    }
+    reqs = by_id(srv)
+    assert reqs["t-s0-t3"].body["messages"] == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "t-s0-t1-0 t-s0-t1-1 t-s0-t1-2"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "t-s0-t2-0 t-s0-t2-1 t-s0-t2-2"},
+        {"role": "user", "content": "c"},
+    ]
+    recs = sorted((r for r in res.records if not r.warmup), key=lambda r: (r.session, r.turn))
+    assert [(r.session, r.turn) for r in recs] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
+    assert all(r.status is RequestStatus.OK for r in recs), [(r.status, r.error) for r in recs]
+    assert [r.output_tokens for r in recs] == [3] * 5
+    assert [r.index for r in sorted(recs, key=lambda r: r.sent_ns or 0)] == list(range(5))
+    assert res.max_in_flight <= 2
+    for a, b in itertools.pairwise(recs):
+        if a.session == b.session:  # never before the reply ended + think time
+            assert a.end_ns is not None and b.sent_ns is not None
+            assert b.sent_ns - a.end_ns >= think_ms * 1e6
+
+
+def test_a_session_keeps_its_connection_from_turn_to_turn(tmp_path: Path) -> None:
+    """The reply's connection goes back to the pool where the reply ended, so the next turn
+    sent from there takes it again: one connection per session, reused from turn 2."""
+    from app.targets.sim_config import SimConfig
+    from app.targets.simulator import start_simulator_thread
+
+    path = conversations(tmp_path, [["a", "b", "c"], ["x", "y", "z"], ["p", "q"]])
+    sim = start_simulator_thread(SimConfig(ttft_ms=2, itl_ms=1, seed=3))
+    try:
+        res = run(run_load(spec(sim.base_url, path, num_prompts=3, model="sim"), run_tag="t"))
+    finally:
+        sim.stop()
+    recs = [r for r in res.records if not r.warmup]
+    assert len(recs) == 8 and all(r.status is RequestStatus.OK for r in recs)
+    conns: dict[int | None, set[int | None]] = {}
+    for r in recs:
+        conns.setdefault(r.session, set()).add(r.conn_id)
+        assert r.conn_reused is (r.turn != 1), (r.session, r.turn)
+    assert len(conns) == 3 and all(len(c) == 1 for c in conns.values()), conns

@@ -657,11 +657,15 @@ DONE_GRACE_S = 0.5  # keep-alive: how long after "[DONE]" the body's own end may
 
 class ReplyFeed(Protocol):
     """Decodes a stream while it arrives (``app.client.reply.ReplyText``): ``feed`` is called
-    after each read that added bytes, ``reset`` when the request starts over."""
+    after each read that added bytes, ``reset`` when the request starts over, ``ended`` in
+    the callback where the response ended (status OK), once its connection was given back
+    (what is started from there can reuse it)."""
 
     def feed(self, raw: RawStream) -> None: ...
 
     def reset(self) -> None: ...
+
+    def ended(self, raw: RawStream) -> None: ...
 
 
 class StreamRequest:
@@ -834,6 +838,11 @@ class StreamRequest:
             and (r.mode != _MODE_LENGTH or len(r.buf) == r.body_end)
         )
         self._finish(RequestStatus.OK, None, stamp)
+        reply = self._reply
+        if reply is not None:
+            reply.feed(r)  # the last read, decoded here (its read callback then does not)
+            self._close_out()  # give the connection back now: ``ended`` may start the next
+            reply.ended(r)
 
     # ---- run
 
@@ -1256,7 +1265,7 @@ class StreamRequest:
         old = len(buf)
         buf += rbuf[0][:n]
         self._took(old, n, stamp, t_user)
-        if self._reply is not None:
+        if self._reply is not None and not self._finished:
             self._reply.feed(r)
 
     def _on_readable_tls(self) -> None:
@@ -1318,7 +1327,7 @@ class StreamRequest:
             old = len(buf)
             buf += data
             self._took(old, len(data), stamp, t_user)
-            if self._reply is not None:
+            if self._reply is not None and not self._finished:
                 self._reply.feed(r)
         if self._finished:
             return

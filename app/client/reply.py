@@ -20,6 +20,7 @@ classifies only the events after them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from app.client.events import Classified, Classifier
@@ -58,11 +59,13 @@ class ReplyText:
         "classified",
         "done",
         "failed",
+        "on_end",
         "tokens",
         "unsure",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[RawStream], None] | None = None) -> None:
+        self.on_end = on_end  # called where the stream ended (OK), its last read decoded
         self.reset()
 
     def reset(self) -> None:
@@ -81,6 +84,10 @@ class ReplyText:
         self.done = False  # a "[DONE]" event was decoded
         self.failed = False  # an event was an error (error object, non-JSON data)
         self.unsure = False  # something this fast path does not claim: decode the exact way
+
+    def ended(self, raw: RawStream) -> None:
+        if self.on_end is not None:
+            self.on_end(raw)
 
     def _give_up(self) -> None:
         self.unsure = self._stopped = True

@@ -405,6 +405,14 @@ class _Run:
         request (no address) the failed stream it would have been."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return self.launch(sr, rid)
+        except BaseException:
+            self.end_slot()
+            raise
+
+    def launch(self, sr: StreamRequest | None, rid: str) -> StreamRequest | RawStream:
+        """``begin`` without the slot's count: the stream, started (no await on the way)."""
         if sr is None:
             now = time.monotonic_ns()
             raw = RawStream(request_id=rid, t0_ns=now, end_ns=now)
@@ -416,7 +424,6 @@ class _Run:
             sr.start()
         except BaseException:
             self.active.discard(sr)
-            self.end_slot()
             raise
         return sr
 
@@ -451,25 +458,32 @@ class _Run:
         self.backlog_ready.set()
         return raw
 
-    def start_turn(
+    def send_turn(
+        self, rid: str, req: bytes, reply: ReplyFeed | None = None
+    ) -> StreamRequest | RawStream:
+        """Send one turn of a multi-turn session (``app.client.sessions``) now: its stream,
+        started. No await on the way, so a loop callback may call it (the turn after a
+        reply, sent from where that reply ended). ``track_turn`` must follow, on a slot the
+        caller then holds; ``reply`` decodes the stream as it arrives."""
+        self.sent_total += 1
+        self.sent_measured += 1
+        return self.launch(self.stream(rid, req, reply), rid)
+
+    def track_turn(
         self,
         index: int,
         prompt: Prompt,
         session: int,
         turn: int,
-        rid: str,
-        req: bytes,
+        stream: StreamRequest | RawStream,
         due_ns: int,
         fresh_slot: bool,
-        reply: ReplyFeed | None = None,
     ) -> Coroutine[Any, Any, RawStream]:
-        """One turn of a multi-turn session (``app.client.sessions``), started now on a slot
-        the caller holds (``sem`` acquired); await what it returns for the stream (its
-        record is built in post-processing). ``reply`` decodes the stream as it arrives."""
+        """Count the sent turn ``stream`` on the slot the caller holds (``sem`` acquired);
+        await what it returns for the stream (its record is built in post-processing)."""
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         it = _Item(index, prompt, False, due_ns - self.start_ns, session, turn)
-        self.sent_total += 1
-        self.sent_measured += 1
-        stream = self.begin(self.stream(rid, req, reply), rid)
         return self.complete(it, stream, due_ns, due_ns, fresh_slot)
 
     async def postprocess(self) -> None:

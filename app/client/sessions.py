@@ -34,6 +34,7 @@ from app.client.events import Classifier
 from app.client.http_stream import (
     RawStream,
     ReplyFeed,
+    StreamRequest,
     Target,
     finish_request,
     request_body,
@@ -64,19 +65,23 @@ class SessionHost(Protocol):
     slots: int
     tasks: set[asyncio.Task[Any]]
 
-    async def wait_until(self, t_ns: int) -> None: ...
+    async def wait_until(
+        self, t_ns: int, on_spin: Callable[[], None] | None = None, *, hold: bool = False
+    ) -> None: ...
 
-    def start_turn(
+    def send_turn(
+        self, rid: str, req: bytes, reply: ReplyFeed | None = None
+    ) -> StreamRequest | RawStream: ...
+
+    def track_turn(
         self,
         index: int,
         prompt: Prompt,
         session: int,
         turn: int,
-        rid: str,
-        req: bytes,
+        stream: StreamRequest | RawStream,
         due_ns: int,
         fresh_slot: bool,
-        reply: ReplyFeed | None = None,
     ) -> Coroutine[Any, Any, RawStream]: ...
 
 
@@ -274,6 +279,90 @@ class History:
         return nxt.template.body(inner)
 
 
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """A turn on its way: what its record and the rest of the session need of it."""
+
+    index: int
+    k: int  # 1-based
+    prompt: Prompt
+    acc: ReplyText | None  # decodes the reply; None for the last turn (not sent back)
+    stream: StreamRequest | RawStream
+    due_ns: int
+
+
+class _Chain:
+    """One session's conversation state: its history, the next turn (prepared while the
+    reply before it streams) and, without think time, that turn sent from the callback
+    where the reply ended (``early``): no wait for the session's task to be scheduled
+    behind the rest of the loop's round of reads (~0.2 ms, ~0.8 ms at p99 with 256
+    sessions streaming)."""
+
+    __slots__ = ("acc", "early", "error", "history", "host", "index", "nxt", "s", "turns")
+
+    def __init__(
+        self, host: SessionHost, s: int, conv: Conversation, index: Iterator[int]
+    ) -> None:
+        self.host = host
+        self.s = s
+        self.index = index
+        self.turns = conv.turns
+        self.history = History(conv.system, host.tok)
+        self.nxt: _NextTurn | None = _prepare(host, s, 1, conv.turns[0])
+        self.acc: ReplyText | None = None  # the reply on its way
+        self.early: _Sent | None = None
+        self.error: Exception | None = None
+
+    def send(self, due_ns: int) -> _Sent:
+        """Send the next turn now (``host.send_turn``: no await)."""
+        host = self.host
+        nxt = self.nxt
+        assert nxt is not None
+        history = self.history
+        req = finish_request(nxt.head, history.body(host.spec, nxt))
+        prompt = Prompt(
+            None,
+            [*history.messages, nxt.user],
+            history.tokens + nxt.user_tokens,
+            nxt.turn.output_len,
+        )
+        if nxt.k == len(self.turns):
+            acc = None
+        else:
+            acc = ReplyText(on_end=self._ended if host.spec.turn_delay_ms <= 0 else None)
+        self.acc = acc
+        stream = host.send_turn(nxt.rid, req, acc)
+        return _Sent(next(self.index), nxt.k, prompt, acc, stream, due_ns)
+
+    def advance(self) -> None:
+        """The turn just sent joins the history; prepare the one after it."""
+        nxt = self.nxt
+        assert nxt is not None
+        self.history.add(nxt.user, nxt.user_json, nxt.user_tokens)
+        k = nxt.k
+        turns = self.turns
+        self.nxt = _prepare(self.host, self.s, k + 1, turns[k]) if k < len(turns) else None
+
+    def add_reply(self, reply: str) -> None:
+        message = {"role": "assistant", "content": reply}
+        self.history.add(message, dumps(message), self.host.tok.count(reply))
+
+    def _ended(self, raw: RawStream) -> None:
+        """Where the reply ended (a read callback): send the next turn from here when the
+        fast decode is sure of the reply; else the task decides, the exact way."""
+        acc = self.acc
+        if self.nxt is None or acc is None or self.host.halted:
+            return
+        reply = acc.result(raw)
+        if not isinstance(reply, str):
+            return
+        try:
+            self.add_reply(reply)
+            self.early = self.send(raw.end_ns)
+        except Exception as e:  # raised again in the session's task
+            self.error = e
+
+
 async def _session(
     host: SessionHost,
     s: int,
@@ -284,50 +373,45 @@ async def _session(
     active: asyncio.Semaphore,
     released: deque[int],
 ) -> None:
-    spec = host.spec
-    tok = host.tok
-    think_ns = int(spec.turn_delay_ms * 1e6)
-    history = History(conv.system, tok)
-    turns = conv.turns
-    nxt: _NextTurn | None = _prepare(host, s, 1, turns[0])
+    think_ns = int(host.spec.turn_delay_ms * 1e6)
+    chain = _Chain(host, s, conv, index)
     try:
-        while nxt is not None:
-            if host.halted:
-                return
-            if due_ns > time.monotonic_ns():  # think time, cut short when the run halts
-                await host.wait_until(due_ns)
+        while chain.nxt is not None:
+            sent, chain.early = chain.early, None
+            if sent is None:
                 if host.halted:
                     return
-            req = finish_request(nxt.head, history.body(spec, nxt))
-            prompt = Prompt(
-                None,
-                [*history.messages, nxt.user],
-                history.tokens + nxt.user_tokens,
-                nxt.turn.output_len,
-            )
-            await host.sem.acquire()  # never waits: active sessions <= slots
-            last = nxt.k == len(turns)
-            acc = None if last else ReplyText()  # the last reply is not sent back
-            pending = host.start_turn(
-                next(index), prompt, s, nxt.k, nxt.rid, req, due_ns, fresh, acc
+                if due_ns > time.monotonic_ns():  # think time, cut short when the run halts
+                    await host.wait_until(due_ns, hold=True)  # post-processing paused last
+                    if host.halted:
+                        return
+                await host.sem.acquire()  # never waits: active sessions <= slots
+                try:
+                    sent = chain.send(due_ns)
+                except BaseException:
+                    host.sem.release()
+                    raise
+            else:  # sent from the end of the reply before it: counted on a slot now
+                await host.sem.acquire()
+            pending = host.track_turn(
+                sent.index, sent.prompt, s, sent.k, sent.stream, sent.due_ns, fresh
             )
             fresh = False
             try:  # while the reply streams: the next turn, all but the reply before it
-                history.add(nxt.user, nxt.user_json, nxt.user_tokens)
-                k = nxt.k
-                nxt = _prepare(host, s, k + 1, turns[k]) if k < len(turns) else None
+                chain.advance()
             finally:
                 raw = await pending
-            if acc is None or nxt is None:
-                return
-            reply = acc.result(raw)
+            if chain.error is not None:
+                raise chain.error
+            if sent.acc is None or chain.nxt is None or chain.early is not None:
+                continue  # done, or the next turn already left from where this reply ended
+            reply = sent.acc.result(raw)
             if reply is UNSURE:
                 reply = reply_text(raw)
             if not isinstance(reply, str):
                 return  # the failed turn's record carries the error; the session ends
             due_ns = raw.end_ns + think_ns
-            message = {"role": "assistant", "content": reply}
-            history.add(message, dumps(message), tok.count(reply))
+            chain.add_reply(reply)
     finally:
         released.append(time.monotonic_ns())
         active.release()
