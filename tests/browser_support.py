@@ -166,14 +166,40 @@ def submit_refused(page: Any, con: Any, selector: str, status: int = 422) -> Non
     con.errors.clear()
 
 
+def wait_js(page: Any, expr: str, timeout_ms: float = 30_000, poll_s: float = 0.05) -> Any:
+    """Poll ``expr`` (``page.evaluate``) until it is truthy; its value, or Playwright's
+    TimeoutError after ``timeout_ms``. Not ``page.wait_for_function``: its polling
+    evaluates the predicate again by ``eval`` in the page, which the pages' CSP (no
+    'unsafe-eval') refuses now and then, a console error in the test that waited
+    (microsoft/playwright#7395). An evaluation cut by a navigation is tried again."""
+    from playwright.sync_api import Error, TimeoutError
+
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        try:
+            value = page.evaluate(expr)
+        except TimeoutError:
+            raise
+        except Error as e:  # the page navigated in the middle: its next document is polled
+            if "context was destroyed" not in str(e) and "navigat" not in str(e):
+                raise
+            value = None
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{expr!r} still false after {timeout_ms:g} ms")
+        time.sleep(poll_s)
+
+
 def charts(page: Any) -> list[dict[str, Any]]:
     """Every chart div of the page once Plotly had its chance to draw the visible ones."""
     page.wait_for_load_state("load")
     with contextlib.suppress(Exception):  # not drawn in time: assert_drawn names the charts
-        page.wait_for_function(
+        wait_js(
+            page,
             """() => Array.from(document.querySelectorAll('[data-figure]'))
               .every((d) => d.offsetParent === null || d.querySelector('.main-svg'))""",
-            timeout=10_000,
+            timeout_ms=10_000,
         )
     out: list[dict[str, Any]] = page.evaluate(CHARTS_JS)
     return out

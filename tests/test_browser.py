@@ -17,7 +17,13 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from tests.browser_support import CHROMIUM, DashboardServer, browser_missing, submit_refused
+from tests.browser_support import (
+    CHROMIUM,
+    DashboardServer,
+    browser_missing,
+    submit_refused,
+    wait_js,
+)
 from tests.web_support import Seeded, seed
 
 pytestmark = pytest.mark.slow
@@ -104,7 +110,7 @@ def test_every_page_loads_without_console_errors(
 def test_run_page_plots_have_data(page: Page, server: DashboardServer, seeded: Seeded) -> None:
     con = Console(page)
     page.goto(f"{server.url}/runs/{seeded.normal}")
-    page.wait_for_function("() => document.body.dataset.plotsDrawn === '1'")  # every visible one
+    wait_js(page, "() => document.body.dataset.plotsDrawn === '1'")  # every visible one
     for div in (
         "plot-cdf_ttft",
         "plot-hist_ttft",
@@ -117,7 +123,7 @@ def test_run_page_plots_have_data(page: Page, server: DashboardServer, seeded: S
         assert _plot_points(page, div) > 0, div
     assert _plot_points(page, "plot-cdf_itl") == -1  # hidden tab: not drawn yet
     page.click("#dist-tabs button[data-dist='itl']")
-    page.wait_for_function("() => document.body.dataset.plotsDrawn === '1'")
+    wait_js(page, "() => document.body.dataset.plotsDrawn === '1'")
     assert _plot_points(page, "plot-cdf_itl") > 0
     assert page.locator("#plot-timeline .main-svg").count() > 0  # plotly drew an SVG
     with session_scope(seeded.sessions) as s:
@@ -265,7 +271,7 @@ def test_live_run_page_has_one_source_of_state(
     assert running, seen[:5]
     assert all(status == "running" for _, status, _ in running), running[:5]
     assert all(v == "pending" for _, _, v in seen), seen[:5]
-    page.wait_for_function("document.getElementById('live') === null", timeout=60_000)
+    wait_js(page, "document.getElementById('live') === null", timeout_ms=60_000)
     assert page.locator("#card-status .value").inner_text() == "succeeded"
     assert page.locator("#card-validity .value").inner_text() in ("valid", "client-limited")
     assert con.errors == []

@@ -10,7 +10,7 @@ import pytest
 
 from app.services.runs import open_database
 from app.targets.sim_config import SimConfig
-from tests.browser_support import CHROMIUM, DashboardServer, browser_missing
+from tests.browser_support import CHROMIUM, DashboardServer, browser_missing, wait_js
 from tests.web_support import bench
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_comparison_page(page: tuple[Page, str], runs: Runs) -> None:
     cell = pg.locator('td.verdict-cell[data-metric="ttft_ms"][data-p="p50"]')
     assert cell.get_attribute("data-verdict") == "regressed"
     assert "regressed" in pg.locator("#overall-verdict").inner_text()
-    pg.wait_for_function("() => document.getElementById('plot-cdf_ttft_ms').data")
+    wait_js(pg, "() => !!document.getElementById('plot-cdf_ttft_ms').data")
     assert _points(pg, "plot-cdf_ttft_ms") > 100  # two overlaid CDFs
     assert int(pg.evaluate("document.getElementById('plot-cdf_ttft_ms').data.length")) == 2
     # a huge threshold turns every verdict into "no significant change"

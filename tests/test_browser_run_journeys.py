@@ -30,6 +30,7 @@ from tests.browser_support import (
     DashboardServer,
     browser_missing,
     submit_refused,
+    wait_js,
 )
 from tests.web_support import CSV_LOG, Seeded, seed
 
@@ -238,7 +239,7 @@ def test_live_percentiles_update_then_cancel(
     finally:
         sim.stop()
     try:
-        page.wait_for_function("document.getElementById('live') === null", timeout=30_000)
+        wait_js(page, "document.getElementById('live') === null", timeout_ms=30_000)
     except PlaywrightError:
         page.reload()
     assert page.locator("#card-status .value").inner_text() in ("cancelled", "partial")

@@ -399,17 +399,25 @@ def test_lost_sweep_is_requeued_and_resumed_over_the_protocol(
     assert any("superseded" in n and new1 in n for n in notes), notes
 
 
-def _wait_step(c: Any, job_id: str, sweep_id: str, at_least: int) -> int:
-    """Wait until step >= ``at_least`` runs and has stored a request; its index."""
+def _wait_step(
+    c: Any, job_id: str, sweep_id: str, at_least: int, requests: int | None = None
+) -> int:
+    """Wait until a step >= ``at_least`` of the sweep is running (by the server's own step
+    rows, not the job's progress, which lags by a heartbeat and stays as it was once the
+    job ends) and has stored a request, and, given the step's ``requests``, not all of
+    them yet (a step whose every request is stored may be ending); its index."""
     box: dict[str, int] = {}
 
     def running() -> bool:
-        prog = c.get(f"/jobs/{job_id}").json().get("progress") or {}
-        step, run_id = prog.get("step"), prog.get("run_id")
-        if step is None or step < at_least or not run_id:
-            return False
-        box["step"] = int(step)
-        return bool(request_indices(c, run_id))
+        steps = c.get(f"/sweeps/{sweep_id}").json().get("steps") or []
+        for st in steps:
+            if st["index"] < at_least or st["status"] != "running" or not st.get("run_id"):
+                continue
+            stored = len(request_indices(c, st["run_id"]))
+            if stored > 0 and (requests is None or stored < requests):
+                box["step"] = int(st["index"])
+                return True
+        return False
 
     wait_for(running, 40, f"step {at_least} to store requests", poll_s=0.2)
     return box["step"]
@@ -422,13 +430,20 @@ def _kill(p: Any) -> None:
 
 
 def _lose_worker_during_step(
-    srv: LiveServer, c: Any, tmp_path: Path, job_id: str, sweep_id: str, at_least: int
+    srv: LiveServer,
+    c: Any,
+    tmp_path: Path,
+    job_id: str,
+    sweep_id: str,
+    at_least: int,
+    requests: int | None = None,
 ) -> dict[str, Any]:
-    """A worker process runs the sweep and is SIGKILLed during step >= ``at_least``; the
-    job is requeued. Returns the sweep as the lost attempt left it."""
+    """A worker process runs the sweep and is SIGKILLed during step >= ``at_least`` (with
+    ``requests`` per step: before that step stored them all); the job is requeued. Returns
+    the sweep as the lost attempt left it."""
     proc = start_worker_process(srv.url, srv.worker_token, tmp_path / "w1", "--kind", "sweep")
     try:
-        _wait_step(c, job_id, sweep_id, at_least)
+        _wait_step(c, job_id, sweep_id, at_least, requests)
     finally:
         _kill(proc)
     wait_job(c, job_id, ("queued",), 40)  # the lease TTL, then the expiry sweep
@@ -450,7 +465,7 @@ def test_sweep_resumes_after_its_worker_is_killed(
     rates = [5.0, 6.0, 7.0, 8.0]
     with api(srv) as c:
         sweep_id, job_id = create(c, sweep_body(sim, num_prompts=20, rates=rates))
-        lost = _lose_worker_during_step(srv, c, tmp_path, job_id, sweep_id, 2)
+        lost = _lose_worker_during_step(srv, c, tmp_path, job_id, sweep_id, 2, requests=20)
         kept = [s for s in lost["steps"] if s["status"] == "succeeded"]
         interrupted = [s for s in lost["steps"] if s["status"] != "succeeded"]
         assert len(kept) >= 2 and len(interrupted) == 1, lost["steps"]
