@@ -552,3 +552,29 @@ def test_keep_alive_over_tls_does_one_handshake_per_connection(
     for r in res.records:
         ours = content_stamps(r, res.start_mono_ns)
         check_against_truth(ours, truth_content(gt, f"tka-{r.index}"))
+
+
+def test_multi_turn_sessions_over_tls(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without think time a session's next turn leaves from the TLS read callback where the
+    reply ended, on the reply's connection (the TLS session kept): every turn OK, one
+    connection per session, each later turn carrying more prompt by the server's count."""
+    import json
+
+    path = tmp_path / "conv.jsonl"
+    convs = [["one two", "three four", "five"], ["six", "seven eight"]]
+    path.write_text("".join(json.dumps({"turns": c}) + "\n" for c in convs))
+    res, _gt = _tls_run(
+        certs, monkeypatch, "tlsmt", endpoint="chat", dataset="jsonl",
+        dataset_path=str(path), multi_turn=True, num_prompts=2, output_len=4,
+    )  # fmt: skip
+    recs = sorted((r for r in res.records if not r.warmup), key=lambda r: (r.session, r.turn))
+    assert [(r.session, r.turn) for r in recs] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
+    assert all(r.status is RequestStatus.OK for r in recs), [r.error for r in recs]
+    for s in (0, 1):
+        mine = [r for r in recs if r.session == s]
+        assert len({r.conn_id for r in mine}) == 1
+        assert [r.conn_reused for r in mine] == [False] + [True] * (len(mine) - 1)
+        prompts = [r.usage_prompt_tokens for r in mine]
+        assert all(p is not None for p in prompts) and prompts == sorted(set(prompts)), prompts
