@@ -3,8 +3,9 @@
 Timing model (all times from the moment the request was fully received, ``received_ns``):
 
 - token ``j`` (0-based) is "generated" at ``received + TTFT + ITL_1 + ... + ITL_j`` where
-  ``TTFT = ttft_ms + per_input_token_ms * input_tokens`` (input tokens counted with the
-  built-in tokenizer) and each ``ITL = itl_ms + itl_per_active_ms * active_streams +
+  ``TTFT = ttft_ms + per_input_token_ms * (input_tokens - cached_tokens)`` (input tokens
+  counted with the built-in tokenizer; cached ones by the optional prefix cache,
+  ``prefix_cache_block``) and each ``ITL = itl_ms + itl_per_active_ms * active_streams +
   uniform(-itl_jitter_ms, +itl_jitter_ms)`` (jitter seeded per request, clamped at 0);
 - an SSE event packs up to ``tokens_per_event`` tokens and is written when its last token is
   generated (reasoning and content tokens never share an event);
@@ -74,6 +75,9 @@ class SimConfig:
     fault_after_tokens: int | None = None  # None: k drawn per request in [0, output)
     # server
     kv_capacity_tokens: int = 262_144  # denominator of vllm:gpu_cache_usage_perc
+    # prefix cache (``app.targets.simulator.prefix_cache``): block size in tokens, 0 = none
+    prefix_cache_block: int = 0
+    prefix_cache_blocks: int = 65_536  # blocks remembered (least recently used forgotten)
     max_body_bytes: int = 64 * 1024 * 1024
     coalesce_late: bool = True  # when behind schedule, send a stream's overdue events together
     spin_us: int = 1000  # busy-poll window before a deadline (epoll sleeps in whole ms)
@@ -123,6 +127,8 @@ class SimConfig:
             total += rate
         _check(total <= 1.0 + 1e-9, "fault rates must sum to at most 1")
         _check(self.kv_capacity_tokens >= 1, "kv_capacity_tokens must be >= 1")
+        _check(0 <= self.prefix_cache_block <= 4096, "prefix_cache_block must be in 0..4096")
+        _check(self.prefix_cache_blocks >= 1, "prefix_cache_blocks must be >= 1")
         _check(self.max_body_bytes >= 1024, "max_body_bytes must be >= 1024")
         _check(self.spin_us >= 0, "spin_us must be >= 0")
         _check(

@@ -70,6 +70,13 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--fault-after-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
+        "--prefix-cache-block",
+        type=int,
+        default=d.prefix_cache_block,
+        metavar="TOKENS",
+        help="cache prompt prefixes in blocks of this many tokens (0: no prefix cache)",
+    )
+    p.add_argument(
         "--tls-certfile",
         default=None,
         metavar="PEM",
@@ -130,6 +137,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         hang_rate=ns.hang_rate,
         fault_after_tokens=ns.fault_after_tokens,
         seed=ns.seed,
+        prefix_cache_block=ns.prefix_cache_block,
         record_ground_truth=not ns.no_ground_truth,
         keep_alive=not ns.no_keep_alive,
         idle_timeout_s=ns.idle_timeout_s,

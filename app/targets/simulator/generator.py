@@ -68,6 +68,7 @@ class Gen:
 
     __slots__ = (
         "c_prefix",
+        "cache_on",
         "coalesce",
         "created",
         "fault",
@@ -112,6 +113,7 @@ class Gen:
         self.n = plan.output_tokens
         self.kr = plan.reasoning_tokens
         self.input_tokens = plan.input_tokens
+        self.cache_on = cfg.prefix_cache_block > 0
         self.per_event = cfg.tokens_per_event
         self.coalesce = cfg.coalesce_late
         self.sent = 0
@@ -172,6 +174,8 @@ class Gen:
         }
         if self.kr:
             u["completion_tokens_details"] = {"reasoning_tokens": self.kr}
+        if self.cache_on:
+            u["prompt_tokens_details"] = {"cached_tokens": self.plan.cached_tokens}
         return u
 
     def _tail(self) -> bytes:
@@ -245,7 +249,8 @@ class Gen:
 
     def first_due(self, received_ns: int) -> int:
         cfg = self.srv.config
-        ttft = round((cfg.ttft_ms + cfg.per_input_token_ms * self.input_tokens) * 1e6)
+        uncached = self.input_tokens - self.plan.cached_tokens
+        ttft = round((cfg.ttft_ms + cfg.per_input_token_ms * uncached) * 1e6)
         last = self.n if not self.plan.stream else self.next_size()
         return received_ns + ttft + self.gap(last - 1)
 

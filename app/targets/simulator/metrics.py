@@ -10,6 +10,7 @@ import json
 from typing import Protocol
 
 from app.targets.sim_config import SimConfig
+from app.targets.simulator.prefix_cache import PrefixCache
 
 
 class Counters(Protocol):
@@ -23,6 +24,7 @@ class Counters(Protocol):
     generation_tokens_total: int
     success_total: int
     requests_by_fault: dict[str, int]
+    prefix_cache: PrefixCache | None
 
 
 def metrics_text(srv: Counters, open_connections: int) -> str:
@@ -73,6 +75,24 @@ def metrics_text(srv: Counters, open_connections: int) -> str:
             srv.success_total,
         ),
     ]
+    pc = srv.prefix_cache
+    if pc is not None:
+        rows += [
+            (
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prompt tokens looked up in the prefix cache.",
+                label,
+                pc.queries,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Of them, tokens found cached.",
+                label,
+                pc.hits,
+            ),
+        ]
     lines: list[str] = []
     for name, kind, help_text, labels, value in rows:
         lines += [

@@ -56,6 +56,7 @@ class Plan:
     finish_reason: str
     include_usage: bool
     text_seed: str
+    cached_tokens: int = 0  # prompt tokens the prefix cache held (``SimServer``)
 
 
 class BadRequest(ValueError):

@@ -23,6 +23,7 @@ from app.targets.simulator.generator import Gen, build_tape
 from app.targets.simulator.http import HttpProtocol, error_body, json_bytes
 from app.targets.simulator.metrics import metrics_text
 from app.targets.simulator.plan import BadRequest, Plan, decide_fault, plan_request
+from app.targets.simulator.prefix_cache import PrefixCache, prompt_tokens
 from app.targets.simulator.records import EVENT_KINDS, K_ERROR, K_ROLE, Record
 from app.targets.simulator.scheduler import Scheduler
 from app.targets.simulator.stamps import clock_offset, listen_socket
@@ -43,6 +44,11 @@ class SimServer:
         self.generation_tokens_total = 0
         self.success_total = 0
         self.requests_by_fault: dict[str, int] = {f.value: 0 for f in Fault}
+        self.prefix_cache = (
+            PrefixCache(config.prefix_cache_block, config.prefix_cache_blocks)
+            if config.prefix_cache_block
+            else None
+        )
         self._seq = 0
         self.connections_accepted = 0
         self.clock_offset_ns = clock_offset()
@@ -176,6 +182,9 @@ class SimServer:
             if not isinstance(payload, dict):
                 raise BadRequest("the body must be a JSON object")
             plan = plan_request(payload, endpoint, self.config)
+            if self.prefix_cache is not None:
+                tokens = prompt_tokens(payload, endpoint)
+                plan.cached_tokens = self.prefix_cache.lookup(tokens, plan.input_tokens)
         except (ValueError, RecursionError) as e:
             proto.send_simple(400, error_body(str(e), "invalid_request_error", 400))
             return

@@ -1,0 +1,71 @@
+"""The simulator's prefix cache (``SimConfig.prefix_cache_block`` > 0), as vLLM's automatic
+prefix caching counts it: a prompt is cut into blocks of ``block`` tokens (built-in
+tokenizer; a chat message's tokens follow a marker of its role), each full block named by a
+hash chained over every block before it, so a block hits only when the whole prompt up to
+its end was seen before. A request's cached tokens are its leading blocks found in the cache;
+then its full blocks are remembered, least recently used ones forgotten past ``capacity``
+blocks. The TTFT charges ``per_input_token_ms`` for the uncached tokens only, usage reports
+``prompt_tokens_details.cached_tokens`` and ``/metrics`` vLLM's
+``prefix_cache_queries_total`` / ``prefix_cache_hits_total`` (tokens)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from app.client.tokenizer import PRETOKEN
+
+
+def prompt_tokens(body: dict[str, Any], endpoint: str) -> list[str]:
+    """The request's prompt as tokens (checked already by ``plan_request``)."""
+    if endpoint == "chat":
+        out: list[str] = []
+        for m in body.get("messages") or []:
+            out.append(f"<|{m.get('role', '')}|>")
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(
+                    p.get("text", "") for p in content if isinstance(p, dict)
+                )
+            out += PRETOKEN.findall(content if isinstance(content, str) else "")
+        return out
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, str):
+        return PRETOKEN.findall(prompt)
+    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        return [str(p) for p in prompt]
+    return [t for p in prompt if isinstance(p, str) for t in PRETOKEN.findall(p)]
+
+
+class PrefixCache:
+    """Block hashes of the prompts seen, least recently used first."""
+
+    def __init__(self, block: int, capacity: int) -> None:
+        self.block = block
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.queries = 0  # prompt tokens looked up
+        self.hits = 0  # of them, found cached
+
+    def lookup(self, tokens: list[str], counted: int) -> int:
+        """Cached tokens of a prompt of ``tokens`` (``counted`` tokens by the server's
+        usage count); its full blocks are then remembered."""
+        b = self.block
+        blocks = self._blocks
+        h = 0
+        cached = 0
+        missed = False
+        for i in range(0, len(tokens) - b + 1, b):
+            h = hash((h, *tokens[i : i + b]))
+            if not missed and h in blocks:
+                blocks.move_to_end(h)
+                cached += b
+                continue
+            missed = True
+            blocks[h] = None
+            if len(blocks) > self.capacity:
+                blocks.popitem(last=False)
+        cached = min(cached, counted)
+        self.queries += counted
+        self.hits += cached
+        return cached
