@@ -37,6 +37,15 @@ def test_least_recently_used_blocks_go_first() -> None:
     assert c.lookup(list("cc"), 2) == 0  # pushed out again by the lookup just before
 
 
+def test_a_forgotten_prefix_misses_then_is_remembered_again() -> None:
+    c = PrefixCache(block=2, capacity=3)
+    c.lookup(list("aabb"), 4)  # [aa], [aa bb]
+    c.lookup(list("cc"), 2)  # [cc]
+    c.lookup(list("dd"), 2)  # [dd] pushes out [aa], the oldest
+    assert c.lookup(list("aabb"), 4) == 0  # [aa] missed: nothing after it counts
+    assert c.lookup(list("aabb"), 4) == 4  # both remembered again
+
+
 def test_chat_tokens_mark_each_role() -> None:
     body = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant",
             "content": [{"type": "text", "text": "yo"}]}]}  # fmt: skip

@@ -63,7 +63,7 @@ class BadRequest(ValueError):
     pass
 
 
-def _text_of_content(content: object) -> str:
+def text_of_content(content: object) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -81,7 +81,7 @@ def _count_chat_input(messages: object) -> int:
     for m in messages:
         if not isinstance(m, dict):
             raise BadRequest("each message must be an object")
-        total += count_tokens(_text_of_content(m.get("content")))
+        total += count_tokens(text_of_content(m.get("content")))
     return total
 
 

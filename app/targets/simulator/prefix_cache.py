@@ -14,6 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from app.client.tokenizer import PRETOKEN
+from app.targets.simulator.plan import text_of_content
 
 
 def prompt_tokens(body: dict[str, Any], endpoint: str) -> list[str]:
@@ -22,12 +23,7 @@ def prompt_tokens(body: dict[str, Any], endpoint: str) -> list[str]:
         out: list[str] = []
         for m in body.get("messages") or []:
             out.append(f"<|{m.get('role', '')}|>")
-            content = m.get("content")
-            if isinstance(content, list):
-                content = "".join(
-                    p.get("text", "") for p in content if isinstance(p, dict)
-                )
-            out += PRETOKEN.findall(content if isinstance(content, str) else "")
+            out += PRETOKEN.findall(text_of_content(m.get("content")))
         return out
     prompt = body.get("prompt", "")
     if isinstance(prompt, str):
@@ -57,9 +53,10 @@ class PrefixCache:
         missed = False
         for i in range(0, len(tokens) - b + 1, b):
             h = hash((h, *tokens[i : i + b]))
-            if not missed and h in blocks:
+            if h in blocks:  # still there after a miss (its parent forgotten): no hit
                 blocks.move_to_end(h)
-                cached += b
+                if not missed:
+                    cached += b
                 continue
             missed = True
             blocks[h] = None
