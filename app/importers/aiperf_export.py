@@ -138,7 +138,7 @@ def _record(i: int, line_no: int, obj: Any, origin_ns: int) -> RequestRecord:
     return rec
 
 
-def _session_keys(objs: list[tuple[int, Any]], starts: list[int]) -> None | list[tuple[int, int]]:
+def _session_keys(objs: list[tuple[int, Any]], starts: list[int]) -> list[tuple[int, int]] | None:
     """Each line's (session, turn) for a multi-turn file, None for a single-turn one."""
     keys: list[str] = []
     turns: list[int] = []
