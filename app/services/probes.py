@@ -502,6 +502,9 @@ def capacity(q: CapacityQuery) -> dict[str, Any]:
         wb, kb = dtype_bytes(q.weight_dtype), dtype_bytes(q.kv_dtype)
     except ValueError as e:
         raise Invalid(str(e), loc=("query", "dtype")) from None
+    problem = cap.tp_problem(m, q.tp)
+    if problem is not None:
+        raise Invalid(problem.removeprefix("tp: "), loc=("query", "tp"))
     p = cap.plan(
         m,
         device_memory_bytes=mem,
