@@ -50,7 +50,8 @@ def test_roofline_figure_marks_a_noisy_roof() -> None:
     assert names == ["measured bf16 (H200) (noisy)", "measured fp32 (H200) (noisy)"]
     assert all(t["line"]["dash"] == "dashdot" for t in fig["data"])
     point = {"label": "decode", "m": 8, "k": 64, "n": 64, "dtype": "bf16", "median_ms": 1.0,
-             "flops_s": 1e12, "bytes_s": 1e9, "intensity": 8.0, "spread": 0.9, "noisy": True}  # fmt: skip
+             "flops_s": 1e12, "bytes_s": 1e9, "intensity": 8.0, "spread": 0.9,
+             "noisy": True}  # fmt: skip
     fig = roofline_figure(None, [], [point, point | {"noisy": False, "spread": 0.01}], [])
     assert [t["name"] for t in fig["data"]] == ["linear probe", "linear probe (noisy)"]
     assert "spread 90%" in fig["data"][1]["text"][0]
