@@ -195,3 +195,21 @@ def test_aiperf_transport_failures_summarised_by_their_type() -> None:
     note = failure_note(run.records, DEFAULT_MAX_ERROR_RATE)
     assert note is not None and "12 of 12 requests failed" in note
     assert "mostly ClientConnectorError" in note and "None" not in note
+
+
+def test_hostile_turn_fields_are_refused_naming_the_field() -> None:
+    from app.importers.common import ImportFormatError
+
+    _text, lines = aiperf_multi_turn()
+    lines[2]["metadata"]["turn_index"] = 2**40
+    with pytest.raises(ImportFormatError, match=r"line 3\.metadata\.turn_index: must be <="):
+        parse_aiperf("\n".join(json.dumps(x) for x in lines))
+    lines[2]["metadata"]["turn_index"] = 2
+    lines[4]["metrics"]["usage_prompt_cache_read_tokens"]["value"] = -1
+    with pytest.raises(ImportFormatError, match=r"line 5\.metrics\.usage_prompt_cache_read"):
+        parse_aiperf("\n".join(json.dumps(x) for x in lines))
+    gtext, _ = guidellm_multi_turn()
+    obj = json.loads(gtext)
+    obj["benchmarks"][0]["requests"]["successful"][1]["info"]["turn_index"] = "two"
+    with pytest.raises(ImportFormatError, match=r"successful\[1\]\.info\.turn_index"):
+        parse_guidellm(json.dumps(obj))

@@ -34,6 +34,7 @@ from app.importers.common import (
     number,
     opt_number,
 )
+from app.importers.csv_log import MAX_COUNT
 
 _TO_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "us": 1e-3, "ns": 1e-6}
 SUMMARY_LATENCIES = {
@@ -133,7 +134,11 @@ def _record(i: int, line_no: int, obj: Any, origin_ns: int) -> RequestRecord:
         usage_completion_tokens=_count(metrics, "usage_completion_tokens", f"{where}.metrics"),
         usage_prompt_tokens=_count(metrics, "usage_prompt_tokens", f"{where}.metrics"),
     )
-    rec.cached_prompt_tokens = _count(metrics, "usage_prompt_cache_read_tokens", f"{where}.metrics")
+    cached = metrics.get("usage_prompt_cache_read_tokens")
+    if cached is not None:
+        at = f"{where}.metrics.usage_prompt_cache_read_tokens"
+        value = as_dict(cached, at).get("value")
+        rec.cached_prompt_tokens = integer(value, f"{at}.value", minimum=0, maximum=MAX_COUNT)
     rec.warmup = warmup
     return rec
 
@@ -146,12 +151,19 @@ def _session_keys(objs: list[tuple[int, Any]], starts: list[int]) -> list[tuple[
         md = obj["metadata"]
         where = f"line {no}.metadata"
         raw_turn = md.get("turn_index")
-        turns.append(0 if raw_turn is None else integer(raw_turn, f"{where}.turn_index", minimum=0))
+        turns.append(
+            0
+            if raw_turn is None
+            else integer(raw_turn, f"{where}.turn_index", minimum=0, maximum=MAX_COUNT - 1)
+        )
         corr = md.get("x_correlation_id")
         if isinstance(corr, str) and corr:
             keys.append(f"c:{corr}")
         elif md.get("session_num") is not None:
-            keys.append(f"n:{integer(md.get('session_num'), f'{where}.session_num', minimum=0)}")
+            num = integer(
+                md.get("session_num"), f"{where}.session_num", minimum=0, maximum=MAX_COUNT
+            )
+            keys.append(f"n:{num}")
         else:
             keys.append(f"line:{no}")
     if not any(t > 0 for t in turns):

@@ -37,6 +37,7 @@ from app.importers.common import (
     opt_number,
     two_point_record,
 )
+from app.importers.csv_log import MAX_COUNT
 
 # profile metric key -> (GuideLLM metric, scale to ms)
 LATENCIES = {
@@ -111,7 +112,7 @@ def _cached(req: dict[str, Any], where: str) -> int | None:
         block = req.get("input_metrics")
         if isinstance(block, dict):
             v = block.get("cached_tokens")
-    return None if v is None else integer(v, f"{where}.cached_tokens", minimum=0)
+    return None if v is None else integer(v, f"{where}.cached_tokens", minimum=0, maximum=MAX_COUNT)
 
 
 def _sessions(
@@ -124,7 +125,11 @@ def _sessions(
     for _group, at, req, t in parsed:
         info = req["info"]
         raw = info.get("turn_index")
-        turns.append(0 if raw is None else integer(raw, f"{at}.info.turn_index", minimum=0))
+        turns.append(
+            0
+            if raw is None
+            else integer(raw, f"{at}.info.turn_index", minimum=0, maximum=MAX_COUNT - 1)
+        )
         conv = info.get("conversation_id")
         keys.append(f"c:{conv}" if isinstance(conv, str) and conv else f"request:{at}")
         start = t["request_start"] if t["request_start"] is not None else t["request_end"]
