@@ -223,3 +223,69 @@ def test_weighted_cdf_no_interpolation() -> None:
     assert mean == pytest.approx(17.5)
     assert std == pytest.approx(np.sqrt((7.5**2 * 1 + 2.5**2 * 3) / 4))
     assert weighted_mean_std([], []) == (None, None)
+
+
+def _guidellm_rule(values: list[float], weights: list[float], q: float) -> float:
+    """GuideLLM 0.8.1's published rule (``DistributionSummary.from_values`` then
+    ``Percentiles.from_pdf``), written again in plain Python: merge equal values by summing
+    their weights, drop zero weights, divide each weight by the total *before* summing, and
+    take the first value whose running sum of probabilities reaches q (searchsorted left)."""
+    merged: dict[float, float] = {}
+    for v, w in sorted(zip(values, weights, strict=True)):
+        merged[v] = merged.get(v, 0.0) + w
+    items = [(v, w) for v, w in sorted(merged.items()) if w > 0]
+    total = sum(w for _, w in items)
+    running = 0.0
+    for v, w in items:
+        running += w / total
+        if running >= q:
+            return v
+    return items[-1][0]
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "p", "hand"),
+    [
+        # ten equal weights: 0.1 summed nine times is 0.8999999999999999 < 0.9, so p90 is the
+        # tenth value (a running sum of raw weights, 9 >= 0.9 x 10, would say the ninth)
+        ([float(v) for v in range(1, 11)], 0.9, 90.0, 10.0),
+        # twelve: six twelfths sum to 0.49999999999999994 < 0.5: p50 is the seventh
+        ([float(v) for v in range(1, 13)], 0.5, 50.0, 7.0),
+        # ties merged first: 2/12 + 2/12 + 1/12 + 1/12 falls short of 0.5 -> 6, not 5
+        ([2.0, 2, 3, 3, 4, 5, 6, 7, 9, 9, 9, 9], 0.5, 50.0, 6.0),
+        # the ties' merged weights reach 0.5 at 3 (unmerged twelfths would not: 5)
+        ([1.0, 2, 2, 3, 3, 3, 5, 6, 6, 7, 8, 8], 0.5, 50.0, 3.0),
+        # 0.2 + 0.4 + 0.1 + 0.1 + 0.1 reaches 0.9 at 7 (unmerged tenths: 9)
+        ([1.0, 1, 3, 3, 3, 3, 4, 5, 7, 9], 0.9, 90.0, 7.0),
+    ],
+)
+def test_weighted_cdf_ties_as_guidellm_081(
+    values: list[float], q: float, p: float, hand: float
+) -> None:
+    """Issue 24.5: GuideLLM normalises the weights before summing them and merges ties;
+    the values above are what GuideLLM 0.8.1 itself prints for them."""
+    ones = [1.0] * len(values)
+    assert _guidellm_rule(values, ones, q) == hand
+    shuffled = values[::-1]  # order of the input does not matter
+    assert weighted_cdf_percentiles(shuffled, ones, (p,)) == {p: hand}
+
+
+def test_weighted_cdf_weights_and_p999_as_guidellm() -> None:
+    # weights 3, 1, 2, 4 (total 10) on values 40, 10, 30, 20 -> sorted 10 (0.1), 20 (0.4),
+    # 30 (0.2), 40 (0.3): running 0.1, 0.5, 0.7, 1.0 -> p50 20, p90 40; p99.9 asks for 0.999
+    # (GuideLLM's literal), not 99.9 / 100 = 0.9990000000000001
+    v, w = [40.0, 10.0, 30.0, 20.0], [3.0, 1.0, 2.0, 4.0]
+    got = weighted_cdf_percentiles(v, w, (50.0, 70.0, 90.0, 99.9, 100.0))
+    assert got == {50.0: 20.0, 70.0: 30.0, 90.0: 40.0, 99.9: 40.0, 100.0: 40.0}
+    for p in (50.0, 70.0, 90.0, 99.9):
+        assert got[p] == _guidellm_rule(v, w, round(p / 100, 12))
+    # 0 .. 999, equal weights: 999 thousandths sum to 0.9990000000000008 >= 0.999, so p99.9
+    # is 998 (GuideLLM 0.8.1 prints 998); 99.9 / 100 would have asked for more: 999
+    thousand = [float(i) for i in range(1000)]
+    ones = [1.0] * 1000
+    assert _guidellm_rule(thousand, ones, 0.999) == 998.0
+    assert weighted_cdf_percentiles(thousand, ones, (99.9,))[99.9] == 998.0
+    # the mean from the merged probabilities: 10 x 0.1 + 20 x 0.4 + 30 x 0.2 + 40 x 0.3 = 27
+    mean, std = weighted_mean_std(v, w)
+    assert mean == pytest.approx(27.0)
+    assert std == pytest.approx(np.sqrt(0.1 * 17**2 + 0.4 * 7**2 + 0.2 * 3**2 + 0.3 * 13**2))

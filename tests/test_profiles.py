@@ -230,3 +230,22 @@ def test_empty_trace_every_profile() -> None:
 def test_unknown_profile() -> None:
     with pytest.raises(ValueError):
         profile_metrics(trace_p(), "genai-perf")
+
+
+def test_guidellm_profile_ties_as_guidellm_081() -> None:
+    """Issue 24.5: ten requests, TTFT 10, 20, ... 100 ms (one token each). GuideLLM 0.8.1
+    sums probabilities of 0.1: nine of them make 0.8999999999999999 < 0.9, so its p90 is the
+    tenth TTFT, 100 ms; twelve requests with TTFT 10 .. 120: six twelfths make
+    0.49999999999999994, so p50 is the seventh, 70 ms (tokentrace's linear p50 is 65)."""
+    ten = [rec(i, 0, [(10 * (i + 1), 1, C)], end_ms=200, out=1) for i in range(10)]
+    g = profile_metrics(trace_from_records(ten), "guidellm").metrics["ttft"]
+    assert g.percentiles[90.0] == pytest.approx(100.0)
+    assert g.percentiles[50.0] == pytest.approx(50.0)
+    twelve = [rec(i, 0, [(10 * (i + 1), 1, C)], end_ms=200, out=1) for i in range(12)]
+    trace = trace_from_records(twelve)
+    assert profile_metrics(trace, "guidellm").metrics["ttft"].percentiles[50.0] == pytest.approx(
+        70.0
+    )
+    assert profile_metrics(trace, "tokentrace").metrics["ttft"].percentiles[50.0] == pytest.approx(
+        65.0
+    )

@@ -48,9 +48,11 @@ def test_llamacpp_counters_are_kept_and_give_prefill_and_decode() -> None:
     assert {"llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"} <= names
     t = server_timing(series, requests=40)
     assert t is not None and t["source"] == "llamacpp"
-    # hand: (0.922422 - 0.122422) s / 40 requests = 0.02 s; 2.0 s / 400 tokens = 0.005 s
+    # hand: (0.922422 - 0.122422) s / 40 requests = 0.02 s. llama.cpp's generation clock
+    # starts at each request's first token, so 2.0 s covers 400 - 40 = 360 decode steps:
+    # 2.0 / 360 = 0.0055556 s (not 2.0 / 400 = 0.005, 10% low)
     assert t["prefill_s_per_request"] == pytest.approx(0.02)
-    assert t["decode_s_per_token"] == pytest.approx(0.005)
+    assert t["decode_s_per_token"] == pytest.approx(0.0055556, abs=1e-7)
     assert server_timing(_series(LLAMA), requests=40) is None  # one scrape: no increase
     assert server_timing(series, requests=0)["prefill_s_per_request"] is None  # type: ignore[index]
 
@@ -144,7 +146,8 @@ def test_run_reports_server_timing_beside_the_client(
 ) -> None:
     """12 requests (2 warm-ups) of 8 tokens in well under the 1 s scrape period: only the
     first scrape and the last one after the run; the fake server's counters rose by
-    0.24 s of prompts and 96 tokens in 0.144 s: 20 ms per request, 1.5 ms per token."""
+    0.24 s of prompts and 96 tokens in 0.144 s: 20 ms per request; 0.144 s over 96 - 12 = 84
+    decode steps (each request's first token came out of its prefill) = 1.7142857 ms."""
     from app.cli.main import main
     from app.services.runs import open_database, run_report
 
@@ -164,7 +167,7 @@ def test_run_reports_server_timing_beside_the_client(
     t = rep["server_timing"]
     assert t["source"] == "llamacpp"
     assert t["server_prefill_ms_per_request"] == pytest.approx(20.0)
-    assert t["server_decode_ms_per_token"] == pytest.approx(1.5)
+    assert t["server_decode_ms_per_token"] == pytest.approx(1.7142857)
     assert t["client_ttft_ms_mean"] == pytest.approx(rep["metrics"]["ttft_ms"]["mean"])
     assert t["client_itl_ms_mean"] == pytest.approx(rep["metrics"]["itl_ms"]["mean"])
     timing = rep["load"]["server_metrics"]["timing"]
@@ -175,4 +178,4 @@ def test_run_reports_server_timing_beside_the_client(
     assert main(["report", rep["run_id"], "--database-url", db]) == 0
     out = capsys.readouterr().out
     assert "Server's own timing (llamacpp /metrics) beside the client's" in out
-    assert "20.000" in out and "1.500" in out
+    assert "20.000" in out and "1.714" in out

@@ -7,9 +7,11 @@ is the KV space. vLLM cuts it into blocks of ``block_size`` tokens (``num_gpu_bl
 space // (block_size x bytes per token per GPU)``) and a request holds ``ceil(tokens /
 block_size)`` blocks on every rank.
 
-Tensor parallelism over ``tp`` GPUs splits the weights and the KV heads: each rank holds
-``ceil(kv_heads / tp)`` of them (at least one: when tp > kv_heads the heads replicate, as
-vLLM does). An MLA latent is not split by heads: every rank caches the whole latent.
+Tensor parallelism over ``tp`` GPUs splits the weights and the KV heads, as vLLM does
+(``tp_problem``: it refuses a tp that does not divide the attention heads, or that neither
+divides the KV heads nor is a multiple of them): each rank holds ``kv_heads / tp`` KV heads,
+or one when tp > kv_heads (each head replicated on tp / kv_heads ranks). An MLA latent is not
+split by heads: every rank caches the whole latent.
 
 ``model_from_hf_config`` reads a pasted Hugging Face ``config.json`` (GQA fields
 ``num_key_value_heads`` / ``head_dim``; MLA fields ``kv_lora_rank`` / ``qk_rope_head_dim``
@@ -36,9 +38,39 @@ def weights_bytes(params: int, bytes_per_param: float) -> float:
     return params * bytes_per_param
 
 
+def tp_problem(m: ModelConfig, tp: int) -> str | None:
+    """Why vLLM would refuse tensor parallelism over ``tp`` GPUs for ``m`` (None: it runs).
+
+    vLLM (``ModelConfig.verify_with_parallel_config``, ``QKVParallelLinear``): the attention
+    heads split evenly (``heads % tp == 0``); KV heads split evenly when there are more of
+    them than ranks (``kv_heads % tp == 0``), else each is replicated on ``tp / kv_heads``
+    ranks (``tp % kv_heads == 0``). An MLA latent has no KV heads to split."""
+    if tp < 1:
+        return f"tp: must be >= 1, got {tp}"
+    if m.heads % tp:
+        return (
+            f"tp: {tp} GPUs do not divide the model's {m.heads} attention heads "
+            "(vLLM needs heads % tp == 0)"
+        )
+    if m.attention == "mla":
+        return None
+    if tp < m.kv_heads and m.kv_heads % tp:
+        return (
+            f"tp: {tp} GPUs do not divide the model's {m.kv_heads} KV heads "
+            "(vLLM needs kv_heads % tp == 0 when tp < kv_heads)"
+        )
+    if tp > m.kv_heads and tp % m.kv_heads:
+        return (
+            f"tp: {tp} GPUs are not a multiple of the model's {m.kv_heads} KV heads "
+            "(vLLM replicates each KV head on tp / kv_heads ranks: tp % kv_heads == 0)"
+        )
+    return None
+
+
 def kv_heads_per_rank(m: ModelConfig, tp: int = 1) -> int:
-    """KV heads one of ``tp`` ranks caches: ``ceil(kv_heads / tp)``, at least one (heads
-    replicate when tp > kv_heads). MLA: not split (the whole latent on every rank)."""
+    """KV heads one of ``tp`` ranks caches: ``kv_heads / tp`` (``ceil`` for a tp vLLM would
+    refuse, see ``tp_problem``), at least one (heads replicate when tp > kv_heads). MLA: not
+    split (the whole latent on every rank)."""
     if tp < 1:
         raise ValueError("tp must be >= 1")
     if m.attention == "mla":
@@ -87,7 +119,7 @@ class CapacityPlan:
     max_context: int | None  # tokens per request that fit at `concurrency`
     fits: bool
     shortfall_bytes: float  # per GPU, when it does not fit: weights + reserve - usable
-    min_tp: int | None  # the smallest tp (power of two, <= 64) whose weights fit, if any
+    min_tp: int | None  # the smallest tp (<= 64, one vLLM runs) whose weights fit, if any
     notes: list[str]
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,8 +141,9 @@ def plan(
 ) -> CapacityPlan:
     """Answer "how many requests of ``context`` tokens fit" and/or "what context fits at
     ``concurrency``" for model ``m`` on ``tp`` GPUs of ``device_memory_bytes`` each."""
-    if tp < 1:
-        raise ValueError("tp must be >= 1")
+    problem = tp_problem(m, tp)
+    if problem is not None:
+        raise ValueError(problem)
     if device_memory_bytes <= 0:
         raise ValueError("device_memory_bytes must be positive")
     if not 0 < utilization <= 1:
@@ -133,8 +166,8 @@ def plan(
     min_tp = next(
         (
             t
-            for t in (1, 2, 4, 8, 16, 32, 64)
-            if usable - m.params * weight_bytes / t > reserve_bytes
+            for t in range(1, 65)
+            if tp_problem(m, t) is None and usable - m.params * weight_bytes / t > reserve_bytes
         ),
         None,
     )

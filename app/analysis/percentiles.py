@@ -375,37 +375,58 @@ def _summarize_large(
     return _make(n, mean, std, float(x[0]), float(x[n - 1]), pa, est, bounds, "order-statistic")
 
 
+def _guidellm_pdf(values: npt.ArrayLike, weights: npt.ArrayLike) -> tuple[F64, F64]:
+    """GuideLLM 0.8.1's probability mass (``DistributionSummary.from_values``): sorted values,
+    equal values merged by summing their weights, zero weights dropped, each weight divided
+    by the total. Non-finite values and weights, and negative weights, are dropped first."""
+    v = np.asarray(values, np.float64).ravel()
+    w = np.asarray(weights, np.float64).ravel()
+    keep = np.isfinite(v) & np.isfinite(w) & (w >= 0)
+    v, w = v[keep], w[keep]
+    order = np.argsort(v)
+    unique, inverse = np.unique(v[order], return_inverse=True)
+    merged = np.zeros_like(unique, dtype=np.float64)
+    np.add.at(merged, inverse, w[order])
+    nonzero = merged > 0
+    unique, merged = unique[nonzero], merged[nonzero]
+    return unique, merged / np.sum(merged) if unique.size else merged
+
+
 def weighted_cdf_percentiles(
     values: npt.ArrayLike, weights: npt.ArrayLike, ps: Sequence[float] = PERCENTILES
 ) -> dict[float, float | None]:
-    """GuideLLM-style percentiles: smallest value whose weighted CDF reaches p (no interpolation).
-
-    Non-finite values and non-positive weights are dropped; no samples -> ``None`` each.
+    """GuideLLM 0.8.1's percentiles (``Percentiles.from_pdf``): the first value whose running
+    sum of probabilities reaches q = p / 100 (no interpolation), the probabilities being the
+    weights already divided by their total and equal values merged (``_guidellm_pdf``): the
+    floating-point running sum decides at exact boundaries, as in GuideLLM (ten equal
+    weights sum to 0.8999999999999999 after nine, so p90 is the tenth value). q is p / 100
+    rounded to 12 decimals (99.9 asks for GuideLLM's 0.999, not 0.9990000000000001); p100
+    is the largest value (GuideLLM's ``max``). No samples -> ``None`` each.
     """
     pa = _check_ps(ps)
-    v = np.asarray(values, np.float64).ravel()
-    w = np.asarray(weights, np.float64).ravel()
-    keep = np.isfinite(v) & np.isfinite(w) & (w > 0)
-    v, w = v[keep], w[keep]
+    v, prob = _guidellm_pdf(values, weights)
     if v.size == 0:
         return {float(p): None for p in pa}
-    order = np.argsort(v, kind="stable")
-    cum = np.cumsum(w[order])
-    idx = np.searchsorted(cum, pa / 100.0 * cum[-1], side="left")
-    vals = v[order][np.minimum(idx, v.size - 1)]
-    return {float(p): float(val) for p, val in zip(pa, vals, strict=True)}
+    cdf = np.cumsum(prob)
+    out: dict[float, float | None] = {}
+    for p in pa:
+        if p >= 100.0:
+            out[float(p)] = float(v[-1])
+            continue
+        idx = int(np.searchsorted(cdf, round(float(p) / 100.0, 12), side="left"))
+        out[float(p)] = float(v[min(idx, v.size - 1)])
+    return out
 
 
 def weighted_mean_std(
     values: npt.ArrayLike, weights: npt.ArrayLike
 ) -> tuple[float | None, float | None]:
-    """Weighted mean and (population) standard deviation; ``(None, None)`` without samples."""
-    v = np.asarray(values, np.float64).ravel()
-    w = np.asarray(weights, np.float64).ravel()
-    keep = np.isfinite(v) & np.isfinite(w) & (w > 0)
-    v, w = v[keep], w[keep]
+    """Weighted mean and (population) standard deviation as GuideLLM 0.8.1 computes them from
+    its probability mass: sum(v p) and sqrt(sum((v - mean)^2 p)); ``(None, None)`` without
+    samples."""
+    v, prob = _guidellm_pdf(values, weights)
     if v.size == 0:
         return None, None
-    mean = float(np.average(v, weights=w))
-    var = float(np.average((v - mean) ** 2, weights=w))
+    mean = float(np.sum(v * prob))
+    var = float(np.sum((v - mean) ** 2 * prob))
     return mean, math.sqrt(var)

@@ -381,13 +381,14 @@ def _guidellm(ctx: _Ctx) -> ProfileResult:
         ),
     }
     notes = [
-        "percentiles: smallest value whose weighted CDF reaches p (no interpolation)",
+        "percentiles: first value whose weighted CDF reaches p (no interpolation); ties "
+        "merged and weights normalised before summing, as GuideLLM 0.8.1",
         "output tokens: server usage when known, else number of token iterations (chunks)",
         "request latency ends at the request end (stream close), not the last token",
     ]
     return ProfileResult(
         profile="guidellm",
-        tool="GuideLLM 0.8",
+        tool="GuideLLM 0.8.1",
         percentile_method="weighted-cdf",
         metrics=metrics,
         window=ctx.window,

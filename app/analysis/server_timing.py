@@ -4,8 +4,13 @@ Servers report what they spent, not what the client waited:
 
 * **llama.cpp**: ``llamacpp:prompt_seconds_total`` (time processing prompts) and
   ``llamacpp:tokens_predicted_seconds_total`` (time generating), beside
-  ``llamacpp:tokens_predicted_total``. It counts no requests: prefill per request divides by
-  the run's successful requests (warm-ups included: the server served them too).
+  ``llamacpp:tokens_predicted_total``. Per request (tools/server), the prompt time runs from
+  the moment its slot starts on the prompt to its first token sampled (``t_prompt_processing``);
+  the generation time from that first token to the slot's release (``t_token_generation``),
+  while the tokens predicted count the first token too (``n_decoded``). It counts no requests:
+  prefill per request divides by the run's successful requests (warm-ups included: the server
+  served them too), and decode per token divides by the tokens predicted less one per request,
+  as the generation time covers n - 1 steps of a request's n tokens.
 * **vLLM**: the ``_sum`` / ``_count`` of ``vllm:request_prefill_time_seconds`` and
   ``vllm:request_decode_time_seconds``: prefill per request is sum / count; decode per token
   divides by ``vllm:generation_tokens_total`` less one token per request (the first token
@@ -55,11 +60,13 @@ def server_timing(series: Sequence[Series], *, requests: int) -> dict[str, Any] 
     else:
         if prefill is not None and requests > 0:
             per_request = prefill / requests
-        if decode is not None and generated:
-            per_token = decode / generated
+        steps = None if generated is None else generated - requests
+        if decode is not None and steps and steps > 0:
+            per_token = decode / steps
         basis = (
             f"llama.cpp counters: prompt seconds / {requests} successful requests of the run "
-            "(warm-ups included); generation seconds / tokens predicted"
+            "(warm-ups included); generation seconds / (tokens predicted - requests): the "
+            "generation clock starts at each request's first token"
         )
     return {
         "source": source,
@@ -75,8 +82,9 @@ def server_timing(series: Sequence[Series], *, requests: int) -> dict[str, Any] 
 
 def beside_client(timing: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
     """The server's own times (ms) beside the client's TTFT, ITL and TPOT means (ms): the
-    server's prefill is part of TTFT (queueing and the network are the rest); its decode
-    time per token compares with ITL/TPOT."""
+    server's prefill is part of TTFT (the rest is the wait for a free slot or a scheduler
+    step, the HTTP handling and the network); its decode time per token compares with
+    ITL/TPOT."""
 
     def mean(key: str) -> float | None:
         d = metrics.get(key)

@@ -13,6 +13,7 @@ from starlette.datastructures import UploadFile as AnyUpload
 from app.api.deps import Reader, Runner, SessionsDep, SettingsDep
 from app.api.downloads import export_response
 from app.importers.common import ImportFormatError
+from app.importers.csv_log import TIME_UNITS
 from app.services import exports as export_svc
 from app.services import file_imports
 from app.services.errors import Invalid, NotFound
@@ -55,11 +56,16 @@ async def run_import(
     summary: AnyUpload | None,
     name: str | None,
     limit: int,
+    time_unit: str | None = None,
 ) -> list[str]:
     """Shared by the API and the import page: parse and store, or raise ``Invalid``.
-    ``limit``: ``Settings.max_import_bytes``."""
+    ``limit``: ``Settings.max_import_bytes``; ``time_unit``: a CSV log's (s, ms, us)."""
     if fmt not in file_imports.FORMATS:
         raise Invalid(f"choose from {', '.join(file_imports.FORMATS)}", loc=["body", "format"])
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise Invalid(f"choose from {', '.join(TIME_UNITS)}", loc=["body", "time_unit"])
+    if time_unit is not None and fmt != "csv":
+        raise Invalid("applies to CSV logs only", loc=["body", "time_unit"])
     text = await _text(file, "file", limit)
     summary_text = await _text(summary, "summary", limit) if summary is not None else None
     file_name = file.filename or None
@@ -72,6 +78,7 @@ async def run_import(
                 file_name=file_name,
                 name=name or None,
                 summary_text=summary_text,
+                time_unit=time_unit,
             )
         )
     except ImportFormatError as e:
@@ -87,10 +94,16 @@ async def import_file(
     file: Annotated[UploadFile, File(description="the tool's result file")],
     summary: Annotated[UploadFile | None, File(description="AIPerf summary JSON")] = None,
     name: Annotated[str | None, Form()] = None,
+    time_unit: Annotated[
+        str | None, Form(description="a CSV log's time unit: s (default), ms or us")
+    ] = None,
 ) -> ImportResult:
     """Import a result file (all or nothing); 422 names the first bad field or line."""
     limit = settings.max_import_bytes
-    return ImportResult(runs=await run_import(sessions, format, file, summary, name, limit))
+    unit = time_unit or None
+    return ImportResult(
+        runs=await run_import(sessions, format, file, summary, name, limit, time_unit=unit)
+    )
 
 
 @router.get("/runs/{run_id}/export/{what}", response_class=StreamingResponse)

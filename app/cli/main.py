@@ -57,6 +57,12 @@ def build_parser() -> Parser:
     imp.add_argument("format", choices=("csv", "vllm", "guidellm", "aiperf"))
     imp.add_argument("file", type=Path)
     imp.add_argument("--name", default=None)
+    imp.add_argument(
+        "--time-unit",
+        choices=("s", "ms", "us"),
+        default=None,
+        help="a CSV log's time unit (default s); other formats state theirs",
+    )
     imp.add_argument("--json", action="store_true")
     imp.add_argument("--database-url", default=None)
 
@@ -231,9 +237,11 @@ def cmd_import(ns: argparse.Namespace, console: Console) -> int:
 
     if not ns.file.is_file():
         raise UsageError(f"file: no such file {ns.file}")
+    if ns.time_unit is not None and ns.format != "csv":
+        raise UsageError("--time-unit: applies to CSV logs only (other formats state theirs)")
     sessions = _sessions(ns.database_url)
     try:
-        run_ids = import_path(sessions, ns.format, ns.file, name=ns.name)
+        run_ids = import_path(sessions, ns.format, ns.file, name=ns.name, time_unit=ns.time_unit)
     except (ImportFormatError, UnicodeDecodeError) as e:
         raise UsageError(f"{ns.file}: {e}") from None
     if ns.json:

@@ -68,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     c.add_argument("--block-size", type=int, default=16)
     c.add_argument("--context", type=int, default=None)
     c.add_argument("--concurrency", type=int, default=None)
+    c.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs the model spans")
     c.add_argument("--json", action="store_true")
     return {"probe": cmd_probe}
 
@@ -265,10 +266,12 @@ def _capacity(ns: argparse.Namespace, console: Console) -> int:
             block_size=ns.block_size,
             context=ns.context,
             concurrency=ns.concurrency,
+            tp=ns.tp,
         )
         out = svc.capacity(q)
     except ServiceError as e:
-        raise UsageError(e.detail) from None
+        field = e.loc[-1] if e.loc else None
+        raise UsageError(f"{field}: {e.detail}" if field else e.detail) from None
     except ValueError as e:  # pydantic: a bounded field out of range
         raise UsageError(str(e).splitlines()[0] if str(e) else "invalid arguments") from None
     if ns.json:

@@ -34,27 +34,42 @@ def roofline_figure(
 ) -> Figure:
     """Measured roofs (solid), datasheet roofs (dashed, named "datasheet"), linear-probe
     points and runs' operating points. Without measured ceilings the title says the roofs
-    are the datasheet's."""
+    are the datasheet's. A roof taken from a noisy measurement (``measured["spread"]``,
+    ``app.analysis.probe_spread``) is named "(noisy)" and dash-dotted; noisy probe points
+    are a trace of their own, open red circles named "(noisy)"."""
     data: list[dict[str, Any]] = []
     shapes: list[dict[str, Any]] = []
     if measured:
         c = measured.get("ceilings") or {}
         bw = c.get("bandwidth_bps")
+        noisy = set(((measured.get("spread") or {}).get("ceilings")) or [])
         for dtype, peak in (c.get("flops") or {}).items():
             if not bw or not peak:
                 continue
             xs, ys = _roof_xy(peak, bw)
+            shaky = sorted(noisy & {dtype, "bandwidth"})
+            line: dict[str, Any] = {"color": DTYPE_COLORS.get(dtype, "#333"), "width": 3}
+            if shaky:
+                line["dash"] = "dashdot"
             data.append(
                 {
                     "type": "scatter",
                     "mode": "lines",
                     "x": xs,
                     "y": ys,
-                    "name": f"measured {dtype} ({measured.get('label')})",
-                    "line": {"color": DTYPE_COLORS.get(dtype, "#333"), "width": 3},
+                    "name": f"measured {dtype} ({measured.get('label')})"
+                    + (" (noisy)" if shaky else ""),
+                    "line": line,
                     "hovertemplate": f"measured {dtype}: peak {peak / 1e12:.2f} TFLOP/s, "
                     f"bandwidth {bw / 1e9:.0f} GB/s, balance {peak / bw:.1f} FLOP/B"
-                    "<extra>probe " + str(measured.get("probe_id")) + "</extra>",
+                    + (
+                        f"<br>NOT TRUSTED: {' and '.join(shaky)} from a noisy measurement"
+                        if shaky
+                        else ""
+                    )
+                    + "<extra>probe "
+                    + str(measured.get("probe_id"))
+                    + "</extra>",
                 }
             )
             shapes.append(
@@ -88,20 +103,31 @@ def roofline_figure(
                     f"{peak / d.bandwidth_bps:.0f} FLOP/B<br>source: {d.source}<extra></extra>",
                 }
             )
-    if probe_points:
+    for noisy_points in (False, True):
+        pts = [p for p in probe_points if bool(p.get("noisy")) == noisy_points]
+        if not pts:
+            continue
         data.append(
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": "linear probe",
-                "x": [p["intensity"] for p in probe_points],
-                "y": [p["flops_s"] for p in probe_points],
-                "marker": {"symbol": "circle", "size": 8, "color": "#37474f"},
+                "name": "linear probe (noisy)" if noisy_points else "linear probe",
+                "x": [p["intensity"] for p in pts],
+                "y": [p["flops_s"] for p in pts],
+                "marker": {"symbol": "circle-open", "size": 9, "color": "#c62828"}
+                if noisy_points
+                else {"symbol": "circle", "size": 8, "color": "#37474f"},
                 "text": [
                     f"{p['label']}: X[{p['m']},{p['k']}] x W[{p['k']},{p['n']}] {p['dtype']}<br>"
                     f"{p['median_ms']:.4f} ms median; {p['flops_s'] / 1e12:.3f} TFLOP/s, "
                     f"{p['bytes_s'] / 1e9:.1f} GB/s; intensity {p['intensity']:.1f} FLOP/B"
-                    for p in probe_points
+                    + (
+                        f"<br>NOT TRUSTED: spread {float(p.get('spread') or 0):.0%} "
+                        "between repetitions"
+                        if noisy_points
+                        else ""
+                    )
+                    for p in pts
                 ],
                 "hovertemplate": "%{text}<extra></extra>",
             }

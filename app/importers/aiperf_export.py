@@ -4,7 +4,15 @@
 Each JSONL line is one request: ``metadata.request_start_ns`` / ``request_end_ns`` (epoch
 ns), ``metrics.time_to_first_token`` and the per-chunk ``metrics.inter_chunk_latency`` list
 give every token-bearing response's time (first at start + TTFT, the next ones a chunk gap
-apart). A line with ``error`` is a failed request. Warm-up lines are kept, flagged.
+apart). A line with ``error`` is a failed request, its reason built from AIPerf's
+``ErrorDetails`` (``code``: an HTTP status or None, ``type``, ``message``). Warm-up lines are
+kept, flagged.
+
+Multi-turn files: each line's ``metadata.x_correlation_id`` (shared by a session's turns;
+else ``session_num``) and ``metadata.turn_index`` (from 0) give the request's session
+(numbered 0, 1, ... in the order of each session's first request start) and turn (from 1),
+when some line has a turn index above 0; a single-turn file keeps none. The server's cached
+prompt tokens are ``metrics.usage_prompt_cache_read_tokens`` where the file has them.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from app.importers.common import (
     number,
     opt_number,
 )
+from app.importers.csv_log import MAX_COUNT
 
 _TO_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "us": 1e-3, "ns": 1e-6}
 SUMMARY_LATENCIES = {
@@ -61,6 +70,28 @@ def _count(metrics: dict[str, Any], key: str, where: str) -> int | None:
     return integer(m.get("value"), f"{where}.{key}.value", minimum=0)
 
 
+def failure_reason(err: Any) -> str:
+    """A failed line's reason: "HTTP 500: message", "ClientConnectorError: message", the
+    text of an older string error; never "None" (a missing part is left out)."""
+    if isinstance(err, dict):
+        code, kind, msg = err.get("code"), err.get("type"), err.get("message")
+        head = ""
+        if isinstance(code, int) and not isinstance(code, bool):
+            head = f"HTTP {code}" if 100 <= code <= 599 else f"code {code}"
+        elif isinstance(kind, str) and kind.strip():
+            head = kind.strip()
+        text = msg.strip() if isinstance(msg, str) else ""
+        if head and text:
+            return f"{head}: {text}"
+        if head or text:
+            return head or text
+    elif err is not None:
+        text = str(err).strip()
+        if text and text not in ("None", "null"):
+            return text
+    return "error (AIPerf recorded no code, type or message)"
+
+
 def _record(i: int, line_no: int, obj: Any, origin_ns: int) -> RequestRecord:
     where = f"line {line_no}"
     d = as_dict(obj, where)
@@ -74,12 +105,7 @@ def _record(i: int, line_no: int, obj: Any, origin_ns: int) -> RequestRecord:
     warmup = meta.get("benchmark_phase") not in (None, "profiling")
     if d.get("error") is not None or meta.get("was_cancelled"):
         err = d.get("error")
-        msg = "cancelled"
-        if isinstance(err, dict):
-            code = err.get("code")
-            msg = f"{code}: {err.get('message') or err.get('type') or 'error'}"
-        elif err is not None:
-            msg = str(err)
+        msg = "cancelled" if err is None else failure_reason(err)
         n_in = _count(metrics, "error_isl", f"{where}.metrics")
         rec = failed_record(i, sent_ns=sent, end_ns=end_rel, error=msg, input_tokens=n_in)
         rec.warmup = warmup
@@ -108,8 +134,45 @@ def _record(i: int, line_no: int, obj: Any, origin_ns: int) -> RequestRecord:
         usage_completion_tokens=_count(metrics, "usage_completion_tokens", f"{where}.metrics"),
         usage_prompt_tokens=_count(metrics, "usage_prompt_tokens", f"{where}.metrics"),
     )
+    cached = metrics.get("usage_prompt_cache_read_tokens")
+    if cached is not None:
+        at = f"{where}.metrics.usage_prompt_cache_read_tokens"
+        value = as_dict(cached, at).get("value")
+        rec.cached_prompt_tokens = integer(value, f"{at}.value", minimum=0, maximum=MAX_COUNT)
     rec.warmup = warmup
     return rec
+
+
+def _session_keys(objs: list[tuple[int, Any]], starts: list[int]) -> list[tuple[int, int]] | None:
+    """Each line's (session, turn) for a multi-turn file, None for a single-turn one."""
+    keys: list[str] = []
+    turns: list[int] = []
+    for no, obj in objs:
+        md = obj["metadata"]
+        where = f"line {no}.metadata"
+        raw_turn = md.get("turn_index")
+        turns.append(
+            0
+            if raw_turn is None
+            else integer(raw_turn, f"{where}.turn_index", minimum=0, maximum=MAX_COUNT - 1)
+        )
+        corr = md.get("x_correlation_id")
+        if isinstance(corr, str) and corr:
+            keys.append(f"c:{corr}")
+        elif md.get("session_num") is not None:
+            num = integer(
+                md.get("session_num"), f"{where}.session_num", minimum=0, maximum=MAX_COUNT
+            )
+            keys.append(f"n:{num}")
+        else:
+            keys.append(f"line:{no}")
+    if not any(t > 0 for t in turns):
+        return None
+    first: dict[str, int] = {}
+    for key, start in zip(keys, starts, strict=True):
+        first[key] = min(start, first.get(key, start))
+    number = {key: k for k, key in enumerate(sorted(first, key=lambda c: (first[c], c)))}
+    return [(number[key], t + 1) for key, t in zip(keys, turns, strict=True)]
 
 
 def _stats(metric: Any, where: str) -> dict[str, float | None]:
@@ -166,6 +229,10 @@ def parse_aiperf(
         starts.append(integer(md.get("request_start_ns"), f"line {no}.metadata.request_start_ns"))
     origin = min(starts)
     records = [_record(i, no, obj, origin) for i, (no, obj) in enumerate(objs)]
+    sessions = _session_keys(objs, starts)
+    if sessions is not None:
+        for rec, (session, turn) in zip(records, sessions, strict=True):
+            rec.session, rec.turn = session, turn
     figures: FileFigures = {}
     meta: dict[str, Any] = {"requests": len(records)}
     window_s: float | None = None

@@ -1,10 +1,14 @@
-"""Parse a per-request CSV log (SPEC worked example B) into request records. Pure: no I/O.
+"""Parse a per-request CSV log into request records (the format: docs/interop.md, "CSV
+request log"). Pure: no I/O.
 
-Columns: ``request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens`` (seconds,
-any common origin). Each row becomes a successful request with two token events: the first
-token at ``first_token_ts`` (1 token) and the rest at ``end_ts`` (n-1 tokens). Such a log
-has no per-token times, so the run is summary-only. A bad row rejects the whole file with a
-message naming the row; nothing is returned for partial use.
+Columns: ``request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens``; times in
+one unit for the whole file (``time_unit``: ``s``, the default, ``ms`` or ``us``), any common
+origin. Each row becomes a successful request with two token events: the first token at
+``first_token_ts`` (1 token) and the rest at ``end_ts`` (n-1 tokens). Such a log has no
+per-token times, so the run is summary-only. A bad row rejects the whole file with a message
+naming the row; nothing is returned for partial use. Implausible rows are bad rows: times
+going backwards, a TTFT or E2E over ``MAX_REQUEST_S`` (one hour), a time per output token
+over ``MAX_TPOT_S`` (10 s), which is what a file in milliseconds read as seconds shows.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ REQUIRED = ("request_id", "start_ts", "first_token_ts", "end_ts", "input_tokens"
 
 MAX_TIME_S = 4e9  # seconds: beyond 2096 as a Unix time, and inside int64 nanoseconds
 MAX_COUNT = 2**31 - 1  # token counts are stored as int32
+TIME_UNITS: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # unit -> seconds
+UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
+MAX_REQUEST_S = 3600.0  # a request's TTFT and E2E: one hour
+MAX_TPOT_S = 10.0  # (end - first token) / (output tokens - 1): 0.1 tokens/s
 
 
 class ImportFormatError(ValueError):
@@ -33,10 +41,12 @@ class ImportFormatError(ValueError):
 class CsvLog:
     records: list[RequestRecord]
     request_ids: list[str]
-    origin_s: float  # the earliest start_ts; record times are relative to it
+    origin_s: float  # the earliest start_ts (seconds); record times are relative to it
+    time_unit: str = "s"  # the unit the file's times were read in
 
 
-def _number(row_no: int, name: str, raw: str | None, *, integer: bool) -> float:
+def _number(row_no: int, name: str, raw: str | None, *, integer: bool, unit: str = "s") -> float:
+    """A count, or a time in the file's ``unit`` returned in seconds."""
     if raw is None or raw.strip() == "":
         raise ImportFormatError(f"row {row_no}: {name} is empty")
     try:
@@ -46,16 +56,57 @@ def _number(row_no: int, name: str, raw: str | None, *, integer: bool) -> float:
         raise ImportFormatError(f"row {row_no}: {name} must be {kind}, got {raw!r}") from None
     if not math.isfinite(value):
         raise ImportFormatError(f"row {row_no}: {name} must be finite, got {raw!r}")
-    limit = MAX_COUNT if integer else MAX_TIME_S
+    limit = MAX_COUNT if integer else MAX_TIME_S / TIME_UNITS[unit]
     if not 0 <= value <= limit:
         raise ImportFormatError(f"row {row_no}: {name} must be in 0..{limit:g}, got {raw!r}")
-    return float(value)
+    return float(value) if integer else float(value) * TIME_UNITS[unit]
 
 
-def parse_csv_log(text: str) -> CsvLog:
-    """Parse the whole file or raise ``ImportFormatError`` naming the first bad row."""
+def _plain(value: float, decimals: int) -> str:
+    """A number without exponent or trailing zeros: 3601000, 33.92."""
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
+
+
+def _in(unit: str, seconds: float) -> str:
+    """A duration in the file's unit, with seconds beside it when the unit is not seconds."""
+    if unit == "s":
+        return f"{_plain(seconds, 3)} s"
+    return f"{_plain(seconds / TIME_UNITS[unit], 3)} {unit} ({_plain(seconds, 3)} s)"
+
+
+def _plausible(row: str, unit: str, start: float, first: float, end: float, n_out: int) -> None:
+    """Refuse a row no real request gives (times in seconds)."""
+    hint = (
+        f"times read in {UNIT_NAMES[unit]}: is the file in another time unit? "
+        "(--time-unit s|ms|us, or the import's time_unit field)"
+    )
+    for what, value in (
+        ("TTFT (first_token_ts - start_ts)", first - start),
+        ("E2E (end_ts - start_ts)", end - start),
+    ):
+        if value > MAX_REQUEST_S:
+            raise ImportFormatError(
+                f"{row}: {what} is {_in(unit, value)}, over the {MAX_REQUEST_S:g} s bound "
+                f"for one request; {hint}"
+            )
+    if n_out > 1:
+        tpot = (end - first) / (n_out - 1)
+        if tpot > MAX_TPOT_S:
+            raise ImportFormatError(
+                f"{row}: time per output token (end_ts - first_token_ts) / "
+                f"(output_tokens - 1) is {tpot:.2f} s, over the {MAX_TPOT_S:g} s bound; {hint}"
+            )
+
+
+def parse_csv_log(text: str, *, time_unit: str = "s") -> CsvLog:
+    """Parse the whole file, its times in ``time_unit`` (s, ms or us), or raise
+    ``ImportFormatError`` naming the first bad row."""
+    if time_unit not in TIME_UNITS:
+        raise ImportFormatError(
+            f"time_unit: choose from {', '.join(TIME_UNITS)}, got {time_unit!r}"
+        )
     try:
-        return _parse(text)
+        return _parse(text, time_unit)
     except csv.Error as e:  # e.g. a field over the csv module's 128 KiB field limit
         raise ImportFormatError(f"{_where(e)}: not valid CSV ({e})") from None
 
@@ -78,7 +129,7 @@ class _Rows(csv.DictReader):  # type: ignore[type-arg]
         return row
 
 
-def _parse(text: str) -> CsvLog:
+def _parse(text: str, unit: str) -> CsvLog:
     reader = _Rows(io.StringIO(text))
     try:
         header = reader.fieldnames or []
@@ -97,9 +148,11 @@ def _parse(text: str) -> CsvLog:
         if rid in seen:
             raise ImportFormatError(f"row {row_no} ({rid}): duplicate request_id")
         seen.add(rid)
-        start = _number(row_no, "start_ts", row.get("start_ts"), integer=False)
-        first = _number(row_no, "first_token_ts", row.get("first_token_ts"), integer=False)
-        end = _number(row_no, "end_ts", row.get("end_ts"), integer=False)
+        start = _number(row_no, "start_ts", row.get("start_ts"), integer=False, unit=unit)
+        first = _number(
+            row_no, "first_token_ts", row.get("first_token_ts"), integer=False, unit=unit
+        )
+        end = _number(row_no, "end_ts", row.get("end_ts"), integer=False, unit=unit)
         n_in = int(_number(row_no, "input_tokens", row.get("input_tokens"), integer=True))
         n_out = int(_number(row_no, "output_tokens", row.get("output_tokens"), integer=True))
         if first < start:
@@ -110,6 +163,7 @@ def _parse(text: str) -> CsvLog:
             raise ImportFormatError(f"row {row_no} ({rid}): output_tokens < 1")
         if n_in < 0:
             raise ImportFormatError(f"row {row_no} ({rid}): input_tokens < 0")
+        _plausible(f"row {row_no} ({rid})", unit, start, first, end, n_out)
         rows.append((rid, start, first, end, n_in, n_out))
     if not rows:
         raise ImportFormatError("the file has no data rows")
@@ -143,4 +197,6 @@ def _parse(text: str) -> CsvLog:
                 event_tokens=toks,
             )
         )
-    return CsvLog(records=records, request_ids=[r[0] for r in rows], origin_s=origin)
+    return CsvLog(
+        records=records, request_ids=[r[0] for r in rows], origin_s=origin, time_unit=unit
+    )

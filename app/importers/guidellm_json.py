@@ -10,6 +10,12 @@ only those within the benchmark's measurement window (``start_time`` .. ``end_ti
 are ``scheduler_metrics.measure_start_time`` / ``measure_end_time``): a request ending
 before the window starts or starting after it ends. Such requests are imported as warm-up
 requests, so our figures exclude them as GuideLLM's do.
+
+Multi-turn benchmarks: a request's ``info.conversation_id`` and ``info.turn_index`` (from 0)
+give its session (numbered 0, 1, ... in the order of each conversation's first request
+start) and turn (from 1), when some request of the benchmark has a turn index above 0; a
+single-turn benchmark keeps none. The server's cached prompt tokens are the request's
+``cached_tokens`` (``input_metrics.cached_tokens``) where the file has them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from app.importers.common import (
     opt_number,
     two_point_record,
 )
+from app.importers.csv_log import MAX_COUNT
 
 # profile metric key -> (GuideLLM metric, scale to ms)
 LATENCIES = {
@@ -99,6 +106,43 @@ def _tokens(req: dict[str, Any], where: str, key: str, metrics_key: str) -> int 
     return None if v is None else integer(v, f"{where}.{key}", minimum=0)
 
 
+def _cached(req: dict[str, Any], where: str) -> int | None:
+    v = req.get("cached_tokens")
+    if v is None:
+        block = req.get("input_metrics")
+        if isinstance(block, dict):
+            v = block.get("cached_tokens")
+    return None if v is None else integer(v, f"{where}.cached_tokens", minimum=0, maximum=MAX_COUNT)
+
+
+def _sessions(
+    parsed: list[tuple[str, str, dict[str, Any], dict[str, float | None]]],
+) -> list[tuple[int, int]] | None:
+    """Each request's (session, turn) for a multi-turn benchmark, None for a single-turn one."""
+    keys: list[str] = []
+    turns: list[int] = []
+    starts: list[float] = []
+    for _group, at, req, t in parsed:
+        info = req["info"]
+        raw = info.get("turn_index")
+        turns.append(
+            0
+            if raw is None
+            else integer(raw, f"{at}.info.turn_index", minimum=0, maximum=MAX_COUNT - 1)
+        )
+        conv = info.get("conversation_id")
+        keys.append(f"c:{conv}" if isinstance(conv, str) and conv else f"request:{at}")
+        start = t["request_start"] if t["request_start"] is not None else t["request_end"]
+        starts.append(float("inf") if start is None else start)
+    if not any(k > 0 for k in turns):
+        return None
+    first: dict[str, float] = {}
+    for key, start in zip(keys, starts, strict=True):
+        first[key] = min(start, first.get(key, start))
+    number = {key: k for k, key in enumerate(sorted(first, key=lambda c: (first[c], c)))}
+    return [(number[key], turn + 1) for key, turn in zip(keys, turns, strict=True)]
+
+
 def measure_window(bench: dict[str, Any], where: str) -> tuple[float | None, float | None]:
     """The benchmark's measurement window (epoch seconds): ``start_time`` / ``end_time``, or
     the scheduler metrics' ``measure_start_time`` / ``measure_end_time``."""
@@ -152,6 +196,7 @@ def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
         return None if v is None else ns(v - origin)
 
     window = measure_window(bench, where)
+    sessions = _sessions(parsed)
     records: list[RequestRecord] = []
     for i, (group, at, req, t) in enumerate(parsed):
         n_in = _tokens(req, at, "prompt_tokens", "input_metrics")
@@ -165,6 +210,7 @@ def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
             if group == "incomplete":
                 rec.status = RequestStatus.CANCELLED
             rec.warmup = warmup
+            _place(rec, sessions, i)
             records.append(rec)
             continue
         for k in ("request_start", "first_token_iteration", "last_token_iteration", "request_end"):
@@ -188,9 +234,16 @@ def _requests(bench: dict[str, Any], where: str) -> list[RequestRecord]:
             output_tokens=n_out,
             input_tokens=n_in,
         )
+        rec.cached_prompt_tokens = _cached(req, at)
         rec.warmup = warmup
+        _place(rec, sessions, i)
         records.append(rec)
     return records
+
+
+def _place(rec: RequestRecord, sessions: list[tuple[int, int]] | None, i: int) -> None:
+    if sessions is not None:
+        rec.session, rec.turn = sessions[i]
 
 
 def _window_notes(bench: dict[str, Any], records: list[RequestRecord], where: str) -> list[str]:

@@ -26,7 +26,7 @@ from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status,
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
 from app.importers.common import ImportedRun, ImportFormatError
-from app.importers.csv_log import parse_csv_log
+from app.importers.csv_log import UNIT_NAMES, parse_csv_log
 from app.importers.guidellm_json import parse_guidellm
 from app.importers.json_stream import StreamRefused
 from app.importers.vllm_result import parse_vllm_result
@@ -43,9 +43,16 @@ AIPERF_SUMMARY = "profile_export_aiperf.json"
 
 
 def parse_file(
-    fmt: str, text: str, *, name: str, summary_text: str | None = None
+    fmt: str,
+    text: str,
+    *,
+    name: str,
+    summary_text: str | None = None,
+    time_unit: str | None = None,
 ) -> list[ImportedRun]:
-    """The runs in ``text`` read as ``fmt``; ``ImportFormatError`` when malformed."""
+    """The runs in ``text`` read as ``fmt``; ``ImportFormatError`` when malformed.
+    ``time_unit``: a CSV log's (s, the default, ms or us); refused for other formats."""
+    _check_time_unit(fmt, time_unit)
     if fmt == "vllm":
         return parse_vllm_result(text, name=name)
     if fmt == "guidellm":
@@ -53,7 +60,7 @@ def parse_file(
     if fmt == "aiperf":
         return [parse_aiperf(text, summary_text, name=name)]
     if fmt == "csv":
-        log = parse_csv_log(text)
+        log = parse_csv_log(text, time_unit=time_unit or "s")
         return [
             ImportedRun(
                 name=name,
@@ -62,10 +69,16 @@ def parse_file(
                 profile=None,
                 records=log.records,
                 summary_only=True,
-                meta={"origin_s": log.origin_s},
+                notes=[f"times read in {UNIT_NAMES[log.time_unit]} (time unit {log.time_unit})"],
+                meta={"origin_s": log.origin_s, "time_unit": log.time_unit},
             )
         ]
     raise ImportFormatError(f"format: unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+
+
+def _check_time_unit(fmt: str, time_unit: str | None) -> None:
+    if time_unit is not None and fmt != "csv":
+        raise ImportFormatError("time_unit: applies to CSV logs only (other formats state theirs)")
 
 
 def _light(r: RequestRecord) -> RequestRecord:
@@ -257,9 +270,11 @@ def import_text(
     file_name: str | None,
     name: str | None = None,
     summary_text: str | None = None,
+    time_unit: str | None = None,
 ) -> list[str]:
     """Parse, then store; returns the new run ids in file order. vLLM files are read as a
     stream (``store_vllm_stream``) unless the streamed reader refuses them."""
+    _check_time_unit(fmt, time_unit)
     run_name = name or file_name or fmt
     if fmt == "vllm":
         try:
@@ -274,16 +289,22 @@ def import_text(
             except StreamRefused:
                 pass
             del data
-    runs = parse_file(fmt, text, name=run_name, summary_text=summary_text)
+    runs = parse_file(fmt, text, name=run_name, summary_text=summary_text, time_unit=time_unit)
     return store_imported(sessions, runs, file_name=file_name)
 
 
 def import_path(
-    sessions: sessionmaker[Session], fmt: str, path: Path, *, name: str | None = None
+    sessions: sessionmaker[Session],
+    fmt: str,
+    path: Path,
+    *,
+    name: str | None = None,
+    time_unit: str | None = None,
 ) -> list[str]:
     """Import a file from disk. A vLLM file is read as a stream (its size checked against the
     import limit first), or whole when the streamed reader refuses it. For AIPerf the
     summary beside the JSONL (``profile_export_aiperf.json``) is read too when it exists."""
+    _check_time_unit(fmt, time_unit)
     if fmt == "vllm":
         check_import_size(path)
         try:
@@ -295,4 +316,12 @@ def import_path(
     summary = None
     if fmt == "aiperf" and (path.parent / AIPERF_SUMMARY).is_file():
         summary = read_import_text(path.parent / AIPERF_SUMMARY)
-    return import_text(sessions, fmt, text, file_name=path.name, name=name, summary_text=summary)
+    return import_text(
+        sessions,
+        fmt,
+        text,
+        file_name=path.name,
+        name=name,
+        summary_text=summary,
+        time_unit=time_unit,
+    )

@@ -19,6 +19,7 @@ from app.analysis.device_presets import (
     preset_for_device_name,
 )
 from app.analysis.model_presets import ModelConfig, dtype_bytes, model_preset
+from app.analysis.probe_spread import is_noisy, spread_verdict
 from app.probes.spec import ProbeSpec
 from app.services import hardware
 from app.services.errors import Conflict, Invalid, NotFound
@@ -102,6 +103,8 @@ def probe_view(row: Probe, job: Job | None, *, full: bool = True) -> dict[str, A
         "created_at": row.created_at,
         "finished_at": row.finished_at,
     }
+    # repeated measurements that disagree (app.analysis.probe_spread): None when steady
+    out["spread"] = spread_verdict(row.result)
     if full:
         out |= {
             "fingerprint": row.fingerprint,
@@ -370,9 +373,10 @@ def roofline_data(
     for p in linear[:5]:
         res = p.result or {}
         for label, row in (res.get("shapes") or {}).items():
-            probe_points.append({"probe_id": p.id, "label": label, **row})
+            probe_points.append({"probe_id": p.id, "label": label, **row, "noisy": is_noisy(row)})
         for row in res.get("sweep") or []:
-            probe_points.append({"probe_id": p.id, "label": f"sweep M={row['m']}", **row})
+            label = f"sweep M={row['m']}"
+            probe_points.append({"probe_id": p.id, "label": label, **row, "noisy": is_noisy(row)})
     ops: list[RunPoints] = []
     runs = probe_repo.runs_by_id(session, run_ids) if run_ids else []
     anns: dict[str, RunAnnotation | None] = {
@@ -404,6 +408,7 @@ def roofline_data(
             "probe_id": measured.id,
             "label": "CPU" if measured.device == "cpu" else device_name,
             "ceilings": (measured.result or {}).get("ceilings") or {},
+            "spread": spread_verdict(measured.result),
         },
         "datasheets": sheets,
         "probe_points": probe_points,
@@ -502,6 +507,9 @@ def capacity(q: CapacityQuery) -> dict[str, Any]:
         wb, kb = dtype_bytes(q.weight_dtype), dtype_bytes(q.kv_dtype)
     except ValueError as e:
         raise Invalid(str(e), loc=("query", "dtype")) from None
+    problem = cap.tp_problem(m, q.tp)
+    if problem is not None:
+        raise Invalid(problem.removeprefix("tp: "), loc=("query", "tp"))
     p = cap.plan(
         m,
         device_memory_bytes=mem,

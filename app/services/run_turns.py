@@ -17,10 +17,13 @@ from app.storage import turn_rows
 
 
 def is_multi_turn(run: Mapping[str, Any]) -> bool:
-    """Whether the run replayed sessions (its spec says so, or it stored a turn table)."""
+    """Whether the run replayed sessions (its spec says so, or it stored a turn table), or
+    may have: an imported run, whose requests carry a turn where the file was multi-turn
+    (``turn_table_of_run`` then finds none in a single-turn file's rows)."""
     load = run.get("load_stats") or {}
     spec = run.get("spec") or {}
-    return isinstance(load.get("turns"), list) or bool(spec.get("multi_turn"))
+    imported = str(run.get("source") or "").startswith("import:")
+    return isinstance(load.get("turns"), list) or bool(spec.get("multi_turn")) or imported
 
 
 def turn_table_of_run(

@@ -30,7 +30,8 @@ FORMAT_LABELS = {
     "vllm": "vLLM bench serve --save-result JSON (--save-detailed or not; appended files too)",
     "guidellm": "GuideLLM benchmark JSON (every benchmark becomes a run)",
     "aiperf": "AIPerf profile_export.jsonl (add profile_export_aiperf.json as the summary)",
-    "csv": "CSV request log (request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens)",
+    "csv": "CSV request log (request_id,start_ts,first_token_ts,end_ts,input_tokens,output_tokens;"
+    " times in the unit chosen below)",
 }
 
 
@@ -64,6 +65,8 @@ async def import_submit(request: Request) -> Response:
     file = form.get("file")
     summary = form.get("summary")
     name = str(form.get("name") or "") or None
+    # the page always sends a unit: it applies to CSV logs only
+    time_unit = (str(form.get("time_unit") or "") or None) if fmt == "csv" else None
     if fmt not in FORMATS:
         return _page(request, f"format: choose from {', '.join(FORMATS)}", 422)
     if not isinstance(file, UploadFile) or not file.filename:
@@ -71,7 +74,9 @@ async def import_submit(request: Request) -> Response:
     summary_file = summary if isinstance(summary, UploadFile) and summary.filename else None
     try:
         limit = settings_of(request).max_import_bytes
-        ids = await run_import(sessions_of(request), fmt, file, summary_file, name, limit)
+        ids = await run_import(
+            sessions_of(request), fmt, file, summary_file, name, limit, time_unit=time_unit
+        )
     except ServiceError as e:
         return _page(request, f"{file.filename}: {e.detail}", e.status_code)
     auth.touch(sessions_of(request), principal)

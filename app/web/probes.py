@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from app.analysis import capacity as cap
 from app.analysis.device_presets import DEVICE_PRESETS, preset_for_device_name
 from app.analysis.model_presets import DTYPE_BYTES, MODEL_PRESETS, ModelConfig
+from app.analysis.probe_spread import SPREAD_LIMIT
 from app.figures import probes as pf
 from app.figures.scriptjson import plotly_json
 from app.services import probes as svc
@@ -69,7 +70,7 @@ def probe_page(request: Request, probe_id: str) -> Response:
     return render(
         request,
         "probe.html",
-        {"nav": "probes", "p": p, "r": res, "figures": figures},
+        {"nav": "probes", "p": p, "r": res, "figures": figures, "spread_limit": SPREAD_LIMIT},
         principal=principal,
     )
 
@@ -128,6 +129,7 @@ def roofline_page(
             "models": list(MODEL_PRESETS),
             "presets": DEVICE_PRESETS,
             "query": dict(request.query_params),
+            "spread_limit": SPREAD_LIMIT,
         },
         principal=principal,
     )
