@@ -260,13 +260,15 @@ def test_cli_refuses_the_issues_trace_naming_line_and_field(
         '{"timestamp": 1e300, "input_length": 4, "output_length": 2, "hash_ids": [1]}\n'
     )
     db = f"sqlite:///{tmp_path / 'x.db'}"
-    rc = main(["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--dataset-name",
-               "mooncake", "--dataset-path", str(path), "--database-url", db,
-               "--no-scrape-metrics"])  # fmt: skip
-    assert rc == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        "tokentrace bench: error: --dataset-path line 2: 'timestamp' is over 1e+13 ms (ms "
-        "from the trace's start, or Unix ms)"
-    ]
+    args = ["--base-url", "http://127.0.0.1:9", "--model", "m", "--dataset-name", "mooncake",
+            "--dataset-path", str(path), "--database-url", db, "--no-scrape-metrics"]  # fmt: skip
+    line = (
+        "--dataset-path line 2: 'timestamp' is over 1e+13 ms (ms from the trace's start, "
+        "or Unix ms)"
+    )
+    for command, extra in (("bench", []), ("sweep", ["--concurrencies", "1", "2"])):
+        assert main([command, *args, *extra]) == 2, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f"tokentrace {command}: error: {line}", err  # a sweep: "step 0" first
+        assert len(err) == (1 if command == "bench" else 2), err
     assert list_runs(open_database(db)) == []
