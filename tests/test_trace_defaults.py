@@ -272,3 +272,31 @@ def test_cli_refuses_the_issues_trace_naming_line_and_field(
         assert err[-1] == f"tokentrace {command}: error: {line}", err  # a sweep: "step 0" first
         assert len(err) == (1 if command == "bench" else 2), err
     assert list_runs(open_database(db)) == []
+
+
+@pytest.mark.parametrize("multi_turn", [False, True])
+@pytest.mark.parametrize(
+    ("field", "msg"),
+    [
+        ('"output_len": 1' + "0" * 30, "dataset_path line 2: 'output_len' is over 1,000,000"),
+        ('"output_len": -1', "dataset_path line 2: 'output_len' must be a positive integer"),
+        ('"output_len": NaN', "dataset_path line 2: not valid JSON (NaN is not a JSON number)"),
+        ('"output_len": 1e400', "dataset_path line 2: 'output_len' must be a positive integer"),
+    ],
+)
+def test_a_jsonl_lines_numbers_are_bounded(
+    tmp_path: Path, field: str, msg: str, multi_turn: bool
+) -> None:
+    from app.client.datasets.base import BuildContext
+    from app.client.datasets.conversations import build_sessions
+
+    path = tmp_path / "p.jsonl"
+    key = '"turns": ["b"]' if multi_turn else '"prompt": "b"'
+    path.write_text('{"prompt": "a", "turns": ["a"]}\n{' + key + ", " + field + "}\n")
+    s = spec(dataset="jsonl", dataset_path=str(path), multi_turn=multi_turn)
+    with pytest.raises(DatasetError) as e:
+        if multi_turn:
+            build_sessions("jsonl", s.workload_params(), None, BuildContext(TOK), None)
+        else:
+            build_workload(s, TOK)
+    assert str(e.value).startswith(msg), str(e.value)
