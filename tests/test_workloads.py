@@ -276,8 +276,10 @@ def test_sharegpt_oversamples_as_vllm_and_refuses_warmups_it_cannot_keep_apart(
     extra = [random.choice(passing) for _ in range(7 - len(passing))]
     assert [p.prompt for p in w.measured] == passing + extra
     # the measured sample went through every entry: a warm-up would repeat a measured prompt
-    with pytest.raises(ValueError, match=r"warmup_requests: 2 warm-ups need conversations apart"):
+    with pytest.raises(ValueError) as e:
         build_workload(s.model_copy(update={"warmup_requests": 2}), TOK)
+    assert str(e.value).startswith("warmup_requests: 2 warm-ups need conversations apart")
+    assert "went through 8 of the file's 8 two-turn conversations" in str(e.value)
 
 
 def test_sharegpt_warmups_come_from_entries_the_measured_sample_did_not_reach(

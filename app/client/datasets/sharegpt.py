@@ -264,7 +264,6 @@ def request_of(pair: Pair | None, o: ShareGPTOptions, tok: AnyTokenizer) -> Prom
 @dataclass(frozen=True, slots=True)
 class Sample:
     measured: list[Prompt]  # num_prompts of them (oversampled when fewer pass)
-    passing: int  # how many of them passed the filters (the rest are drawn again)
     reached: int  # entries of the shuffled order the measured sample went through
 
 
@@ -294,7 +293,7 @@ def sample(
     if out and passing < n:  # vLLM's oversampling: reseeded, one choice per missing request
         rng = random.Random(seed)
         out += [rng.choice(out[:passing]) for _ in range(n - passing)]
-    return Sample(out, passing, reached), order
+    return Sample(out, reached), order
 
 
 def warmups(
@@ -304,6 +303,7 @@ def warmups(
     w: int,
     o: ShareGPTOptions,
     tok: AnyTokenizer,
+    cancelled: Callable[[], bool] | None = None,
 ) -> list[Prompt]:
     """``w`` warm-ups from the end of ``order``, among the entries past ``reached`` (those
     the measured sample did not use), cycled when fewer pass; a ``ValueError`` naming the
@@ -311,17 +311,19 @@ def warmups(
     if w == 0:
         return []
     out: list[Prompt] = []
-    for i in reversed(order[reached:]):
+    for k, i in enumerate(reversed(order[reached:])):
         if len(out) >= w:
             break
+        check_cancel(cancelled, k)
         p = request_of(pairs[i], o, tok)
         if p is not None:
             out.append(p)
     if not out:
         raise ValueError(
             f"warmup_requests: {w} warm-ups need conversations apart from the measured "
-            f"prompts, and the measured sample used all {len(order)} of the file's two-turn "
-            "conversations (a warm-up would prime the server's cache with a measured prompt): "
+            f"prompts (a warm-up would prime the server's cache with a measured prompt), and "
+            f"the measured sample went through {reached} of the file's {len(order)} two-turn "
+            f"conversations, none of the other {len(order) - reached} passing the filters: "
             "give fewer num_prompts, or no warm-ups"
         )
     return [out[i % len(out)] for i in range(w)]
@@ -359,7 +361,9 @@ class ShareGPTDataset:
                 f"length filters (min_len {options.min_len}, max_prompt_len "
                 f"{options.max_prompt_len}, max_total_len {options.max_total_len})"
             )
-        warm = warmups(pairs, order, got.reached, params.warmup_requests, options, ctx.tokenizer)
+        warm = warmups(
+            pairs, order, got.reached, params.warmup_requests, options, ctx.tokenizer, ctx.cancelled
+        )
         return Workload(warm, got.measured, conv.source)
 
 
