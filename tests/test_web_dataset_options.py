@@ -39,8 +39,20 @@ CASES: dict[str, tuple[dict[str, str], dict[str, str], dict[str, Any]]] = {
     "jsonl": ({"dataset_path": "/data/prompts.jsonl"}, {}, {}),
     "sharegpt": (
         {"dataset_path": "/data/sharegpt.json"},
-        {"output_len": "32", "min_len": "2", "max_prompt_len": "512", "max_total_len": "900"},
-        {"output_len": 32, "min_len": 2, "max_prompt_len": 512, "max_total_len": 900},
+        {
+            "output_len": "32",
+            "min_len": "2",
+            "max_prompt_len": "512",
+            "max_total_len": "900",
+            "pairing": "first_human",
+        },
+        {
+            "output_len": 32,
+            "min_len": 2,
+            "max_prompt_len": 512,
+            "max_total_len": 900,
+            "pairing": "first_human",
+        },
     ),
     "prefix_repetition": (
         {},
@@ -85,6 +97,15 @@ def _value(html: str, name: str) -> str:
     return unescape(m.group(1))
 
 
+def _shown(html: str, name: str, want: str) -> bool:
+    """The form shows ``want`` for option input ``name`` (a number, or a select's choice)."""
+    sel = re.search(rf'<select name="{re.escape(name)}" id="f-{re.escape(name)}">(.*?)</select>',
+                    html, re.DOTALL)  # fmt: skip
+    if sel is not None:
+        return f'<option value="{want}" selected>' in sel.group(1)
+    return float(_value(html, name)) == float(want)
+
+
 def _counts(sessions: sessionmaker[Session]) -> tuple[int, int]:
     with session_scope(sessions) as s:
         runs = repo.count_runs(s)
@@ -111,7 +132,10 @@ def test_every_dataset_type_has_a_group_of_typed_fields() -> None:
         assert [f.option for f in g.fields] == list(model.model_fields)
         for f in g.fields:
             assert f.name == f"opt-{g.dataset}-{f.option}"
-            assert f.kind == "number" and f.step in ("1", "any")
+            if f.kind == "select":  # a Literal option: its values, blank for the default
+                assert f.choices == ("", "vllm", "first_human") and f.default == "vllm"
+            else:
+                assert f.kind == "number" and f.step in ("1", "any")
             assert f.help.startswith(model.model_fields[f.option].description or "?")
     rr = dataset_fields.BY_DATASET["random"].fields[0]
     assert (rr.option, rr.minimum, rr.maximum, rr.step) == ("range_ratio", "0", "1", "any")
@@ -152,7 +176,7 @@ def test_run_form_stores_the_typed_options_and_launch_again_shows_them(
     again = client.get(f"/launch?again={run_id}").text
     assert re.search(rf'<option value="{dataset}" selected>', again)
     for k, v in CASES[dataset][1].items():
-        assert float(_value(again, dataset_fields.option_name(dataset, k))) == float(v)
+        assert _shown(again, dataset_fields.option_name(dataset, k), v), k
 
 
 @pytest.mark.parametrize("dataset", list(CASES))
@@ -172,7 +196,7 @@ def test_sweep_form_stores_the_typed_options_and_launch_again_shows_them(
         assert sweep.spec["dataset_options"] == CASES[dataset][2]
     again = client.get(f"/launch/sweep?again={sweep_id}").text
     for k, v in CASES[dataset][1].items():
-        assert float(_value(again, dataset_fields.option_name(dataset, k))) == float(v)
+        assert _shown(again, dataset_fields.option_name(dataset, k), v), k
 
 
 BAD = [

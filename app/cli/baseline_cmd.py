@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli.args import UsageError, add_bench_arguments, spec_from_args
+from app.cli.args import UsageError, add_bench_arguments, flagged, spec_from_args
 from app.cli.serve_cmd import Handler
+from app.client.datasets.base import DatasetError
 from app.services.errors import ServiceError
 from app.settings import get_settings
 
@@ -281,9 +282,12 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
         if not ns.json:
             err.print(f"step {idx}: {what}")
 
-    out = execute_sweep(
-        spec, plan, sessions=_sessions(ns.database_url), name=ns.name, on_step=on_step
-    )
+    try:
+        out = execute_sweep(
+            spec, plan, sessions=_sessions(ns.database_url), name=ns.name, on_step=on_step
+        )
+    except DatasetError as e:  # the dataset refused before a step sent anything
+        raise UsageError(flagged(str(e), spec.dataset)) from None
     if ns.json:
         _print_json(out.summary)
     else:

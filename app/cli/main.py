@@ -17,9 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
-from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
+from app.cli.args import Parser, UsageError, add_bench_arguments, flagged, spec_from_args
 from app.cli.render import render_file_figures, render_report, render_runs
 from app.cli.serve_cmd import Handler
+from app.client.datasets.base import DatasetError
 from app.settings import get_settings
 
 
@@ -123,7 +124,8 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--dataset-path: no such file {spec.dataset_path}")
     sessions = None if ns.no_save else _sessions(ns.database_url)
     err = Console(stderr=True)
-    total = spec.num_prompts + spec.warmup_requests
+    # a trace given no num_prompts: its count comes with the first progress
+    total = None if spec.num_prompts is None else spec.num_prompts + spec.warmup_requests
     with Progress(
         TextColumn("[bold]bench[/]"),
         BarColumn(),
@@ -144,16 +146,19 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
                 info=f"errors {p.errors}  in flight {p.in_flight}  {p.tokens_per_s:,.0f} tok/s",
             )
 
-        outcome = execute_bench(
-            spec,
-            sessions=sessions,
-            name=ns.name,
-            on_progress=on_progress,
-            handle_sigint=True,
-            profile=ns.profile,
-            kernel_stamps=ns.clock == "auto",
-            realtime=ns.realtime,
-        )
+        try:
+            outcome = execute_bench(
+                spec,
+                sessions=sessions,
+                name=ns.name,
+                on_progress=on_progress,
+                handle_sigint=True,
+                profile=ns.profile,
+                kernel_stamps=ns.clock == "auto",
+                realtime=ns.realtime,
+            )
+        except DatasetError as e:  # the dataset refused before anything was sent
+            raise UsageError(flagged(str(e), spec.dataset)) from None
     report = outcome.report
     if ns.json:
         _print_json(report)

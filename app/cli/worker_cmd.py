@@ -354,6 +354,7 @@ def _submit_and_follow(
         def on_progress(p: dict[str, Any]) -> None:
             bar.update(
                 task,
+                total=int(p.get("planned") or 0) or total,  # a whole trace's count, turns
                 completed=int(p.get("done") or 0),
                 phase=str(p.get("phase") or ""),
                 info=f"errors {p.get('errors', 0)}  in flight {p.get('in_flight', 0)}  "

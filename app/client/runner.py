@@ -202,8 +202,8 @@ class _Run:
         # one slot per connection the run may hold open: the concurrency, or (rate-driven
         # runs) what the descriptor budget allows
         self.capped = spec.max_concurrency is not None
-        self.planned = spec.num_prompts  # measured requests planned (sessions: their turns)
-        wanted = spec.max_concurrency or max(spec.num_prompts, spec.warmup_requests)
+        self.planned = spec.prompts  # measured requests planned (sessions: their turns)
+        wanted = spec.max_concurrency or max(spec.prompts, spec.warmup_requests)
         self.slots = connection_budget(wanted)
         self.fd_capped = self.capped and self.slots < wanted
         self.sem = asyncio.Semaphore(self.slots)
@@ -701,6 +701,8 @@ async def run_load(
         workload = warmup_workload(sessions, tok)
     else:
         workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
+    if spec.num_prompts is None:  # a trace replayed whole: its count is now known
+        spec = spec.model_copy(update={"num_prompts": len(workload.measured)})
     target = parse_target(spec.base_url)
 
     # Everything allocated so far (modules, tokenizer, prompts) leaves the collector's view:

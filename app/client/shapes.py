@@ -127,8 +127,8 @@ def schedule_for(spec: RunSpec, at_ns: Sequence[int] | None = None) -> Schedule:
     dataset's, so changing the load shape does not change the prompts). ``at_ns``: a
     timed dataset's own send times (``Workload.at_ns``), used as they are."""
     if at_ns is not None:
-        if len(at_ns) != spec.num_prompts:
-            raise ValueError(f"the dataset gave {len(at_ns)} send times for {spec.num_prompts}")
+        if len(at_ns) != spec.prompts:
+            raise ValueError(f"the dataset gave {len(at_ns)} send times for {spec.prompts}")
         times = np.asarray(at_ns, np.int64)
         if times.size and (times[0] < 0 or np.any(np.diff(times) < 0)):
             raise ValueError("a dataset's send times must be >= 0 and non-decreasing")
@@ -137,7 +137,7 @@ def schedule_for(spec: RunSpec, at_ns: Sequence[int] | None = None) -> Schedule:
     if spec.ramp_up_strategy is not None:
         assert spec.ramp_up_start_rps is not None and spec.ramp_up_end_rps is not None
         ramp = ramp_up_times_ns(
-            spec.num_prompts,
+            spec.prompts,
             strategy=spec.ramp_up_strategy,
             start=spec.ramp_up_start_rps,
             end=spec.ramp_up_end_rps,
@@ -147,7 +147,7 @@ def schedule_for(spec: RunSpec, at_ns: Sequence[int] | None = None) -> Schedule:
         )
         return Schedule(ramp, spec.max_concurrency, spec.warmup_requests)
     times = arrival_times_ns(
-        spec.num_prompts,
+        spec.prompts,
         rate=spec.request_rate,
         arrival=spec.arrival,
         burstiness=spec.burstiness,

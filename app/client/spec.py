@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.client.datasets import DATASETS, dataset_type, parse_options
-from app.client.datasets.base import MAX_PROMPT_TOKENS, WorkloadParams
+from app.client.datasets.base import MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS, WorkloadParams
 from app.domain import MAX_JSON_DEPTH, json_depth
 
 SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
@@ -55,6 +55,9 @@ DATASET_OPTIONS_HELP = (
     "dataset_options.<field>); see docs/workloads.md"
 )
 
+DEFAULT_NUM_PROMPTS = 100  # a dataset type that is not timed; a trace: its every line
+
+
 class RunSpec(BaseModel):
     """Everything needed to repeat a benchmark run (flag names follow `vllm bench serve`)."""
 
@@ -72,7 +75,13 @@ class RunSpec(BaseModel):
     )
     input_len: int = Field(256, ge=1, le=1_000_000)
     output_len: int = Field(128, ge=1, le=1_000_000)
-    num_prompts: int = Field(100, ge=1, le=10_000_000)
+    num_prompts: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NUM_PROMPTS,
+        description=f"requests (sessions when multi_turn); not given: {DEFAULT_NUM_PROMPTS}, "
+        "or a trace's every line (mooncake, timed_jsonl)",
+    )
     seed: int = 0
     tokenizer: str | None = Field(None, description="local path of a Hugging Face tokenizer")
     ignore_eos: bool = True
@@ -152,6 +161,14 @@ class RunSpec(BaseModel):
         if not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError("base_url must start with http:// or https://")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _num_prompts(self) -> RunSpec:
+        """Not given: the default count, except for a trace (a timed type), which then
+        replays every line (how many is known once its file is read)."""
+        if self.num_prompts is None and not dataset_type(self.dataset).timed:
+            self.num_prompts = DEFAULT_NUM_PROMPTS
+        return self
 
     @model_validator(mode="after")
     def _metrics_url(self) -> RunSpec:
@@ -302,6 +319,14 @@ class RunSpec(BaseModel):
                 f"'jsonl', not {self.dataset!r}"
             )
         return self
+
+    @property
+    def prompts(self) -> int:
+        """``num_prompts`` once known: a trace given none gets its line count when its
+        workload is built (``run_load``)."""
+        if self.num_prompts is None:
+            raise ValueError("num_prompts: a trace's request count is known once it is read")
+        return self.num_prompts
 
     def workload_params(self) -> WorkloadParams:
         return WorkloadParams(

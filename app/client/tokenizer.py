@@ -52,6 +52,10 @@ class BuiltinTokenizer:
     def count(self, text: str) -> int:
         return len(PRETOKEN.findall(text))
 
+    def count_encoded(self, text: str) -> int:
+        """As ``count``: this tokenizer adds no special tokens."""
+        return self.count(text)
+
     def token_starts(self, text: str) -> list[int]:
         return [m.start() for m in PRETOKEN.finditer(text)]
 
@@ -86,6 +90,12 @@ class HFTokenizer:
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def count_encoded(self, text: str) -> int:
+        """The tokens of ``tokenizer(text).input_ids`` (Hugging Face's default encoding):
+        the special tokens its post-processor adds (a BOS) included, as vLLM's benchmark
+        datasets count a prompt and a reply."""
+        return len(self._tok.encode(text, add_special_tokens=True).ids)
 
     def token_starts(self, text: str) -> list[int]:
         return [s for s, _ in self._tok.encode(text, add_special_tokens=False).offsets]

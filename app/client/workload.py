@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from app.client.datasets import dataset_type, parse_options
-from app.client.datasets.base import AnyTokenizer, BuildContext, Workload
+from app.client.datasets.base import AnyTokenizer, BuildContext, Workload, dataset_errors
 from app.client.spec import RunSpec
 
 
@@ -17,7 +17,9 @@ def build_workload(
     cancelled: Callable[[], bool] | None = None,
 ) -> Workload:
     """Prompts for a run (``dataset_dirs``: see ``open_dataset``; ``cancelled``: polled,
-    ``WorkloadCancelled``)."""
+    ``WorkloadCancelled``); a dataset that refuses raises ``DatasetError``."""
     kind = dataset_type(spec.dataset)
     options = parse_options(kind, spec.dataset_options)
-    return kind.build(spec.workload_params(), options, BuildContext(tok, dataset_dirs, cancelled))
+    ctx = BuildContext(tok, dataset_dirs, cancelled)
+    with dataset_errors():
+        return kind.build(spec.workload_params(), options, ctx)

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.trust import RequestTally, run_status, spec_error_bound
+from app.client.datasets import DATASETS
+from app.client.datasets.base import MAX_NUM_PROMPTS
 from app.domain import RunStatus
 from app.protocol.wire import CompleteRequest, JobState, RunMeta
 from app.services import workers as worker_svc
@@ -26,11 +28,17 @@ from app.storage.jobs import ACTIVE_STATES
 from app.storage.models import Job, utcnow
 
 ACTIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING)
+TIMED_DATASETS = frozenset(name for name, kind in DATASETS.items() if kind.timed)
 
 
 def planned_of(bench_spec: dict[str, Any]) -> int:
-    """The requests a bench spec plans, warm-ups included (what batch indexes count)."""
-    return int(bench_spec.get("num_prompts") or 0) + int(bench_spec.get("warmup_requests") or 0)
+    """The requests a bench spec plans, warm-ups included (what batch indexes count). A
+    trace given no ``num_prompts`` replays its every line, a count only the worker reading
+    it learns: bounded here by ``num_prompts``' own maximum."""
+    n = bench_spec.get("num_prompts")
+    if n is None and bench_spec.get("dataset") in TIMED_DATASETS:
+        n = MAX_NUM_PROMPTS
+    return int(n or 0) + int(bench_spec.get("warmup_requests") or 0)
 
 
 def public_spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from app.analysis.trust import (
     tally,
 )
 from app.client import eventloop
+from app.client.datasets.base import DatasetError
 from app.client.execute import execute
 from app.client.runner import LoadResult, Progress, run_load
 from app.client.spec import RunSpec
@@ -111,6 +112,12 @@ def _mark_failed(sessions: sessionmaker[Session] | None, run_id: str | None) -> 
             repo.finish_run(s, run_id, status=RunStatus.FAILED)
 
 
+def _forget(sessions: sessionmaker[Session] | None, run_id: str | None) -> None:
+    if sessions is not None and run_id is not None:
+        with session_scope(sessions) as s:
+            repo.delete_run(s, run_id)
+
+
 async def _load(
     spec: RunSpec,
     tag: str,
@@ -175,6 +182,9 @@ def execute_bench(
     except BaseException:
         _mark_failed(sessions, run_id)
         raise
+    if isinstance(done.error, DatasetError):  # refused before any request: keep no run
+        _forget(sessions, run_id)
+        raise done.error
     if done.result is None or done.meta is None:
         _mark_failed(sessions, run_id)
         raise done.error or RuntimeError("the load ended without a result")

@@ -10,6 +10,7 @@ exists on the worker's file system. Building is cancellable (``check_cancel`` po
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,6 +25,8 @@ from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
 
 AnyTokenizer = BuiltinTokenizer | HFTokenizer
 MAX_DATASET_BYTES = 512 << 20
+MAX_NUM_PROMPTS = 10_000_000  # RunSpec.num_prompts' maximum (a whole trace's lines too)
+MAX_OUTPUT_LEN = 1_000_000  # RunSpec.output_len's maximum, and a dataset line's
 MAX_PROMPT_TOKENS = 200_000_000  # a run's prompts built in memory, warm-ups included (~1 GB)
 CANCEL_CHECK_EVERY = 256
 REFUSED = (
@@ -35,6 +38,12 @@ TOO_LARGE = f"dataset_path: the file is larger than {MAX_DATASET_BYTES >> 20} Mi
 
 class WorkloadCancelled(Exception):
     """The run was cancelled while its prompts were being built."""
+
+
+class DatasetError(ValueError):
+    """The run's dataset refused while its prompts were built, before anything was sent: a
+    bad line or entry, too few conversations, a trace too short. Its text starts with the
+    run's field (``dataset_path line 3: ...``, ``num_prompts: ...``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +72,20 @@ class Workload:
 class WorkloadParams:
     """The run spec's fields every dataset type may read (its own are its ``options``)."""
 
-    num_prompts: int
+    num_prompts: int | None  # None: a timed dataset (a trace) replays all its lines
     warmup_requests: int
     input_len: int
     output_len: int
     seed: int
     dataset_path: str | None
+
+    @property
+    def prompts(self) -> int:
+        """``num_prompts`` of a type that is not timed (never None there: the spec's
+        default is 100)."""
+        if self.num_prompts is None:
+            raise ValueError("num_prompts: required for this dataset type")
+        return self.num_prompts
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +122,18 @@ class DatasetType(Protocol):
     def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
         """The warm-up and measured prompts; warm-ups never change the measured ones."""
         ...
+
+
+@contextlib.contextmanager
+def dataset_errors() -> Iterator[None]:
+    """Around building a run's prompts: a ``ValueError`` (a bad file, too few of
+    something) leaves as a ``DatasetError``."""
+    try:
+        yield
+    except DatasetError:
+        raise
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
 
 
 def check_cancel(cancelled: Callable[[], bool] | None, i: int) -> None:
@@ -193,14 +222,22 @@ def read_dataset(path: str, dirs: Sequence[str] | None) -> bytes:
     return data
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def json_object_line(line: str, lineno: int, expected: str) -> dict[str, Any]:
     """Line ``lineno`` of a JSONL dataset as a JSON object; else a ValueError naming the line
     (``expected``: what the object should hold, for the message)."""
     where = f"dataset_path line {lineno}"
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # NaN or Infinity, or an integer of more than 4300 digits
+        raise ValueError(f"{where}: not valid JSON ({str(e)[:80]})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object{expected}")
     return obj

@@ -4,16 +4,23 @@ turns in order, with the output length asked for each reply.
 * ``sharegpt``: a ShareGPT JSON array (``dataset_path``, or the packaged file). A turn is a
   ``human`` entry; its output length is the token count of the ``gpt`` reply right after it
   (``dataset_options.output_len`` overrides it; a human turn with no reply after it gets the
-  run's ``output_len``). Conversations are shuffled with ``random.Random(seed)``, as the
-  single-turn type draws them. vLLM's length filters (``dataset_options`` ``min_len``,
-  ``max_prompt_len``, ``max_total_len``) apply to each turn's own text and reply: a session
-  is cut before its first failing turn, and dropped when that is its first (or it has no
-  human turn).
+  run's ``output_len``). The file's entries are shuffled with ``random.Random(seed)``.
+  vLLM's length filters (``dataset_options`` ``min_len``, ``max_prompt_len``,
+  ``max_total_len``) apply to each turn's own text and reply: a session is cut before its
+  first failing turn, and dropped when that is its first (or it has no human turn).
+  ``dataset_options.pairing`` is the single-turn type's: sessions replay every human turn.
 * ``jsonl``: one conversation per line, ``{"turns": ["...", ...], "output_len": N}`` or chat
   ``{"messages": [...]}``: the ``user`` messages are the turns, an ``assistant`` message
   after one gives that turn's output length (its token count), ``system`` messages before
-  the first user turn open every request of the session. In file order, cycled; the run
-  records the file's sha256 (``Sessions.source``).
+  the first user turn open every request of the session. In file order; the run records
+  the file's sha256 (``Sessions.source``).
+
+The measured sessions are the first ``num_prompts`` usable conversations of that order
+(cycled when there are fewer); the warm-ups are taken from the other end, among the
+conversations the measured sessions do not use: a warm-up (a session's first turn) never
+primes a server's prefix cache with a measured session's first turn. When the file has
+fewer usable conversations than ``num_prompts + warmup_requests``, warm-ups are refused
+naming the counts (``build_sessions``).
 
 The dataset's own replies are never sent: a session sends the replies the server streamed.
 """
@@ -23,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata, resources
 from typing import Any
@@ -34,9 +41,12 @@ from app.client.datasets.base import (
     FileDigest,
     WorkloadParams,
     check_cancel,
+    dataset_errors,
+    json_object_line,
     open_dataset,
     read_dataset,
 )
+from app.client.datasets.jsonl import output_len_of
 from app.client.datasets.sharegpt import (
     DISTRIBUTION,
     NO_FILE,
@@ -68,20 +78,26 @@ class Sessions:
     source: str | None = None  # the file's identity, as ``Workload.source``
 
 
-def _sharegpt_turns(
-    entry: Any, n: int, tok: AnyTokenizer, options: ShareGPTOptions, default_out: int
-) -> tuple[Turn, ...]:
-    """The entry's human turns, up to the first that fails vLLM's length filters
-    (``turn_passes``): a session is cut there (its later turns would carry a history
-    without it), so one whose first turn fails has none and is dropped."""
+def _check_entry(entry: Any, n: int) -> list[Any]:
+    """Entry ``n``'s turns, after its shape is checked (every entry is, used or not)."""
     where = f"dataset_path entry {n + 1}"
     if not isinstance(entry, dict) or not isinstance(entry.get("conversations"), list):
         raise ValueError(f"{where}: expected an object with a 'conversations' list")
-    raw = entry["conversations"]
-    turns: list[Turn] = []
+    raw: list[Any] = entry["conversations"]
     for k, t in enumerate(raw):
         if not (isinstance(t, dict) and isinstance(t.get("value"), str)):
             raise ValueError(f"{where} turn {k + 1}: a turn needs 'from' and a string 'value'")
+    return raw
+
+
+def _sharegpt_turns(
+    raw: list[Any], tok: AnyTokenizer, options: ShareGPTOptions, default_out: int
+) -> tuple[Turn, ...]:
+    """A checked entry's human turns, up to the first that fails vLLM's length filters
+    (``turn_passes``): a session is cut there (its later turns would carry a history
+    without it), so one whose first turn fails has none and is dropped."""
+    turns: list[Turn] = []
+    for k, t in enumerate(raw):
         if t.get("from") != "human" or not t["value"]:
             continue
         nxt = raw[k + 1] if k + 1 < len(raw) else None
@@ -142,13 +158,11 @@ def _complete_entries(text: str) -> list[Any]:
         out.append(entry)
 
 
-def _jsonl_conversation(obj: Any, lineno: int, tok: AnyTokenizer, default_out: int) -> Conversation:
+def _jsonl_conversation(
+    obj: dict[str, Any], lineno: int, tok: AnyTokenizer, default_out: int
+) -> Conversation:
     where = f"dataset_path line {lineno}"
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object with 'turns' or 'messages'")
-    ol = obj.get("output_len", default_out)
-    if not isinstance(ol, int) or isinstance(ol, bool) or ol < 1:
-        raise ValueError(f"{where}: 'output_len' must be a positive integer")
+    ol = output_len_of(obj, where, default_out)
     if "turns" in obj:
         turns = obj["turns"]
         if not isinstance(turns, list) or not turns:
@@ -176,6 +190,35 @@ def _jsonl_conversation(obj: Any, lineno: int, tok: AnyTokenizer, default_out: i
     return Conversation(tuple(out), tuple(system))
 
 
+def _take(
+    count: int,
+    conversation: Callable[[int], Conversation | None],
+    n: int,
+    w: int,
+    cancelled: Callable[[], bool] | None,
+) -> tuple[list[Conversation], list[Conversation]]:
+    """Up to ``n`` usable conversations from the front of positions ``0..count-1`` and up
+    to ``w`` from the back among those past the front's (``conversation(k)``: position
+    k's, None when unusable); each position is built at most once."""
+    measured: list[Conversation] = []
+    reached = 0
+    while reached < count and len(measured) < n:
+        check_cancel(cancelled, reached)
+        c = conversation(reached)
+        reached += 1
+        if c is not None:
+            measured.append(c)
+    warm: list[Conversation] = []
+    k = count - 1
+    while k >= reached and len(warm) < w:
+        check_cancel(cancelled, k)
+        c = conversation(k)
+        k -= 1
+        if c is not None:
+            warm.append(c)
+    return measured, warm
+
+
 def build_sessions(
     dataset: str,
     params: WorkloadParams,
@@ -184,41 +227,60 @@ def build_sessions(
     max_turns: int | None,
 ) -> Sessions:
     """``params.num_prompts`` measured conversations and ``params.warmup_requests`` warm-up
-    ones (from the other end of the order), each cut to ``max_turns`` turns."""
+    ones, never the same conversation (module docstring), each cut to ``max_turns`` turns."""
+    with dataset_errors():
+        return _build(dataset, params, options, ctx, max_turns)
+
+
+def _build(
+    dataset: str,
+    params: WorkloadParams,
+    options: Any,
+    ctx: BuildContext,
+    max_turns: int | None,
+) -> Sessions:
     tok = ctx.tokenizer
-    convs: list[Conversation] = []
+    n, w = params.prompts, params.warmup_requests
     source: str | None = None
     if dataset == "sharegpt":
         assert isinstance(options, ShareGPTOptions)
         entries, source = _sharegpt_entries(params.dataset_path, ctx.dataset_dirs)
+        checked = [_check_entry(e, i) for i, e in enumerate(entries)]
         order = list(range(len(entries)))
         random.Random(params.seed).shuffle(order)
-        for k, i in enumerate(order):
-            check_cancel(ctx.cancelled, k)
-            turns = _sharegpt_turns(entries[i], i, tok, options, params.output_len)
-            if turns:
-                convs.append(Conversation(turns))
+
+        def conversation(k: int) -> Conversation | None:
+            turns = _sharegpt_turns(checked[order[k]], tok, options, params.output_len)
+            return Conversation(turns) if turns else None
+
+        measured, warm = _take(len(order), conversation, n, w, ctx.cancelled)
     elif dataset == "jsonl":
         if not params.dataset_path:
             raise ValueError("dataset_path is required when dataset is 'jsonl'")
         digest = FileDigest()
+        convs: list[Conversation] = []
         lines = open_dataset(params.dataset_path, ctx.dataset_dirs, digest.update)
         for lineno, line in enumerate(lines, 1):
             check_cancel(ctx.cancelled, lineno)
             if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    where = f"dataset_path line {lineno}"
-                    raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+                obj = json_object_line(line, lineno, " with 'turns' or 'messages'")
                 convs.append(_jsonl_conversation(obj, lineno, tok, params.output_len))
         source = digest.source()
+        measured, warm = _take(len(convs), convs.__getitem__, n, w, ctx.cancelled)
     else:
         raise ValueError(f"dataset: multi_turn needs one of {', '.join(SESSION_DATASETS)}")
-    if not convs:
+    if not measured:
         raise ValueError("dataset_path: no conversation with a human/user turn in the file")
+    if len(warm) < w:
+        usable = len(measured) + len(warm)  # every conversation was looked at
+        raise ValueError(
+            f"warmup_requests: {w} warm-up sessions need conversations apart from the "
+            f"{n} measured sessions' (a warm-up would prime a measured session's first turn "
+            f"in the server's prefix cache), and the file has {usable} usable: give "
+            f"num_prompts + warmup_requests {usable} or fewer"
+        )
     if max_turns is not None:
-        convs = [Conversation(c.turns[:max_turns], c.system) for c in convs]
-    measured = [convs[i % len(convs)] for i in range(params.num_prompts)]
-    warm = [convs[-1 - (i % len(convs))] for i in range(params.warmup_requests)]
+        measured = [Conversation(c.turns[:max_turns], c.system) for c in measured]
+        warm = [Conversation(c.turns[:max_turns], c.system) for c in warm]
+    measured = [measured[i % len(measured)] for i in range(n)]
     return Sessions(warm, measured, source)

@@ -1,10 +1,10 @@
 """Dataset type ``jsonl``: prompts from a JSONL file (``dataset_path``).
 
 One object per line, ``{"prompt": "..."}`` or ``{"messages": [...]}``, optionally
-``"output_len": N``. Blank lines are skipped; anything else is a ``ValueError`` naming the
-line. The run records the file's sha256 (``Workload.source``). When the file has fewer
-prompts than asked for, it is cycled; warm-ups come from the end of the file, so the
-measured prompts do not depend on the warm-up count.
+``"output_len": N`` (1 to ``MAX_OUTPUT_LEN``). Blank lines are skipped; anything else is a
+``ValueError`` naming the line. The run records the file's sha256 (``Workload.source``).
+When the file has fewer prompts than asked for, it is cycled; warm-ups come from the end of
+the file, so the measured prompts do not depend on the warm-up count.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.client.datasets.base import (
+    MAX_OUTPUT_LEN,
     AnyTokenizer,
     BuildContext,
     FileDigest,
@@ -33,11 +34,19 @@ def _parse_line(line: str, lineno: int, tok: AnyTokenizer, out_len: int) -> Prom
     return parse_prompt_line(obj, f"dataset_path line {lineno}", tok, out_len)
 
 
-def parse_prompt_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_len: int) -> Prompt:
-    """A line's object as a prompt (``where`` names the line in errors)."""
-    ol = obj.get("output_len", out_len)
+def output_len_of(obj: dict[str, Any], where: str, default: int) -> int:
+    """A line's ``output_len``: an integer in [1, ``MAX_OUTPUT_LEN``] (``default`` if absent)."""
+    ol = obj.get("output_len", default)
     if not isinstance(ol, int) or isinstance(ol, bool) or ol < 1:
         raise ValueError(f"{where}: 'output_len' must be a positive integer")
+    if ol > MAX_OUTPUT_LEN:
+        raise ValueError(f"{where}: 'output_len' is over {MAX_OUTPUT_LEN:,} tokens")
+    return ol
+
+
+def parse_prompt_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_len: int) -> Prompt:
+    """A line's object as a prompt (``where`` names the line in errors)."""
+    ol = output_len_of(obj, where, out_len)
     if "prompt" in obj:
         p = obj["prompt"]
         if not isinstance(p, str) or not p:
@@ -103,7 +112,7 @@ class JsonlDataset:
             cancelled=ctx.cancelled,
             digest=digest.update,
         )
-        measured = [items[i % len(items)] for i in range(params.num_prompts)]
+        measured = [items[i % len(items)] for i in range(params.prompts)]
         warm = [items[-1 - (i % len(items))] for i in range(params.warmup_requests)]
         return Workload(warm, measured, digest.source())
 

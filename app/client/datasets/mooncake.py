@@ -5,7 +5,8 @@
 * **Arrivals**: request k is sent at ``(timestamp_k - timestamp_0) / speedup`` after the
   measured phase starts (``Workload.at_ns``): the trace's own schedule, in place of the
   load shape (a run giving ``request_rate``, ``arrival``, ``burstiness`` or a ramp-up is
-  refused). Its first ``num_prompts`` lines are replayed; a shorter trace is refused.
+  refused). Its first ``num_prompts`` lines are replayed (a shorter trace is refused), every
+  line when ``num_prompts`` is not given (``trace_times``).
 * **Prompts** are built from blocks: each hash id names one block of ``block_size`` tokens
   (512, as in Mooncake's traces), drawn from the seed and the id alone, so equal ids give
   identical token blocks in every request and a server's prefix cache sees the trace's
@@ -21,9 +22,11 @@
   stream), so they never fill the prefix cache for the measured requests.
 * **Identity**: the run records the trace file's sha256 (``Workload.source``).
 
-Bad input (a decreasing timestamp, a negative or zero length, ``hash_ids`` too short for
-``input_length`` at the block size, a non-integer id) is a ``ValueError`` naming the line
-and field, raised while the workload is built: nothing is sent.
+Bad input (a timestamp that decreases, is not a finite number of ms, or is out of range; a
+length below 1 or over ``MAX_LENGTH``; ``hash_ids`` too short for ``input_length`` at the
+block size, a non-integer id; NaN, Infinity or an integer of over 4300 digits anywhere) is a
+``ValueError`` naming the line and field, raised while the workload is built: nothing is
+sent.
 """
 
 from __future__ import annotations
@@ -48,10 +51,10 @@ from app.client.datasets.base import (
     json_object_line,
     open_dataset,
 )
+from app.client.datasets.trace_times import replayed, schedule_ns, timestamp_of
 from app.client.tokenizer import WORDS, BuiltinTokenizer
 
 MAX_LENGTH = 1_000_000  # tokens of one request's input or output
-NS_PER_MS = 1_000_000
 
 
 class MooncakeOptions(BaseModel):
@@ -79,25 +82,10 @@ def _int_field(obj: dict[str, Any], key: str, where: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise ValueError(f"{where}: '{key}' must be an integer")
     if v < 1:
-        raise ValueError(f"{where}: '{key}' must be a positive integer, got {v}")
+        raise ValueError(f"{where}: '{key}' must be a positive integer, got {max(v, -(10**9))}")
     if v > MAX_LENGTH:
-        raise ValueError(f"{where}: '{key}' {v} is over {MAX_LENGTH:,} tokens")
+        raise ValueError(f"{where}: '{key}' is over {MAX_LENGTH:,} tokens")
     return v
-
-
-def timestamp_of(obj: dict[str, Any], where: str, previous: float | None) -> float:
-    """A line's ``timestamp`` (ms): a finite number >= 0, never below the previous one."""
-    ts = obj.get("timestamp")
-    if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
-        raise ValueError(f"{where}: 'timestamp' must be a number of ms")
-    if ts < 0:
-        raise ValueError(f"{where}: 'timestamp' must be >= 0, got {ts:g}")
-    if previous is not None and ts < previous:
-        raise ValueError(
-            f"{where}: 'timestamp' {ts:g} is earlier than the previous line's {previous:g} "
-            "(a trace's timestamps must not decrease)"
-        )
-    return float(ts)
 
 
 def parse_trace_line(line: str, lineno: int, previous: float | None, block_size: int) -> TraceLine:
@@ -153,14 +141,6 @@ def prefix_reuse_ratio(lines: list[TraceLine]) -> float | None:
             else:
                 seen.add(h)
     return reused / total if total else None
-
-
-def trace_schedule_ns(times_ms: list[float], speedup: float) -> list[int]:
-    """Send times (ns from the first request) of timestamps in ms, divided by ``speedup``."""
-    if not times_ms:
-        return []
-    t0 = times_ms[0]
-    return [round((t - t0) * NS_PER_MS / speedup) for t in times_ms]
 
 
 class BlockPrompts:
@@ -241,14 +221,14 @@ class MooncakeDataset:
         lines = load_trace(
             params.dataset_path, options.block_size, ctx.dataset_dirs, ctx.cancelled, digest.update
         )
-        if len(lines) < params.num_prompts:
-            raise ValueError(
-                f"num_prompts: {params.num_prompts} requested, the trace has {len(lines)} "
-                f"requests (give num_prompts {len(lines)} or fewer)"
-            )
-        measured_lines = lines[: params.num_prompts]
+        measured_lines = lines[: replayed(len(lines), params.num_prompts, "requests")]
         warm_lines = [lines[-1 - (i % len(lines))] for i in range(params.warmup_requests)]
         _budget(measured_lines + warm_lines)
+        at = schedule_ns(
+            [t.timestamp_ms for t in measured_lines],
+            [t.lineno for t in measured_lines],
+            options.speedup,
+        )
         blocks = BlockPrompts(ctx.tokenizer, options.block_size, params.seed, 0)
         measured = []
         for i, t in enumerate(measured_lines):
@@ -256,7 +236,6 @@ class MooncakeDataset:
             measured.append(blocks.prompt(t))
         warm_blocks = BlockPrompts(ctx.tokenizer, options.block_size, params.seed, 2)
         warm = [warm_blocks.prompt(t) for t in warm_lines]
-        at = trace_schedule_ns([t.timestamp_ms for t in measured_lines], options.speedup)
         stats: dict[str, object] = {
             "kind": "trace",
             "speedup": options.speedup,

@@ -77,23 +77,23 @@ class PrefixRepetitionDataset:
 
     def check(self, params: WorkloadParams, options: BaseModel) -> None:
         assert isinstance(options, PrefixRepetitionOptions)
-        if options.num_prefixes > params.num_prompts:
+        if options.num_prefixes > params.prompts:
             raise ValueError(
                 f"dataset_options.num_prefixes: {options.num_prefixes} prefixes need at "
-                f"least as many prompts (num_prompts is {params.num_prompts})"
+                f"least as many prompts (num_prompts is {params.prompts})"
             )
 
     def prompt_tokens(self, params: WorkloadParams, options: BaseModel) -> int | None:
         assert isinstance(options, PrefixRepetitionOptions)
         per = options.prefix_len + options.suffix_len
-        return (params.num_prompts + params.warmup_requests) * per
+        return (params.prompts + params.warmup_requests) * per
 
     def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
         assert isinstance(options, PrefixRepetitionOptions)
         out_len = options.output_len or params.output_len
         tok, p = ctx.tokenizer, params
         measured = repeated_prefix_prompts(
-            tok, p.num_prompts, options, out_len, _stream(p.seed, 0), ctx.cancelled
+            tok, p.prompts, options, out_len, _stream(p.seed, 0), ctx.cancelled
         )
         warm = repeated_prefix_prompts(
             tok, p.warmup_requests, options, out_len, _stream(p.seed, 2), ctx.cancelled

@@ -176,13 +176,13 @@ class RandomDataset:
     def prompt_tokens(self, params: WorkloadParams, options: BaseModel) -> int | None:
         assert isinstance(options, RandomOptions)
         _, high = length_bounds(params.input_len, options.range_ratio)
-        return (params.num_prompts + params.warmup_requests) * (options.prefix_len + high)
+        return (params.prompts + params.warmup_requests) * (options.prefix_len + high)
 
     def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
         assert isinstance(options, RandomOptions)
         p, tok, plen = params, ctx.tokenizer, options.prefix_len
         prefix = random_prompt_text(tok, plen, _stream(p.seed, 4)) if plen else ""
-        ins, outs = sampled_lengths(p, options, p.num_prompts, _stream(p.seed, 3))
+        ins, outs = sampled_lengths(p, options, p.prompts, _stream(p.seed, 3))
         measured = random_prompts(tok, ins, outs, prefix, plen, _stream(p.seed, 0), ctx.cancelled)
         w_prefix = random_prompt_text(tok, plen, _stream(p.seed, 6)) if plen else ""
         w_ins, w_outs = sampled_lengths(p, options, p.warmup_requests, _stream(p.seed, 5))

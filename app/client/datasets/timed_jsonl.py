@@ -3,9 +3,12 @@ schedule). One object per line: ``timestamp`` (ms from the trace's start) and
 ``{"prompt": ...}`` or ``{"messages": [...]}``, optionally ``"output_len": N`` (as
 ``jsonl``). Request k is sent at ``(timestamp_k - timestamp_0) / speedup`` after the
 measured phase starts; the first ``num_prompts`` lines are replayed (a shorter file is
-refused), warm-ups come from the end of the file. A decreasing timestamp, or any bad line,
-is a ``ValueError`` naming the line and field; nothing is sent. The run records the
-file's sha256 (``Workload.source``).
+refused), every line when ``num_prompts`` is not given (``trace_times``). Warm-ups come
+from the end of the file among the lines the replay does not send (cycled): a warm-up never
+sends a measured prompt first, so a file replayed whole has none to give and warm-ups are
+refused naming the counts. A bad timestamp (decreasing, not a finite number of ms, out of
+range), or any bad line, is a ``ValueError`` naming the line and field; nothing is sent.
+The run records the file's sha256 (``Workload.source``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from app.client.datasets.base import (
     open_dataset,
 )
 from app.client.datasets.jsonl import parse_prompt_line
-from app.client.datasets.mooncake import timestamp_of, trace_schedule_ns
+from app.client.datasets.trace_times import replayed, schedule_ns, timestamp_of
 
 
 class TimedJsonlOptions(BaseModel):
@@ -49,7 +52,7 @@ class TimedJsonlDataset:
 
     def build(self, params: WorkloadParams, options: BaseModel, ctx: BuildContext) -> Workload:
         assert isinstance(options, TimedJsonlOptions) and params.dataset_path is not None
-        items: list[tuple[float, Prompt]] = []
+        items: list[tuple[float, int, Prompt]] = []
         previous: float | None = None
         digest = FileDigest()
         lines = open_dataset(params.dataset_path, ctx.dataset_dirs, digest.update)
@@ -61,23 +64,26 @@ class TimedJsonlDataset:
             obj = json_object_line(line, lineno, " with 'timestamp'")
             previous = timestamp_of(obj, where, previous)
             prompt = parse_prompt_line(obj, where, ctx.tokenizer, params.output_len)
-            items.append((previous, prompt))
+            items.append((previous, lineno, prompt))
         if not items:
             raise ValueError("dataset_path: no prompts in the file")
-        if len(items) < params.num_prompts:
+        n = replayed(len(items), params.num_prompts, "timed prompts")
+        chosen, rest = items[:n], items[n:]
+        w = params.warmup_requests
+        if w and not rest:
             raise ValueError(
-                f"num_prompts: {params.num_prompts} requested, the file has {len(items)} "
-                f"timed prompts (give num_prompts {len(items)} or fewer)"
+                f"warmup_requests: {w} warm-ups need lines the replay does not send, and it "
+                f"sends all {len(items)} of the file's timed prompts (a warm-up would send a "
+                "measured prompt first): give num_prompts below that, or no warm-ups"
             )
-        chosen = items[: params.num_prompts]
-        warm = [items[-1 - (i % len(items))][1] for i in range(params.warmup_requests)]
-        at = trace_schedule_ns([t for t, _ in chosen], options.speedup)
+        warm = [rest[-1 - (i % len(rest))][2] for i in range(w)]
+        at = schedule_ns([t for t, _, _ in chosen], [k for _, k, _ in chosen], options.speedup)
         stats: dict[str, object] = {
             "kind": "trace",
             "speedup": options.speedup,
             "trace_span_ms": chosen[-1][0] - chosen[0][0],
         }
-        return Workload(warm, [p for _, p in chosen], digest.source(), at_ns=at, stats=stats)
+        return Workload(warm, [p for _, _, p in chosen], digest.source(), at_ns=at, stats=stats)
 
 
 TIMED_JSONL = TimedJsonlDataset()
