@@ -303,6 +303,8 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
 
 MAX_ECHO_CHARS = 200  # of a bad input echoed in a 422
 MAX_ECHO_INT = 10**30  # larger integers are echoed as a note (str() of 4300+ digits fails)
+NO_ECHO_FIELDS = frozenset({"api_key"})  # a secret, even a refused one, is not sent back
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/?#@]*@")
 
 
 def _echo(value: Any) -> tuple[bool, Any]:
@@ -339,8 +341,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
             "msg": str(err.get("msg", "")),
         }
-        if "input" in err:
+        if "input" in err and not NO_ECHO_FIELDS.intersection(map(str, err.get("loc", ()))):
             keep, shown = _echo(err["input"])
+            if isinstance(shown, str):  # user:password@ of a URL
+                shown = _URL_CREDENTIALS.sub("***@", shown)
             if keep:
                 out["input"] = shown
         ctx = err.get("ctx")

@@ -55,6 +55,7 @@ FLAG_FOR_FIELD = {
     "metrics_url": "--metrics-url",
     "extra_body": "--extra-body",
     "token_counting": "--token-counting",
+    "api_key": "--api-key",
     "api_key_env": "--api-key-env",
     "temperature": "--temperature",
     "top_p": "--top-p",
@@ -392,6 +393,7 @@ def describe_validation_error(e: ValidationError, dataset: str | None = None) ->
     if not loc and lead and lead[1] in FLAG_FOR_FIELD:  # "field: reason" across fields
         return f"{FLAG_FOR_FIELD[lead[1]]}: {lead[2]}"
     field = str(loc[0]) if loc else ""
+    msg = msg.removeprefix(f"{field}: ") if field else msg  # the flag is said once, below
     if not field:  # a check across fields: name the first field its message mentions
         words = set(re.findall(r"\w+", msg))
         field = next((f for f in FLAG_FOR_FIELD if f in words), "")
