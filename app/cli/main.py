@@ -115,6 +115,13 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
     if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
         raise UsageError(f"--dataset-path: no such file {spec.dataset_path}")
+    if spec.api_key_env:  # read here: bound to its targets (app.client.target_keys)
+        from app.client.target_keys import resolve_api_key
+
+        try:
+            resolve_api_key(spec)
+        except ValueError as e:
+            raise UsageError(str(e).replace("api_key_env", "--api-key-env", 1)) from None
     sessions = None if ns.no_save else _sessions(ns.database_url)
     err = Console(stderr=True)
     total = spec.num_prompts + spec.warmup_requests
