@@ -677,14 +677,15 @@ async def run_load(
     included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
     ``realtime=True`` runs the load thread at real-time priority (``app.client.sched``); it
     raises ``RealtimeRefused`` before anything is sent when the OS refuses it.
-    ``dataset_dirs``: where ``spec.dataset_path`` may point (a worker's configured
-    directories; None: anywhere, the local CLI's own files). ``cancelled`` is polled while
-    the workload is built: ``WorkloadCancelled`` then, before anything is sent.
+    ``dataset_dirs``: where ``spec.dataset_path`` and ``spec.tokenizer`` may point (a
+    worker's configured directories; None: anywhere, the local CLI's own files).
+    ``cancelled`` is polled while the workload is built: ``WorkloadCancelled`` then, before
+    anything is sent.
     ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
     address (cloud metadata services): every request then fails saying so, none is sent.
     """
     spec = resolve_api_key(spec)  # refused before anything is sent: app.client.target_keys
-    tok = load_tokenizer(spec.tokenizer)
+    tok = load_tokenizer(spec.tokenizer, dataset_dirs)  # confined as dataset_path is
     sessions: Sessions | None = None
     if spec.multi_turn:
         sessions = build_session_workload(spec, tok, dataset_dirs, cancelled)
