@@ -79,12 +79,12 @@ def parse_rule(var: str, entry: str) -> Rule:
         return Rule(parts.hostname.lower(), port, scheme, path or None)
     parts = urlsplit("//" + entry)
     try:
-        port = parts.port
+        given = parts.port
     except ValueError:
         raise bad from None
-    if port is None or not parts.hostname or parts.path or "@" in parts.netloc:
+    if given is None or not parts.hostname or parts.path or "@" in parts.netloc:
         raise bad
-    return Rule(parts.hostname.lower(), port)
+    return Rule(parts.hostname.lower(), given)
 
 
 def parse_binding(var: str, text: str) -> tuple[Rule, ...]:

@@ -3,6 +3,10 @@
 Scopes: ``read`` (GET routes, when reads are protected), ``run`` (create, cancel, delete,
 tag and annotate runs; implies read), ``admin`` (tokens; implies every other scope) and
 ``worker`` (only the worker protocol routes, only for jobs leased to its own workers).
+
+``tokentrace serve``'s embedded worker gets its own token, named ``local-worker@<server
+URL>`` (a name no one else may give a token): revoked when the server stops, and, should
+the server have been killed before it could, when a server at that URL starts again.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Literal, get_args
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.services.errors import Invalid
 from app.storage import tokens as token_repo
 from app.storage.db import session_scope
 from app.storage.models import ApiToken, utcnow
@@ -30,6 +35,7 @@ IMPLIED: dict[str, frozenset[str]] = {
 }
 SECRET_PREFIX = "tt_"
 TOUCH_EVERY = dt.timedelta(seconds=60)  # last_used_at is refreshed at most this often
+LOCAL_WORKER = "local-worker"  # the embedded worker's token: LOCAL_WORKER@<server URL>
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,20 @@ def normalize_scopes(scopes: list[str] | tuple[str, ...]) -> list[str]:
 def create_token(
     session: Session, *, scopes: list[str] | tuple[str, ...], name: str | None = None
 ) -> tuple[ApiToken, str]:
-    """A new token row and its secret (shown once; only its digest is stored)."""
+    """A new token row and its secret (shown once; only its digest is stored). A name of
+    the embedded worker's form is refused (``Invalid``, 422 naming ``name``)."""
+    if name is not None and name.startswith(LOCAL_WORKER + "@"):
+        raise Invalid(
+            f"name: names starting {LOCAL_WORKER}@ are kept for `tokentrace serve`'s "
+            "embedded worker",
+            loc=("body", "name"),
+        )
+    return _create(session, scopes, name)
+
+
+def _create(
+    session: Session, scopes: list[str] | tuple[str, ...], name: str | None
+) -> tuple[ApiToken, str]:
     granted = normalize_scopes(scopes)
     secret = generate_secret()
     row = token_repo.insert_token(
@@ -122,3 +141,23 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 def revoke_token(session: Session, token_id: str) -> ApiToken | None:
     return token_repo.revoke(session, token_id)
+
+
+def local_worker_name(server_url: str) -> str:
+    return f"{LOCAL_WORKER}@{server_url}"
+
+
+def revoke_local_worker_tokens(session: Session, server_url: str) -> list[str]:
+    """Revoke every live embedded-worker token of a server at ``server_url`` (one a killed
+    server left; or, of a version before these names, one named ``local-worker``): the ids
+    revoked. ``tokentrace serve`` calls it as it starts."""
+    names = {local_worker_name(server_url), LOCAL_WORKER}
+    left = [t for t in token_repo.list_tokens(session, include_revoked=False) if t.name in names]
+    for t in left:
+        token_repo.revoke(session, t.id)
+    return [t.id for t in left]
+
+
+def create_local_worker_token(session: Session, server_url: str) -> tuple[ApiToken, str]:
+    """A fresh ``worker`` token for the embedded worker of the server at ``server_url``."""
+    return _create(session, ["worker"], local_worker_name(server_url))
