@@ -184,6 +184,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings or Settings()
     app.state.secretbox = SecretBox.from_settings(app.state.settings)
     app.state.export_limiter = ExportLimiter()
+    app.state.auth_limiter = auth.FailureLimiter(
+        max_failures=app.state.settings.auth_max_failures,
+        window_s=app.state.settings.auth_failure_window_s,
+        max_clients=app.state.settings.auth_failure_clients,
+    )
     targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(HTTPException, http_error)  # HTML for pages (app.web.errors)

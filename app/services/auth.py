@@ -4,6 +4,10 @@ Scopes: ``read`` (GET routes, when reads are protected), ``run`` (create, cancel
 tag and annotate runs; implies read), ``admin`` (tokens; implies every other scope) and
 ``worker`` (only the worker protocol routes, only for jobs leased to its own workers).
 
+Failed sign-ins and bearer-token checks are counted per client address
+(``FailureLimiter``): after ``auth_max_failures`` within ``auth_failure_window_s`` the
+address gets 429 (with ``Retry-After``) for the rest of the window, whatever it sends.
+
 ``tokentrace serve``'s embedded worker gets its own token, named ``local-worker@<server
 URL>`` (a name no one else may give a token): revoked when the server stops, and, should
 the server have been killed before it could, when a server at that URL starts again.
@@ -14,7 +18,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
+import math
 import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -141,6 +151,81 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 def revoke_token(session: Session, token_id: str) -> ApiToken | None:
     return token_repo.revoke(session, token_id)
+
+
+def client_key(host: str | None) -> str:
+    """Whom a failure is counted against: an IPv4 address, or an IPv6 address's /64 (one
+    host usually holds a whole /64, and could otherwise walk through it)."""
+    if not host:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host[:64]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+@dataclass(slots=True)
+class _Failures:
+    since: float  # the window's start (monotonic s): the first failure in it
+    count: int
+
+
+class FailureLimiter:
+    """Failed sign-ins and token checks per client (``client_key``): after
+    ``max_failures`` within ``window_s`` of the first, ``retry_after`` says how many whole
+    seconds remain until the window ends (callers answer 429 without checking anything).
+    Successful checks neither count nor reset. At most ``max_clients`` clients are
+    remembered, the one that failed least recently forgotten first: memory stays bounded
+    whatever the callers. Thread-safe; one per app (``app.state.auth_limiter``)."""
+
+    def __init__(
+        self,
+        *,
+        max_failures: int,
+        window_s: float,
+        max_clients: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self.max_clients = max_clients
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[str, _Failures] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def retry_after(self, host: str | None) -> int | None:
+        """Seconds until ``host`` may try again, or None when it may now."""
+        key, now = client_key(host), self._clock()
+        with self._lock:
+            f = self._seen.get(key)
+            if f is None:
+                return None
+            if now - f.since >= self.window_s:
+                del self._seen[key]
+                return None
+            if f.count < self.max_failures:
+                return None
+            return max(1, math.ceil(f.since + self.window_s - now))
+
+    def failed(self, host: str | None) -> None:
+        """Count one failure of ``host``."""
+        key, now = client_key(host), self._clock()
+        with self._lock:
+            f = self._seen.pop(key, None)
+            if f is None or now - f.since >= self.window_s:
+                f = _Failures(now, 0)
+            f.count += 1
+            self._seen[key] = f  # now the most recent
+            while len(self._seen) > self.max_clients:
+                self._seen.popitem(last=False)
 
 
 def local_worker_name(server_url: str) -> str:
