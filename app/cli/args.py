@@ -249,7 +249,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key-env",
         default=None,
         help="read the key from this variable (TOKENTRACE_TARGET_KEY_<NAME>) where the load "
-        "runs: with --server, on the worker, so the dashboard never sees it",
+        "runs: with --server, on the worker, so the dashboard never sees it; it is sent only "
+        "to the targets listed in TOKENTRACE_TARGET_KEY_<NAME>_TARGETS there (URL prefixes "
+        "or host:port, comma-separated)",
     )
     p.add_argument("--engine", default=None, help="server engine, recorded (e.g. vllm)")
     p.add_argument("--engine-version", default=None)
