@@ -136,6 +136,10 @@ def test_cli_refuses_an_unbound_target_with_exit_2_and_sends_to_a_bound_one(
         assert main([*base, "--base-url", other.url]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"--api-key-env: {VAR} may not be sent to {other.url}" in err[0]
+        sweep = ["sweep", "--model", "m", "--num-prompts", "2", "--api-key-env", VAR, "--rates",
+                 "1", "--database-url", f"sqlite:///{tmp_path / 's.db'}"]  # fmt: skip
+        assert main([*sweep, "--base-url", other.url]) == 2  # a local sweep: the same rule
+        assert f"--api-key-env: {VAR} may not be sent to" in capsys.readouterr().err
         assert other.requests() == []
         monkeypatch.delenv(BINDING)
         assert main([*base, "--base-url", bound.url]) == 2  # no binding at all

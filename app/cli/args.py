@@ -402,3 +402,16 @@ def describe_validation_error(e: ValidationError, dataset: str | None = None) ->
     for name, flag in FLAG_FOR_FIELD.items():
         msg = re.sub(rf"\b{name}\b", flag, msg) if " " in msg else msg
     return f"{FLAG_FOR_FIELD.get(field, field or 'spec')}: {msg}"
+
+
+def check_local_key(spec: RunSpec) -> None:
+    """A load run here (not ``--server``): its ``--api-key-env`` key must be set here and
+    bound to the target (``app.client.target_keys``); else a ``UsageError`` (exit 2)."""
+    if not spec.api_key_env:
+        return
+    from app.client.target_keys import resolve_api_key
+
+    try:
+        resolve_api_key(spec)
+    except ValueError as e:
+        raise UsageError(str(e).replace("api_key_env", "--api-key-env", 1)) from None

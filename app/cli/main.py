@@ -17,7 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
-from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
+from app.cli.args import (
+    Parser,
+    UsageError,
+    add_bench_arguments,
+    check_local_key,
+    spec_from_args,
+)
 from app.cli.render import render_file_figures, render_report, render_runs
 from app.cli.serve_cmd import Handler
 from app.settings import get_settings
@@ -115,13 +121,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
     if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
         raise UsageError(f"--dataset-path: no such file {spec.dataset_path}")
-    if spec.api_key_env:  # read here: bound to its targets (app.client.target_keys)
-        from app.client.target_keys import resolve_api_key
-
-        try:
-            resolve_api_key(spec)
-        except ValueError as e:
-            raise UsageError(str(e).replace("api_key_env", "--api-key-env", 1)) from None
+    check_local_key(spec)
     sessions = None if ns.no_save else _sessions(ns.database_url)
     err = Console(stderr=True)
     total = spec.num_prompts + spec.warmup_requests
