@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from app.services.auth import FailureLimiter, client_key
+from tests.api_support import api_client
 from tests.live_server import LiveServer, LiveServerFactory
 from tests.web_support import post_form
 
@@ -144,3 +145,17 @@ def test_bearer_tokens_are_limited_per_address_and_300_guesses_get_5_checks(
     assert a.get("/api/v1/runs").status_code == 200  # no token sent: an open read
     ok = b.get("/api/v1/tokens", headers={"Authorization": f"Bearer {server.admin_token}"})
     assert ok.status_code == 200
+
+
+def test_the_read_gate_counts_unknown_bearer_tokens_not_tokens_without_the_scope(
+    sqlite_url: str,
+) -> None:
+    with api_client(sqlite_url, auth_reads=True, auth_max_failures=3) as api:
+        for _ in range(10):  # a real token without 'read' (a misconfigured scraper)
+            assert api.client.get("/metrics", headers=api.h(api.worker)).status_code == 401
+        assert api.client.get("/metrics", headers=api.h(api.read)).status_code == 200
+        for _ in range(3):
+            assert api.client.get("/metrics", headers=api.h("tt_guess")).status_code == 401
+        r = api.client.get("/metrics", headers=api.h(api.read))
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert api.client.get("/api/v1/runs", headers=api.h(api.read)).status_code == 429
