@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.client.spec import without_credentials
 from app.services import auth, web_sessions
 from app.settings import Settings
 
@@ -316,7 +317,6 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
 MAX_ECHO_CHARS = 200  # of a bad input echoed in a 422
 MAX_ECHO_INT = 10**30  # larger integers are echoed as a note (str() of 4300+ digits fails)
 NO_ECHO_FIELDS = frozenset({"api_key"})  # a secret, even a refused one, is not sent back
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/?#@]*@")
 
 
 def _echo(value: Any) -> tuple[bool, Any]:
@@ -356,7 +356,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         if "input" in err and not NO_ECHO_FIELDS.intersection(map(str, err.get("loc", ()))):
             keep, shown = _echo(err["input"])
             if isinstance(shown, str):  # user:password@ of a URL
-                shown = _URL_CREDENTIALS.sub("***@", shown)
+                shown = without_credentials(shown)
             if keep:
                 out["input"] = shown
         ctx = err.get("ctx")

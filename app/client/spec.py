@@ -93,6 +93,15 @@ def checked_url(field: str, v: str) -> str:
     return v
 
 
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/?#]*@")  # user:password@ of a URL's authority
+
+
+def without_credentials(url: str) -> str:
+    """``url`` less any ``user:password@`` (for a URL from elsewhere, e.g. an imported
+    file, that is stored and listed)."""
+    return _URL_CREDENTIALS.sub("", url, count=1)
+
+
 def check_api_key(field: str, v: str) -> None:
     """A ValueError naming ``field`` (never the key) unless ``v`` can go in an
     ``Authorization: Bearer`` header as it is: visible ASCII, no space or control character."""
