@@ -103,6 +103,18 @@ class Settings(BaseSettings):
         "::1 (and this machine's name when bound to every interface). Env: comma-separated "
         "or a JSON list",
     )
+    auth_max_failures: int = Field(
+        10,
+        ge=1,
+        description="failed sign-ins or token checks a client address may make in "
+        "auth_failure_window_s; then it gets 429 (Retry-After) until the window ends",
+    )
+    auth_failure_window_s: float = Field(
+        60.0, gt=0, le=86_400, description="the window auth_max_failures counts in, s"
+    )
+    auth_failure_clients: int = Field(
+        10_000, ge=1, description="client addresses whose failures are remembered (memory)"
+    )
     db_pool_size: int = Field(10, ge=1, description="database connections kept open")
     db_max_overflow: int = Field(
         70, ge=0, description="extra connections under load (pool_size + this >= 2 x 40 threads)"

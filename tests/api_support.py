@@ -101,6 +101,9 @@ def api_client(db_url: str, **settings: Any) -> Iterator[Api]:
         scope: make_token(db_url, scope, name=f"test-{scope}")
         for scope in ("admin", "run", "read", "worker")
     }
+    # these tests send wrong tokens on purpose, all from one client ("testclient"): no
+    # limit on failed checks unless a test sets one (tests/test_auth_rate_limit.py does)
+    settings = {"auth_max_failures": 1_000_000} | settings
     cfg = Settings(database_url=db_url, local_worker=False, **settings)
     app = create_app(cfg)
     with TestClient(app) as client:

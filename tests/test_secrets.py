@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
-from app.client.runner import with_api_key_from_env
 from app.client.spec import RunSpec
+from app.client.target_keys import resolve_api_key
 from app.protocol.wire import LeasedJob
 from app.services.secretbox import SEALED, SecretBox
 from app.settings import Settings
@@ -93,9 +93,10 @@ def test_api_key_env_is_read_where_the_load_runs(monkeypatch: pytest.MonkeyPatch
     assert "api_key_env" in spec.model_dump() and spec.model_dump().get("api_key") is None
     monkeypatch.delenv("TOKENTRACE_TARGET_KEY_VLLM", raising=False)
     with pytest.raises(ValueError, match="api_key_env: TOKENTRACE_TARGET_KEY_VLLM is not set"):
-        with_api_key_from_env(spec)
+        resolve_api_key(spec)
     monkeypatch.setenv("TOKENTRACE_TARGET_KEY_VLLM", KEY)
-    assert with_api_key_from_env(spec).api_key == KEY
+    monkeypatch.setenv("TOKENTRACE_TARGET_KEY_VLLM_TARGETS", "h:1")  # its binding
+    assert resolve_api_key(spec).api_key == KEY
 
 
 @pytest.mark.parametrize(

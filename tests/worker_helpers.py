@@ -89,12 +89,21 @@ def request_indices(c: httpx.Client, run_id: str) -> list[int]:
 
 
 def start_worker_process(
-    server_url: str, token: str, state_dir: Path, *args: str, log: Path | None = None
+    server_url: str,
+    token: str,
+    state_dir: Path,
+    *args: str,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    """``tokentrace worker`` as a subprocess; its token in the environment (never on its
+    command line, where ``ps`` shows it), plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")}
+    base["PYTHONPATH"] = str(ROOT) + os.pathsep + base.get("PYTHONPATH", "")
+    base["TOKENTRACE_WORKER_TOKEN"] = token
+    env = base | (env or {})
     cmd = [sys.executable, "-m", "app.cli.main", "worker", "--server", server_url]
-    cmd += ["--token", token, "--state-dir", str(state_dir), *args]
+    cmd += ["--state-dir", str(state_dir), *args]
     out = open(log or (state_dir.parent / f"{state_dir.name}.log"), "ab")  # noqa: SIM115
     try:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,8 +1,9 @@
 """The FastAPI application: ``create_app(settings)``.
 
 Its lifespan migrates the database, opens the engine (``app.state.sessions``), gives active
-leases one more TTL, runs the lost-lease sweeper every ``lease_ttl_s / 3`` and, unless
-``settings.local_worker`` is off, starts an embedded worker with a fresh worker token.
+leases one more TTL, runs the lost-lease sweeper every ``lease_ttl_s / 3``, revokes the
+embedded worker token a killed server at this URL left and, unless ``settings.local_worker``
+is off, starts an embedded worker with a fresh worker token.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _start_local_worker(app: FastAPI, settings: Settings) -> Any:
     )
     kinds = local_worker_kinds(settings, torch_installed=torch_version() is not None)
     with session_scope(app.state.sessions) as s:
-        row, secret = auth.create_token(s, scopes=["worker"], name="local-worker")
+        row, secret = auth.create_local_worker_token(s, settings.server_url())
     app.state.local_worker_token_id = row.id
     return start_local_worker_process(settings.server_url(), secret, options=options, kinds=kinds)
 
@@ -121,6 +122,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if moved:
         log.info("gave %d active lease(s) one more TTL after the restart", moved)
     sweeper = asyncio.create_task(_sweeper(app.state.sessions, settings.lease_ttl_s / 3))
+    with session_scope(app.state.sessions) as s:  # a killed server's embedded worker token
+        stale = auth.revoke_local_worker_tokens(s, settings.server_url())
+    if stale:
+        log.warning("revoked the embedded worker token(s) %s a killed server left", stale)
     worker = _start_local_worker(app, settings) if settings.local_worker else None
     try:
         yield
@@ -179,6 +184,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings or Settings()
     app.state.secretbox = SecretBox.from_settings(app.state.settings)
     app.state.export_limiter = ExportLimiter()
+    app.state.auth_limiter = auth.FailureLimiter(
+        max_failures=app.state.settings.auth_max_failures,
+        window_s=app.state.settings.auth_failure_window_s,
+        max_clients=app.state.settings.auth_failure_clients,
+    )
     targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(HTTPException, http_error)  # HTML for pages (app.web.errors)

@@ -60,7 +60,16 @@ def _unauthorized(detail: str) -> HTTPException:
     )
 
 
+def too_many_failures(retry_after_s: int) -> HTTPException:
+    return HTTPException(
+        status.HTTP_429_TOO_MANY_REQUESTS,
+        detail=f"too many failed token checks from this address: retry in {retry_after_s} s",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def _authenticate(
+    request: Request,
     creds: HTTPAuthorizationCredentials | None,
     sessions: sessionmaker[Session],
     scope: str,
@@ -69,9 +78,15 @@ def _authenticate(
         raise _unauthorized(
             f"missing token: send 'Authorization: Bearer <token>' with the {scope!r} scope"
         )
+    limiter: auth.FailureLimiter = request.app.state.auth_limiter
+    client = request.client.host if request.client else None
+    wait = limiter.retry_after(client)
+    if wait is not None:  # not even checked: a guess here tells nothing
+        raise too_many_failures(wait)
     with sessions() as s:
         principal = auth.authenticate(s, creds.credentials)
     if principal is None:
+        limiter.failed(client)
         raise _unauthorized("invalid or revoked token")
     if not principal.has(scope):
         who = f"token {principal.name!r}" if principal.name else f"token {principal.token_id}"
@@ -86,20 +101,20 @@ def _authenticate(
 def require(scope: auth.Scope) -> Callable[..., Principal]:
     """A dependency: the caller's principal, which must hold ``scope`` (401/403 otherwise)."""
 
-    def dependency(creds: Credentials, sessions: SessionsDep) -> Principal:
-        return _authenticate(creds, sessions, scope)
+    def dependency(request: Request, creds: Credentials, sessions: SessionsDep) -> Principal:
+        return _authenticate(request, creds, sessions, scope)
 
     dependency.__name__ = f"require_{scope}"
     return dependency
 
 
 def read_access(
-    creds: Credentials, sessions: SessionsDep, settings: SettingsDep
+    request: Request, creds: Credentials, sessions: SessionsDep, settings: SettingsDep
 ) -> Principal | None:
     """GET routes: open unless ``auth_reads`` (then the 'read' scope is needed)."""
     if not settings.auth_reads:
         return None
-    return _authenticate(creds, sessions, "read")
+    return _authenticate(request, creds, sessions, "read")
 
 
 Reader = Annotated[Principal | None, Depends(read_access)]

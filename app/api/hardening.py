@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.client.spec import without_credentials
 from app.services import auth, web_sessions
 from app.settings import Settings
 
@@ -215,9 +216,18 @@ class ReadGate:
         if scope["type"] != "http" or scope.get("path") not in self.paths:
             await self.app(scope, receive, send)
             return
-        secret = _bearer(scope) or _cookie(scope, self.cookie)
-        allowed = False
+        bearer = _bearer(scope)
+        secret = bearer or _cookie(scope, self.cookie)
+        allowed: bool | None = False
+        limiter: auth.FailureLimiter = scope["app"].state.auth_limiter
+        client = (scope.get("client") or (None,))[0]
         if secret is not None:
+            wait = limiter.retry_after(client) if bearer else None
+            if wait is not None:
+                # too many failed token checks: this one is not made
+                body = json.dumps({"detail": f"too many failed token checks: retry in {wait} s"})
+                await _send_json(send, 429, body.encode(), ((b"retry-after", b"%d" % wait),))
+                return
             try:
                 allowed = await anyio.to_thread.run_sync(_may_read, scope["app"], secret)
             except SQLAlchemyError:  # as the routes answer a lost database: retryable
@@ -227,6 +237,8 @@ class ReadGate:
         if allowed:
             await self.app(scope, receive, send)
             return
+        if bearer is not None and allowed is None:  # no such token (not: a token without read)
+            limiter.failed(client)
         await _send_json(send, 401, READ_GATE_DETAIL, ((b"www-authenticate", b"Bearer"),))
 
 
@@ -242,14 +254,15 @@ def _cookie(scope: Scope, name: str) -> str | None:
     return cookie_parser(_header(scope, b"cookie") or "").get(name) or None
 
 
-def _may_read(app: Any, secret: str) -> bool:
-    """A read-scope API token, or a sign-in session whose token has the read scope."""
+def _may_read(app: Any, secret: str) -> bool | None:
+    """A read-scope API token, or a sign-in session whose token has the read scope: True;
+    a token or session without it: False; neither: None."""
     with app.state.sessions() as s:
         principal = auth.authenticate(s, secret)
         if principal is None:
             found = web_sessions.signed_in(s, secret)
             principal = found.principal if found is not None else None
-    return principal is not None and principal.has("read")
+    return None if principal is None else principal.has("read")
 
 
 class SecurityHeaders:
@@ -303,6 +316,7 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
 
 MAX_ECHO_CHARS = 200  # of a bad input echoed in a 422
 MAX_ECHO_INT = 10**30  # larger integers are echoed as a note (str() of 4300+ digits fails)
+NO_ECHO_FIELDS = frozenset({"api_key"})  # a secret, even a refused one, is not sent back
 
 
 def _echo(value: Any) -> tuple[bool, Any]:
@@ -339,8 +353,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
             "msg": str(err.get("msg", "")),
         }
-        if "input" in err:
+        if "input" in err and not NO_ECHO_FIELDS.intersection(map(str, err.get("loc", ()))):
             keep, shown = _echo(err["input"])
+            if isinstance(shown, str):  # user:password@ of a URL
+                shown = without_credentials(shown)
             if keep:
                 out["input"] = shown
         ctx = err.get("ctx")

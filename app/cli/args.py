@@ -55,6 +55,7 @@ FLAG_FOR_FIELD = {
     "metrics_url": "--metrics-url",
     "extra_body": "--extra-body",
     "token_counting": "--token-counting",
+    "api_key": "--api-key",
     "api_key_env": "--api-key-env",
     "temperature": "--temperature",
     "top_p": "--top-p",
@@ -256,7 +257,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key-env",
         default=None,
         help="read the key from this variable (TOKENTRACE_TARGET_KEY_<NAME>) where the load "
-        "runs: with --server, on the worker, so the dashboard never sees it",
+        "runs: with --server, on the worker, so the dashboard never sees it; it is sent only "
+        "to the targets listed in TOKENTRACE_TARGET_KEY_<NAME>_TARGETS there (URL prefixes "
+        "or host:port, comma-separated)",
     )
     p.add_argument("--engine", default=None, help="server engine, recorded (e.g. vllm)")
     p.add_argument("--engine-version", default=None)
@@ -415,9 +418,23 @@ def describe_validation_error(e: ValidationError, dataset: str | None = None) ->
     if not loc and lead and lead[1] in FLAG_FOR_FIELD:  # "field: reason" across fields
         return f"{FLAG_FOR_FIELD[lead[1]]}: {lead[2]}"
     field = str(loc[0]) if loc else ""
+    msg = msg.removeprefix(f"{field}: ") if field else msg  # the flag is said once, below
     if not field:  # a check across fields: name the first field its message mentions
         words = set(re.findall(r"\w+", msg))
         field = next((f for f in FLAG_FOR_FIELD if f in words), "")
     for name, flag in FLAG_FOR_FIELD.items():
         msg = re.sub(rf"\b{name}\b", flag, msg) if " " in msg else msg
     return f"{FLAG_FOR_FIELD.get(field, field or 'spec')}: {msg}"
+
+
+def check_local_key(spec: RunSpec) -> None:
+    """A load run here (not ``--server``): its ``--api-key-env`` key must be set here and
+    bound to the target (``app.client.target_keys``); else a ``UsageError`` (exit 2)."""
+    if not spec.api_key_env:
+        return
+    from app.client.target_keys import resolve_api_key
+
+    try:
+        resolve_api_key(spec)
+    except ValueError as e:
+        raise UsageError(str(e).replace("api_key_env", "--api-key-env", 1)) from None

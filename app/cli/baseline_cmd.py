@@ -13,7 +13,13 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli.args import UsageError, add_bench_arguments, flagged, spec_from_args
+from app.cli.args import (
+    UsageError,
+    add_bench_arguments,
+    check_local_key,
+    flagged,
+    spec_from_args,
+)
 from app.cli.serve_cmd import Handler
 from app.client.datasets.base import DatasetError
 from app.services.errors import ServiceError
@@ -275,6 +281,7 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(str(e).replace("loads:", "--rates/--concurrencies:")) from None
     if ns.server:
         return submit_sweep_and_follow(spec, plan, ns, console)
+    check_local_key(spec)
     err = Console(stderr=True)
 
     def on_step(idx: int, load: float, kind: str) -> None:

@@ -17,7 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
-from app.cli.args import Parser, UsageError, add_bench_arguments, flagged, spec_from_args
+from app.cli.args import (
+    Parser,
+    UsageError,
+    add_bench_arguments,
+    check_local_key,
+    flagged,
+    spec_from_args,
+)
 from app.cli.render import render_file_figures, render_report, render_runs
 from app.cli.serve_cmd import Handler
 from app.client.datasets.base import DatasetError
@@ -122,6 +129,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
     if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
         raise UsageError(f"--dataset-path: no such file {spec.dataset_path}")
+    check_local_key(spec)
     sessions = None if ns.no_save else _sessions(ns.database_url)
     err = Console(stderr=True)
     # a trace given no num_prompts: its count comes with the first progress

@@ -158,14 +158,19 @@ def cmd_token(ns: argparse.Namespace, console: Console) -> int:
 
     sessions = _sessions(ns.database_url)
     if ns.token_command == "create":
-        with session_scope(sessions) as s:
-            row, secret = auth.create_token(s, scopes=ns.scope, name=ns.name)
-            info: dict[str, Any] = {
-                "id": row.id,
-                "name": row.name,
-                "scopes": row.scopes,
-                "secret": secret,
-            }
+        from app.services.errors import ServiceError
+
+        try:
+            with session_scope(sessions) as s:
+                row, secret = auth.create_token(s, scopes=ns.scope, name=ns.name)
+                info: dict[str, Any] = {
+                    "id": row.id,
+                    "name": row.name,
+                    "scopes": row.scopes,
+                    "secret": secret,
+                }
+        except ServiceError as e:
+            raise UsageError(f"--{e.detail}") from None
         if ns.json:
             sys.stdout.write(json.dumps(info) + "\n")
         else:

@@ -43,7 +43,18 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     """Add this module's subcommands to ``sub``; return command name -> handler."""
     w = sub.add_parser("worker", help="pull jobs from a tokentrace server and run them")
     w.add_argument("--server", required=True, help="the dashboard, e.g. http://10.0.0.5:8000")
-    w.add_argument("--token", default=None, help=f"API token (scope worker); or ${TOKEN_ENV}")
+    w.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help=f"a file holding the API token (scope worker); or ${TOKEN_ENV}",
+    )
+    w.add_argument(
+        "--token",
+        default=None,
+        help="the API token itself: visible to every user of this machine in ps, so prefer "
+        f"--token-file or ${TOKEN_ENV}",
+    )
     w.add_argument(
         "--label",
         action="append",
@@ -86,7 +97,66 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
         "fe80::/10: cloud metadata services); refused by default",
     )
     w.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    w.add_argument(
+        "--exit-with-parent",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="stop when process PID, this worker's parent, ends (even killed): how "
+        "`tokentrace serve` runs its embedded worker",
+    )
     return {"worker": cmd_worker}
+
+
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def read_token(ns: argparse.Namespace) -> str:
+    """The worker's token: ``--token-file``, else ``--token`` (with a warning: ``ps`` shows
+    it), else ``$TOKENTRACE_WORKER_TOKEN`` (then dropped from this process's environment, so
+    nothing it starts inherits it)."""
+    if ns.token_file is not None and ns.token:
+        raise UsageError("--token-file: give --token-file or --token, not both")
+    if ns.token_file is not None:
+        path: Path = ns.token_file
+        try:
+            with path.open("rb") as f:  # a pipe too: --token-file <(pass show tokentrace)
+                raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+                loose = path.is_file() and os.fstat(f.fileno()).st_mode & 0o077
+        except OSError as e:
+            raise UsageError(f"--token-file: cannot read {path}: {e.strerror or e}") from None
+        token = raw.decode("utf-8", "replace").strip()
+        if len(raw) > MAX_TOKEN_FILE_BYTES or not token or any(c.isspace() for c in token):
+            raise UsageError(f"--token-file: {path} does not hold one token")
+        if loose:
+            sys.stderr.write(
+                f"tokentrace worker: warning: {path} is readable by other users (chmod 600)\n"
+            )
+        return token
+    if ns.token:
+        sys.stderr.write(
+            "tokentrace worker: warning: --token is visible to every user of this machine "
+            f"(ps); use --token-file or ${TOKEN_ENV}\n"
+        )
+        return str(ns.token)
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        raise UsageError(f"--token-file: a token is required (--token-file PATH or ${TOKEN_ENV})")
+    return token
+
+
+async def exit_with_parent(parent_pid: int, stop: asyncio.Event, grace_s: float) -> None:
+    """Stop when ``parent_pid`` is gone (``app.worker.parent_watch``); once stopped without
+    a parent, the process ends at the latest ``grace_s`` + ``EXIT_DEADLINE_S`` later."""
+    from app.worker.parent_watch import EXIT_DEADLINE_S, hard_exit_after, watch_parent
+
+    watcher = asyncio.create_task(watch_parent(parent_pid, stop))
+    try:
+        await stop.wait()
+    finally:
+        watcher.cancel()
+    if os.getppid() != parent_pid:
+        hard_exit_after(grace_s + EXIT_DEADLINE_S)
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
@@ -112,9 +182,12 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
 
     labels = parse_labels(ns.label)
     server = _check_url("--server", ns.server)
-    token = ns.token or os.environ.get(TOKEN_ENV)
-    if not token:
-        raise UsageError(f"--token: required (or set {TOKEN_ENV})")
+    token = read_token(ns)
+    if ns.exit_with_parent is not None:
+        from app.worker.parent_watch import PARENT_GONE_EXIT, die_with_parent
+
+        if not die_with_parent(ns.exit_with_parent):  # gone before the worker started
+            return PARENT_GONE_EXIT
     level = getattr(logging, str(ns.log_level).upper(), None)
     if not isinstance(level, int):
         raise UsageError(f"--log-level: unknown level {ns.log_level!r}")
@@ -160,11 +233,20 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-        if ns.once:
-            outcome = await worker.run_once(stop)
-            return 1 if outcome is not None and outcome.status == "failed" else 0
-        await worker.run_forever(stop)
-        return 0
+        guard = None
+        if ns.exit_with_parent is not None:
+            guard = asyncio.create_task(
+                exit_with_parent(ns.exit_with_parent, stop, opts.shutdown_grace_s)
+            )
+        try:
+            if ns.once:
+                outcome = await worker.run_once(stop)
+                return 1 if outcome is not None and outcome.status == "failed" else 0
+            await worker.run_forever(stop)
+            return 0
+        finally:
+            if guard is not None:
+                guard.cancel()
 
     try:
         return asyncio.run(main())

@@ -26,6 +26,7 @@ from app.client import served_models
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
 from app.client.runner import LagStats, LoadResult
 from app.client.spec import RunSpec
+from app.client.target_keys import key_may_reach, resolve_api_key
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
@@ -58,9 +59,14 @@ async def execute(spec: RunSpec, load: Callable[[], Awaitable[LoadResult]]) -> E
     """Run ``load()`` with the served-models check and the /metrics scraper around it.
 
     An ``Exception`` from the load is returned (``Executed.error``); anything else (a
-    cancellation, Ctrl-C) stops the scraper and propagates."""
-    served = await asyncio.to_thread(served_models.fetch, spec)
-    scraper = start_scraper(spec)
+    cancellation, Ctrl-C) stops the scraper and propagates. A key of this machine's that may
+    not go to the target (``target_keys``) is returned as the error before anything is sent."""
+    try:
+        keyed = resolve_api_key(spec)
+    except ValueError as e:
+        return Executed(spec, None, e, None, [])
+    served = await asyncio.to_thread(served_models.fetch, keyed)  # under base_url
+    scraper = start_scraper(keyed)
     try:
         result = await load()
     except Exception as e:
@@ -254,7 +260,8 @@ def start_scraper(spec: RunSpec) -> MetricsScraper | None:
     url = metrics_url(spec)
     if url is None:
         return None
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
+    keyed = spec.api_key and key_may_reach(spec, url)
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if keyed else None
     return MetricsScraper(url, wanted(spec.metrics_series), headers=headers).start()
 
 

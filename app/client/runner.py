@@ -26,7 +26,6 @@ import contextlib
 import gc
 import ipaddress
 import math
-import os
 import signal
 import threading
 import time
@@ -65,6 +64,7 @@ from app.client.sessions import (
 )
 from app.client.shapes import schedule_for
 from app.client.spec import RunSpec
+from app.client.target_keys import resolve_api_key
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
 from app.client.workload import build_workload
 from app.domain import ClockSource, RequestRecord, RequestStatus
@@ -635,16 +635,6 @@ class _Run:
                 next_progress = now + int(PROGRESS_PERIOD_S * 1e9)
 
 
-def with_api_key_from_env(spec: RunSpec) -> RunSpec:
-    """``spec`` with ``api_key`` read from ``api_key_env`` here; ValueError when unset."""
-    if not spec.api_key_env:
-        return spec
-    key = os.environ.get(spec.api_key_env)
-    if not key:
-        raise ValueError(f"api_key_env: {spec.api_key_env} is not set where the load runs")
-    return spec.model_copy(update={"api_key": key})
-
-
 def _link_local(host: object) -> bool:
     try:
         ip = ipaddress.ip_address(str(host).split("%", 1)[0])
@@ -687,14 +677,15 @@ async def run_load(
     included, flagged) as soon as it is final, on the event loop: it must be quick and not raise.
     ``realtime=True`` runs the load thread at real-time priority (``app.client.sched``); it
     raises ``RealtimeRefused`` before anything is sent when the OS refuses it.
-    ``dataset_dirs``: where ``spec.dataset_path`` may point (a worker's configured
-    directories; None: anywhere, the local CLI's own files). ``cancelled`` is polled while
-    the workload is built: ``WorkloadCancelled`` then, before anything is sent.
+    ``dataset_dirs``: where ``spec.dataset_path`` and ``spec.tokenizer`` may point (a
+    worker's configured directories; None: anywhere, the local CLI's own files).
+    ``cancelled`` is polled while the workload is built: ``WorkloadCancelled`` then, before
+    anything is sent.
     ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
     address (cloud metadata services): every request then fails saying so, none is sent.
     """
-    spec = with_api_key_from_env(spec)
-    tok = load_tokenizer(spec.tokenizer)
+    spec = resolve_api_key(spec)  # refused before anything is sent: app.client.target_keys
+    tok = load_tokenizer(spec.tokenizer, dataset_dirs)  # confined as dataset_path is
     sessions: Sessions | None = None
     if spec.multi_turn:
         sessions = build_session_workload(spec, tok, dataset_dirs, cancelled)

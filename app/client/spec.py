@@ -42,6 +42,12 @@ RESERVED_HEADERS = frozenset(
 SECRET_HEADER_WORDS = ("authorization", "api-key", "apikey", "api_key", "token", "secret",
                        "cookie", "password", "auth")  # fmt: skip
 MAX_HEADERS = 64
+MAX_URL_CHARS = 2048
+MAX_API_KEY_CHARS = 8192
+# one request may stream for a day at most; a run lasts 30 days at most (its deadline in ns
+# must stay a finite integer)
+MAX_REQUEST_TIMEOUT_S = 86_400.0
+MAX_RUN_DURATION_S = 30 * 86_400.0
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 DATASET_HELP = "a dataset type: " + "; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items())
 DATASET_OPTIONS_HELP = (
@@ -56,6 +62,55 @@ DATASET_OPTIONS_HELP = (
 )
 
 DEFAULT_NUM_PROMPTS = 100  # a dataset type that is not timed; a trace: its every line
+TARGETS_SUFFIX = "_TARGETS"  # TOKENTRACE_TARGET_KEY_<NAME>_TARGETS: where <NAME> may go
+
+
+def checked_url(field: str, v: str) -> str:
+    """``v`` if it is an http(s) URL with a host, no credentials and no control or space
+    characters (a CR/LF would split the request line or a header); else a ValueError
+    naming ``field``."""
+    if len(v) > MAX_URL_CHARS:
+        raise ValueError(f"{field}: at most {MAX_URL_CHARS} characters")
+    bad = next((c for c in v if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"{field}: contains the character U+{ord(bad):04X}; control and space characters "
+            "(CR, LF, NUL, tab ...) are refused"
+        )
+    if not (v.startswith("http://") or v.startswith("https://")):
+        raise ValueError(f"{field} must start with http:// or https://")
+    parts = urlsplit(v)
+    if "@" in parts.netloc:
+        raise ValueError(
+            f"{field}: credentials in the URL (user:password@host) are refused: the URL is "
+            "stored and listed with the run; give the key as api_key or api_key_env"
+        )
+    try:
+        parts.port  # noqa: B018 -- raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise ValueError(f"{field}: the port is not a number from 0 to 65535") from None
+    if not parts.hostname:
+        raise ValueError(f"{field}: the URL has no host")
+    return v
+
+
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/?#]*@")  # user:password@ of a URL's authority
+
+
+def without_credentials(url: str) -> str:
+    """``url`` less any ``user:password@`` (for a URL from elsewhere, e.g. an imported
+    file, that is stored and listed)."""
+    return _URL_CREDENTIALS.sub("", url, count=1)
+
+
+def check_api_key(field: str, v: str) -> None:
+    """A ValueError naming ``field`` (never the key) unless ``v`` can go in an
+    ``Authorization: Bearer`` header as it is: visible ASCII, no space or control character."""
+    if len(v) > MAX_API_KEY_CHARS or not all("!" <= c <= "~" for c in v):
+        raise ValueError(
+            f"{field}: a key must be visible ASCII characters (no space, CR, LF, NUL or other "
+            f"control character), at most {MAX_API_KEY_CHARS}"
+        )
 
 
 class RunSpec(BaseModel):
@@ -102,11 +157,15 @@ class RunSpec(BaseModel):
     ramp_up_start_rps: float | None = Field(None, gt=0, le=1_000_000)
     ramp_up_end_rps: float | None = Field(None, gt=0, le=1_000_000)
     warmup_requests: int = Field(0, ge=0, le=100_000)
-    request_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(
+        600.0, gt=0, le=MAX_REQUEST_TIMEOUT_S, description="one request's limit, s (<= 1 day)"
+    )
     # connections (SPEC 1b): kept open across requests (one per concurrency slot), or a new
     # one per request (connection setup then shows in the user-perceived TTFT, not in TTFT)
     connection_mode: ConnectionMode = "keep-alive"
-    max_duration_s: float | None = Field(None, gt=0)
+    max_duration_s: float | None = Field(
+        None, gt=0, le=MAX_RUN_DURATION_S, description="the whole run's limit, s (<= 30 days)"
+    )
     # SLOs for goodput, in ms, e.g. {"ttft": 150, "e2el": 2000}
     goodput: dict[SLOMetric, float] = Field(default_factory=dict)
     # client-limited bound: send lag / event-loop lag p99 above this marks the run
@@ -142,12 +201,14 @@ class RunSpec(BaseModel):
     api_key: str | None = Field(None, exclude=True)
     # the key's name in the environment of the machine that runs the load (a worker): the
     # key then never reaches the dashboard. Only names in this namespace, so a run cannot
-    # make a worker send one of its other secrets (its own token) to a target.
+    # make a worker send one of its other secrets (its own token) to a target; and only to
+    # the targets its binding, <NAME>_TARGETS there, lists (app.client.target_keys).
     api_key_env: str | None = Field(
         None,
         pattern=r"^TOKENTRACE_TARGET_KEY_[A-Z0-9_]{1,64}$",
         description="environment variable holding the target's API key, "
-        "TOKENTRACE_TARGET_KEY_<NAME>, read where the load runs",
+        "TOKENTRACE_TARGET_KEY_<NAME>, read where the load runs; it is sent only to the "
+        "targets listed in TOKENTRACE_TARGET_KEY_<NAME>_TARGETS there",
     )
     tags: list[str] = Field(default_factory=list)
     # server metrics: scrape the target's Prometheus /metrics about once a second
@@ -158,9 +219,29 @@ class RunSpec(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not (v.startswith("http://") or v.startswith("https://")):
-            raise ValueError("base_url must start with http:// or https://")
-        return v.rstrip("/")
+        return checked_url("base_url", v).rstrip("/")
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url_text(cls, v: str | None) -> str | None:
+        return None if v is None else checked_url("metrics_url", v)
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_api_key("api_key", v)
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, v: str | None) -> str | None:
+        if v is not None and v.endswith(TARGETS_SUFFIX):
+            raise ValueError(
+                f"api_key_env: {v} names a key's binding (the targets it may be sent to), "
+                "not a key"
+            )
+        return v
 
     @model_validator(mode="after")
     def _num_prompts(self) -> RunSpec:

@@ -7,12 +7,19 @@ It has a fixed vocabulary of common English words (``WORDS``) used to build rand
 whose length is exact under it. It is deterministic, needs no download, and is what the
 simulator emits, so simulator runs have exact token counts. Against a real model's
 tokenizer it is an approximation: pass ``--tokenizer PATH`` for exact counts.
+
+A run's ``tokenizer`` path is hostile input on a worker, as its ``dataset_path`` is: given
+``dirs`` (the worker's dataset directories), only a regular ``tokenizer.json`` (or a folder
+holding one) inside them is read, symlinks resolved, at most ``MAX_TOKENIZER_BYTES``; every
+refusal reads the same (``REFUSED``), whatever exists on the worker.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
+import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,6 +39,45 @@ _WORD_TEXT = """
     water light paper model token speed measure bench server stream latency time value test
     data point river north south east west field market value order study class level plan"""
 WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_TEXT.split()))
+
+
+MAX_TOKENIZER_BYTES = 256 << 20
+REFUSED = (
+    "tokenizer: not a tokenizer this worker may read (a tokenizer.json, or a folder holding "
+    "one, inside its dataset directories: TOKENTRACE_DATASET_DIRS or --dataset-dir)"
+)
+
+
+def _inside(path: str, dirs: Sequence[str]) -> str:
+    """``path`` resolved (symlinks followed), when it is inside one of ``dirs``."""
+    try:
+        real = os.path.realpath(path, strict=True)
+    except (OSError, ValueError):
+        raise ValueError(REFUSED) from None
+    roots = [os.path.realpath(d) for d in dirs]
+    if not any(os.path.commonpath([real, r]) == r for r in roots):
+        raise ValueError(REFUSED)
+    return real
+
+
+def read_tokenizer_file(path: str, dirs: Sequence[str] | None) -> bytes:
+    """A regular file's bytes, at most ``MAX_TOKENIZER_BYTES``; ``dirs`` None: anywhere
+    (the local CLI's own files), else only inside ``dirs`` (``REFUSED`` otherwise)."""
+    if dirs is not None:
+        path = _inside(path, dirs)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    except (OSError, ValueError):
+        why = REFUSED if dirs is not None else f"tokenizer: cannot read {path}"
+        raise ValueError(why) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(REFUSED if dirs is not None else f"tokenizer: {path} is not a file")
+        data = f.read(MAX_TOKENIZER_BYTES + 1)
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"tokenizer: the file is larger than {MAX_TOKENIZER_BYTES >> 20} MiB")
+    return data
 
 
 class Tokenizer(Protocol):
@@ -68,25 +114,26 @@ class BuiltinTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizers`` tokenizer loaded from a local file or folder."""
+    """A Hugging Face ``tokenizers`` tokenizer loaded from a local file or folder; with
+    ``dirs``, only from inside them (``read_tokenizer_file``)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, dirs: Sequence[str] | None = None) -> None:
         from tokenizers import Tokenizer as _Tok
 
-        p = Path(path)
+        p = Path(_inside(path, dirs) if dirs is not None else path)
         file = p / "tokenizer.json" if p.is_dir() else p
-        if not file.is_file():
+        if dirs is None and not file.is_file():
             raise ValueError(f"tokenizer: no tokenizer.json at {path}")
-        self._tok = _Tok.from_file(str(file))
+        data = read_tokenizer_file(str(file), dirs)
+        try:
+            self._tok = _Tok.from_str(data.decode("utf-8"))
+        except Exception:  # tokenizers raises its own Exception for a file it cannot read
+            raise ValueError(
+                f"tokenizer: {path} is not a Hugging Face tokenizer.json"
+                if dirs is None
+                else REFUSED
+            ) from None
         self.name = f"hf:{file}"
-        cfg = file.parent / "tokenizer_config.json"
-        self._bos: str | None = None
-        if cfg.is_file():
-            try:
-                bos = json.loads(cfg.read_text()).get("bos_token")
-                self._bos = bos if isinstance(bos, str) else None
-            except (OSError, ValueError):
-                self._bos = None
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
@@ -111,8 +158,11 @@ class HFTokenizer:
         return int(self._tok.get_vocab_size())
 
 
-def load_tokenizer(path: str | None) -> BuiltinTokenizer | HFTokenizer:
-    return BuiltinTokenizer() if path is None else HFTokenizer(path)
+def load_tokenizer(
+    path: str | None, dirs: Sequence[str] | None = None
+) -> BuiltinTokenizer | HFTokenizer:
+    """The built-in tokenizer, or ``path``'s (with ``dirs``: only inside them)."""
+    return BuiltinTokenizer() if path is None else HFTokenizer(path, dirs)
 
 
 def tokens_per_chunk(tok: Tokenizer, chunks: list[str]) -> list[int]:

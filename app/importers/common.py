@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.client.spec import without_credentials
 from app.domain import EventKind, RequestRecord, RequestStatus
 from app.importers.csv_log import MAX_COUNT, ImportFormatError
 
@@ -56,6 +57,10 @@ class ImportedRun:
     window_s: float | None = None  # the file's own observation window (its duration)
     notes: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)  # JSON-safe facts about the run
+
+    def __post_init__(self) -> None:  # the target is stored and listed: never its password
+        if self.target_url is not None:
+            object.__setattr__(self, "target_url", without_credentials(self.target_url))
 
 
 def json_objects(text: str, *, what: str = "file") -> list[Any]:

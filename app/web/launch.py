@@ -138,6 +138,15 @@ def signin_page(request: Request, next: str | None = None) -> Response:
 
 @router.post("/signin")
 async def signin_submit(request: Request) -> Response:
+    limiter: auth.FailureLimiter = request.app.state.auth_limiter
+    client = request.client.host if request.client else None
+    wait = limiter.retry_after(client)
+    if wait is not None:  # before the body is read; the token is not even checked
+        error = f"too many failed sign-ins from this address: try again in {wait} s"
+        resp = render(request, "signin.html", {"nav": "signin", "next": "/", "error": error},
+                      status_code=429)  # fmt: skip
+        resp.headers["Retry-After"] = str(wait)
+        return resp
     values = await form_values(request)
     secret = (values.get("token") or "").strip()
     nxt = _safe_next(values.get("next"))
@@ -148,6 +157,7 @@ async def signin_submit(request: Request) -> Response:
         principal = auth.authenticate(s, secret) if secret else None
         opened = web_sessions.open_session(s, principal) if principal is not None else None
     if opened is None:
+        limiter.failed(client)
         return render(
             request,
             "signin.html",

@@ -52,7 +52,8 @@ FIELDS: tuple[FormField, ...] = (
     FormField(
         "api_key_env",
         "API key variable",
-        help="TOKENTRACE_TARGET_KEY_<NAME> on the worker: the key never reaches this server",
+        help="TOKENTRACE_TARGET_KEY_<NAME> on the worker: the key never reaches this server, "
+        "and goes only to the targets its ..._TARGETS variable there lists",
     ),
     FormField("dataset", "Dataset", "select", choices=tuple(DATASETS), group="Workload"),
     FormField("dataset_path", "Dataset path", help="JSONL file on the worker", group="Workload"),

@@ -3,7 +3,8 @@
 ``start_local_worker_process`` (what ``serve`` uses) runs ``tokentrace worker`` as a
 supervised child process: nothing a run does there (its memory, its descriptors, a crash)
 can take the server down, and a worker that dies is started again (backoff 1 s doubling to
-30 s). Its token travels in the environment, not on the command line. ``stop()`` sends
+30 s). Its token travels in the environment, not on the command line. It ends when the
+server's process does, even killed (``--exit-with-parent``). ``stop()`` sends
 SIGTERM: a running job stops its load, uploads what it can within the grace, and completes
 as cancelled; a worker still alive after the timeout is killed.
 
@@ -111,9 +112,10 @@ def worker_command(
     options: WorkerOptions,
     state_dir: Path | None = None,
 ) -> list[str]:
-    """``tokentrace worker`` for the embedded worker (the token goes in ``TOKEN_ENV``)."""
+    """``tokentrace worker`` for the embedded worker (the token goes in ``TOKEN_ENV``, never
+    on its command line); it ends when this process does (``app.worker.parent_watch``)."""
     cmd = [sys.executable, "-m", "app.cli.main", "worker", "--server", server_url]
-    cmd += ["--name", name, "--log-level", "WARNING"]
+    cmd += ["--name", name, "--log-level", "WARNING", "--exit-with-parent", str(os.getpid())]
     for kind in kinds:
         cmd += ["--kind", kind]
     if options.realtime:
