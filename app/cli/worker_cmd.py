@@ -354,6 +354,7 @@ def _submit_and_follow(
         def on_progress(p: dict[str, Any]) -> None:
             bar.update(
                 task,
+                total=int(p.get("planned") or 0) or total,  # multi-turn: the plan's turns
                 completed=int(p.get("done") or 0),
                 phase=str(p.get("phase") or ""),
                 info=f"errors {p.get('errors', 0)}  in flight {p.get('in_flight', 0)}  "
@@ -370,4 +371,6 @@ def _submit_and_follow(
         render_report(report, console)
     status = report.get("status")
     over = bool((report.get("validity") or {}).get("over_error_bound"))
-    return 1 if status == "failed" or over or (state == "failed" and status != "partial") else 0
+    lost = bool((report.get("validity") or {}).get("lost_requests"))  # sent, never stored
+    failed = status == "failed" or (state == "failed" and status != "partial")
+    return 1 if failed or over or lost else 0
