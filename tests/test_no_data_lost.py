@@ -103,12 +103,20 @@ def test_index_bound_counts_sessions_turns() -> None:
     assert planned_text(MULTI, 5) == "5 planned requests"
 
 
-def test_the_worker_cuts_a_session_at_the_bound_the_server_checks() -> None:
-    from app.client.sessions import MAX_SESSION_TURNS
+def test_the_worker_cuts_a_session_at_the_bound_the_server_checks(tmp_path: Path) -> None:
+    from app.client.sessions import MAX_SESSION_TURNS, build_session_workload
     from app.client.spec import RunSpec
+    from app.client.tokenizer import load_tokenizer
 
     le = [m.le for m in RunSpec.model_fields["max_turns"].metadata if hasattr(m, "le")]
-    assert le == [MAX_SESSION_TURNS]
+    assert le == [MAX_SESSION_TURNS]  # the largest max_turns a spec may ask for
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"turns": ["a b"] * (MAX_SESSION_TURNS + 5)}) + "\n")
+    spec = RunSpec(base_url="http://127.0.0.1:9", model="m", dataset="jsonl",
+                   dataset_path=str(path), multi_turn=True, num_prompts=1)  # fmt: skip
+    sessions = build_session_workload(spec, load_tokenizer(None), [str(tmp_path)], None)
+    assert [len(c.turns) for c in sessions.measured] == [MAX_SESSION_TURNS]
+    assert index_bound(spec.model_dump()) == MAX_SESSION_TURNS  # what the server allows
 
 
 def test_multi_turn_batches_within_sessions_x_turns_are_stored_beyond_refused(
