@@ -202,10 +202,11 @@ def test_worker_path_applies_the_same_rule(tmp_path: Path) -> None:
     with session_scope(sessions) as s:
         for bound, want in ((0.5, RunStatus.PARTIAL), (0.8, RunStatus.SUCCEEDED)):  # 80% failed
             job = Job(id=f"j{bound}", kind="bench", spec={}, run_id=ids[bound])
-            assert decide(s, job, ids[bound], "succeeded", None, None, planned=0).run_status is want
+            out = decide(s, job, ids[bound], "succeeded", None, None, bench_spec={})
+            assert out.run_status is want
         # the load itself broke on the worker (no run meta): what was stored is a part
         job = Job(id="j3", kind="bench", spec={}, run_id=ids[0.8])
-        out = decide(s, job, ids[0.8], "failed", "the load failed: boom", None, planned=0)
+        out = decide(s, job, ids[0.8], "failed", "the load failed: boom", None, bench_spec={})
         assert out.run_status is RunStatus.PARTIAL and out.job_state == "failed"
 
 

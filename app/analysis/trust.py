@@ -1,5 +1,5 @@
 """Whether a run can be trusted: its status from its requests, the note saying why it failed,
-and the issues that travel with it (client-limited, over its error bound).
+and the issues that travel with it (client-limited, over its error bound, lost requests).
 
 Pure functions; one rule for every place that decides a run's status (a local bench, a
 worker's job on the server, an import):
@@ -7,7 +7,10 @@ worker's job on the server, an import):
 * stopped before its end (Ctrl-C, a cancel) -> ``partial``;
 * requests were sent and none succeeded -> ``failed``;
 * error rate (failed / sent, warm-ups excluded) above ``max_error_rate`` -> ``partial``;
+* any request lost (sent or recorded, never stored) -> ``partial``;
 * otherwise ``succeeded``.
+
+A run that lost requests is never valid, whatever its status (``run_trust_issues``).
 """
 
 from __future__ import annotations
@@ -50,13 +53,16 @@ def over_error_bound(t: RequestTally, max_error_rate: float) -> bool:
     return rate is not None and rate > max_error_rate
 
 
-def run_status(t: RequestTally, *, stopped: bool, max_error_rate: float) -> RunStatus:
-    """The run's status from its requests (the module doc's rule)."""
+def run_status(
+    t: RequestTally, *, stopped: bool, max_error_rate: float, lost: int = 0
+) -> RunStatus:
+    """The run's status from its requests (the module doc's rule; ``lost``: requests sent or
+    recorded that were never stored)."""
     if stopped:
         return RunStatus.PARTIAL
     if t.sent and not t.ok:
         return RunStatus.FAILED
-    if over_error_bound(t, max_error_rate):
+    if over_error_bound(t, max_error_rate) or lost > 0:
         return RunStatus.PARTIAL
     return RunStatus.SUCCEEDED
 
@@ -98,13 +104,30 @@ def spec_error_bound(spec: Mapping[str, Any] | None) -> float:
     return float(value) if isinstance(value, int | float) else DEFAULT_MAX_ERROR_RATE
 
 
+def lost_requests(run: Mapping[str, Any]) -> int:
+    """The requests a stored run lost (sent or recorded, never stored): 0 when none."""
+    value = run.get("lost_requests")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def lost_text(lost: int) -> str:
+    """Why a run that lost requests is not valid, e.g. "lost 20 requests: they were sent
+    but never stored, so its figures describe only part of what the target served"."""
+    word = "request" if lost == 1 else "requests"
+    return (
+        f"lost {lost} {word}: sent but never stored, so its figures describe only part of "
+        "what the target served"
+    )
+
+
 def run_trust_issues(run: Mapping[str, Any], error_rate: float | None = None) -> list[str]:
     """Why a stored run's figures cannot be trusted as they stand (empty: nothing known).
 
     ``run`` is a run as ``app.services.runs.run_dict`` gives it (``status``,
-    ``client_limited``, ``spec``, ``validity``), with its cached ``summary`` when there is
-    one; ``error_rate`` overrides the summary's. Used by ``compare`` (which refuses such
-    runs), by sweeps (which never pick such a step as max goodput) and by the pages."""
+    ``client_limited``, ``lost_requests``, ``spec``, ``validity``), with its cached
+    ``summary`` when there is one; ``error_rate`` overrides the summary's. Used by
+    ``compare`` (which refuses such runs), by sweeps (which never pick such a step as max
+    goodput) and by the pages."""
     name = str(run.get("id") or run.get("name") or "the run")
     issues: list[str] = []
     status = str(run.get("status") or "")
@@ -112,6 +135,9 @@ def run_trust_issues(run: Mapping[str, Any], error_rate: float | None = None) ->
         issues.append(f"run {name} failed: no measured request succeeded")
     elif status in (RunStatus.QUEUED, RunStatus.RUNNING):
         issues.append(f"run {name} has not finished (status {status})")
+    lost = lost_requests(run)
+    if lost:
+        issues.append(f"run {name} {lost_text(lost)}")
     if run.get("client_limited"):
         issues.append(
             f"run {name} is client-limited: the client could not keep up, so its latencies "

@@ -26,6 +26,7 @@ def run_summary(row: Run) -> RunSummary:
         tags=list(row.tags or []),
         note=row.note,
         client_limited=bool(row.client_limited),
+        lost_requests=int(row.lost_requests or 0),
         summary=dict(row.summary or {}),
     )
 

@@ -71,6 +71,9 @@ class RunSummary(BaseModel):
     tags: list[str]
     note: str | None
     client_limited: bool
+    lost_requests: int = Field(
+        0, description="requests sent but never stored (any: the run is not valid)"
+    )
     summary: dict[str, Any]
 
 

@@ -88,11 +88,11 @@ def build_parser() -> Parser:
 
 def extra_handlers(p: Parser) -> dict[str, Handler]:
     """Subcommands defined in their own modules (serve, token, worker, ...)."""
-    from app.cli import baseline_cmd, interop_cmd, probe_cmd, serve_cmd, worker_cmd
+    from app.cli import baseline_cmd, interop_cmd, probe_cmd, recover_cmd, serve_cmd, worker_cmd
 
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
     handlers: dict[str, Handler] = {}
-    for module in (serve_cmd, worker_cmd, probe_cmd, baseline_cmd, interop_cmd):
+    for module in (serve_cmd, worker_cmd, probe_cmd, baseline_cmd, interop_cmd, recover_cmd):
         handlers |= module.register(sub)
     return handlers
 

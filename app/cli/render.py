@@ -9,6 +9,7 @@ from rich.table import Table
 
 from app.analysis.metric_defs import metric
 from app.analysis.prefix_cache import responses_prefix_cache
+from app.analysis.trust import lost_text
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
@@ -59,6 +60,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     health = client_health(report)
     if health:
         console.print("client: " + " · ".join(health))
+    if v.get("lost_requests"):
+        console.print(f"[bold red]INCOMPLETE: {lost_text(int(v['lost_requests']))}[/]")
     if v.get("client_limited"):
         console.print("[bold red]CLIENT-LIMITED: the client fell behind; figures are suspect[/]")
     if v.get("over_error_bound"):
@@ -289,6 +292,13 @@ def render_profile(prof: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
+def _valid_cell(run: dict[str, Any]) -> str:
+    lost = run.get("lost_requests")
+    if isinstance(lost, int) and lost > 0:
+        return f"no: lost {lost}"
+    return "client-limited" if run.get("client_limited") else "yes"
+
+
 def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
     if not runs:
         console.print("No runs yet. Start one with: tokentrace bench --base-url URL --model NAME")
@@ -317,7 +327,7 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
             str(r.get("source")),
             str(spec.get("model") or r.get("name") or ""),
             str(r.get("status")),
-            "client-limited" if r.get("client_limited") else "yes",
+            _valid_cell(r),
             fmt(s.get("ttft_ms_p50")),
             fmt(s.get("ttft_ms_p99")),
             fmt(s.get("tpot_ms_p50")),

@@ -436,7 +436,7 @@ def _submit_and_follow(
         def on_progress(p: dict[str, Any]) -> None:
             bar.update(
                 task,
-                total=int(p.get("planned") or 0) or total,  # a whole trace's count, turns
+                total=int(p.get("planned") or 0) or total,  # a trace: its lines; sessions: turns
                 completed=int(p.get("done") or 0),
                 phase=str(p.get("phase") or ""),
                 info=f"errors {p.get('errors', 0)}  in flight {p.get('in_flight', 0)}  "
@@ -453,4 +453,6 @@ def _submit_and_follow(
         render_report(report, console)
     status = report.get("status")
     over = bool((report.get("validity") or {}).get("over_error_bound"))
-    return 1 if status == "failed" or over or (state == "failed" and status != "partial") else 0
+    lost = bool((report.get("validity") or {}).get("lost_requests"))  # sent, never stored
+    failed = status == "failed" or (state == "failed" and status != "partial")
+    return 1 if failed or over or lost else 0

@@ -46,8 +46,17 @@ from app.client.spec import RunSpec
 from app.domain import TOKEN_KINDS, EventKind, RequestStatus
 
 BURST_STARTS = 4  # session starts between two I/O rounds during a burst (as the runner's)
+# turns one session sends at most, ``max_turns`` or not (``RunSpec.max_turns``'s own maximum):
+# the server bounds a multi-turn run's request indices by sessions x this
+MAX_SESSION_TURNS = 10_000
 
-__all__ = ["Sessions", "build_session_workload", "drive_sessions", "reply_text"]
+__all__ = [
+    "MAX_SESSION_TURNS",
+    "Sessions",
+    "build_session_workload",
+    "drive_sessions",
+    "reply_text",
+]
 
 
 class SessionHost(Protocol):
@@ -94,7 +103,8 @@ def build_session_workload(
     kind = dataset_type(spec.dataset)
     options = parse_options(kind, spec.dataset_options)
     ctx = BuildContext(tok, dataset_dirs, cancelled)
-    return build_sessions(spec.dataset, spec.workload_params(), options, ctx, spec.max_turns)
+    turns = spec.max_turns or MAX_SESSION_TURNS
+    return build_sessions(spec.dataset, spec.workload_params(), options, ctx, turns)
 
 
 def _first_turn(conv: Conversation, tok: AnyTokenizer) -> Prompt:

@@ -33,6 +33,13 @@ sweep that had created steps keeps them and is marked partial (its unfinished st
 finalized as partial). A retried batch (same
 job, same ``batch_no``) is acknowledged as a duplicate and changes nothing; requests are
 unique per (run, index).
+
+A batch the server refuses (a 4xx other than 409/404, or a 5xx other than 502-504, five
+times) is never dropped: the worker stops the load, completes the job ``failed`` with the
+server's reason, ``total_batches`` up to the refused batch and ``records`` (every request it
+recorded), and keeps the unsent batches in its spool (``kept/``). The server counts
+``records`` minus the requests stored as the run's lost requests: such a run is ``partial``
+and never valid.
 """
 
 from __future__ import annotations
@@ -329,6 +336,9 @@ class CompleteRequest(_Model):
     total_batches: Number32
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None  # stored with the run (replaces)
+    # requests the load recorded, warm-ups included, in every batch (uploaded or not); those
+    # not stored count as the run's lost requests (None: not said, e.g. an older worker)
+    records: Number32 | None = None
     stop_reason: str | None = Field(None, max_length=2000)  # sweeps: why they stopped early
 
 
@@ -369,6 +379,7 @@ class StepComplete(_Model):
     total_batches: Number32
     run_meta: RunMeta | None = None
     server_metrics: list[ServerMetricSeries] | None = None
+    records: Number32 | None = None  # this step's requests recorded (as ``CompleteRequest``'s)
 
 
 class StepCompleted(_Model):

@@ -28,13 +28,14 @@ from app.services.hardware import stamp_meta
 from app.services.job_rules import (
     ACTIVE_RUN,
     MAX_MISSING_NAMED,
+    Arrival,
     Outcome,
-    arrival_notes,
+    arrival_check,
     decide,
     finalize_outcome,
-    planned_of,
     public_spec,
-    with_arrival_check,
+    with_loss,
+    worker_lost_count,
 )
 from app.services.secretbox import SecretBox
 from app.services.server_metrics import store_wire
@@ -98,14 +99,20 @@ class SingleRunKind:
         return job_repo.missing_numbers(0, total_batches, present, MAX_MISSING_NAMED)
 
     def _outcome(self, session: Session, job: Job, req: CompleteRequest) -> Outcome:
-        planned = planned_of(self.bench_spec(job))
         outcome = decide(
-            session, job, job.run_id, req.status, req.error, req.run_meta, planned=planned
+            session,
+            job,
+            job.run_id,
+            req.status,
+            req.error,
+            req.run_meta,
+            bench_spec=self.bench_spec(job),
+            records=req.records,
         )
         if job.run_id is None:
             return outcome
-        notes = arrival_notes(session, job, job.run_id, req.total_batches)
-        return with_arrival_check(outcome, notes)
+        arrival = arrival_check(session, job, job.run_id, req.total_batches)
+        return with_loss(outcome, arrival.notes, arrival.lost)
 
     def recomplete(
         self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
@@ -154,10 +161,15 @@ class SingleRunKind:
     def resumes_after_loss(self, job: Job) -> bool:
         return False
 
-    def loss_notes(self, session: Session, job: Job) -> list[str]:
+    def loss(self, session: Session, job: Job) -> Arrival:
         if job.run_id is None:
-            return []
-        return arrival_notes(session, job, job.run_id, None)
+            return Arrival([], 0)
+        arrival = arrival_check(session, job, job.run_id, None)
+        gone = worker_lost_count(session, job.run_id, job.progress)
+        if gone > arrival.lost:
+            note = f"{gone} requests the worker had sent (its last heartbeat) were not stored"
+            return Arrival([*arrival.notes, note], gone)
+        return arrival
 
     def after_loss(self, session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome]]:
         return []

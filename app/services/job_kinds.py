@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.protocol.wire import CompleteRequest, CompleteResponse, JobKind, ResultBatch, SweepResume
 from app.services.bench_jobs import BENCH
-from app.services.job_rules import Outcome
+from app.services.job_rules import Arrival, Outcome
 from app.services.probe_jobs import PROBE
 from app.services.sweep_jobs import SWEEP
 from app.storage.models import Job
@@ -64,8 +64,9 @@ class JobKindRules(Protocol):
         """Whether a lost lease requeues the job to resume, whatever it uploaded."""
         ...
 
-    def loss_notes(self, session: Session, job: Job) -> list[str]:
-        """Notes on the job's run when a lost lease ends it (what did not arrive)."""
+    def loss(self, session: Session, job: Job) -> Arrival:
+        """What a lost lease that ends the job lost of its run: notes (what did not arrive)
+        and how many requests at least."""
         ...
 
     def after_loss(self, session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome]]:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.client.sessions import MAX_SESSION_TURNS
 from app.domain import RequestRecord, RunStatus
 from app.protocol.wire import (
     BatchAck,
@@ -41,9 +42,11 @@ from app.services.job_kinds import rules_of
 from app.services.job_rules import (
     Outcome,
     finalize_outcome,
+    index_bound,
     leased_job,
-    planned_of,
+    planned_text,
     public_spec,
+    reported_planned,
 )
 from app.services.runs import store_requests
 from app.services.secretbox import SecretBox
@@ -144,16 +147,27 @@ def heartbeat(
 # -------------------------------------------------------------------------------- results
 
 
-def _records(job: Job, batch: ResultBatch) -> list[RequestRecord]:
-    planned = planned_of(rules_of(job).bench_spec(job))  # a sweep's: each step's
+def batch_records(job: Job, batch: ResultBatch) -> list[RequestRecord]:
+    """A batch's records, checked: each index within its spec's bound (``index_bound``), once
+    in the batch, its events decodable (an ``Invalid`` names the request)."""
+    spec = rules_of(job).bench_spec(job)  # a sweep's: each step's
+    bound = index_bound(spec)
     seen: set[int] = set()
     out: list[RequestRecord] = []
     for i, w in enumerate(batch.requests):
         loc = ("body", "requests", i, "index")
-        if w.index >= planned:
+        if w.index >= bound:
+            plan = (
+                f"{spec.get('num_prompts')} sessions of up to "
+                f"{spec.get('max_turns') or MAX_SESSION_TURNS} turns"
+                if spec.get("multi_turn")
+                else f"{spec.get('num_prompts')} requests"
+                if spec.get("num_prompts") is not None
+                else "a whole trace"
+            )
             raise Invalid(
-                f"requests[{i}].index {w.index} is outside 0..{planned - 1} "
-                f"(the spec plans {planned} requests, warm-ups included)",
+                f"requests[{i}].index {w.index} is outside 0..{bound - 1} "
+                f"(the spec plans {plan}, and {spec.get('warmup_requests') or 0} warm-ups)",
                 loc=loc,
             )
         if w.index in seen:
@@ -179,7 +193,7 @@ def ingest_batch(
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
     if run_id is None:
         raise Conflict(f"job {job_id!r} has no run to store results in")
-    records = _records(job, batch)
+    records = batch_records(job, batch)
     indices = [r.index for r in records]
     if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records), indices):
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
@@ -316,14 +330,14 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
         return Expiry(job.id, job.run_id, "requeued"), requeue | {"error": error}, None
     if n_batches:
         stored = job_repo.stored_requests(session, job.run_id) if job.run_id else 0
+        planned = planned_text(rules.bench_spec(job), reported_planned(job.progress))
         note = (
-            f"worker lost: {stored} of {planned_of(rules.bench_spec(job))} planned requests "
-            "were stored "
+            f"worker lost: {stored} of {planned} were stored "
             f"(lease expired on attempt {job.attempt})"
         )
         state: JobState = "cancelled" if job.cancel_requested else "failed"
-        notes = [note, *rules.loss_notes(session, job)]
-        outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", notes)
+        loss = rules.loss(session, job)
+        outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", [note, *loss.notes], loss.lost)
         return (
             Expiry(job.id, job.run_id, "partial"),
             ended | {"state": state, "error": "worker lost"},

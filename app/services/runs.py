@@ -69,8 +69,10 @@ def finalize_run(
     meta: RunMeta | None,
     extra_notes: list[str] | None = None,
     profile: str | None = None,
+    lost_requests: int | None = None,
 ) -> dict[str, Any]:
-    """Record the run's outcome, then compute its report and cache the headline figures."""
+    """Record the run's outcome, then compute its report and cache the headline figures
+    (``lost_requests``: sent or recorded but never stored; None keeps the stored count)."""
     with session_scope(sessions) as s:
         validity = list(meta.validity) if meta is not None else None
         if extra_notes:
@@ -87,6 +89,7 @@ def finalize_run(
             client_limited=meta.client_limited if meta else None,
             validity=validity,
             load_stats=meta.load_stats if meta else None,
+            lost_requests=lost_requests,
         )
     return store_summaries(sessions, run_id, profile=profile)
 
@@ -278,6 +281,7 @@ def _compose(
     requests = metrics.get("requests")
     err = requests.get("error_rate") if isinstance(requests, dict) else None
     over = isinstance(err, float) and err > bound
+    lost = int(run.get("lost_requests") or 0)
     report: dict[str, Any] = {
         "run_id": run.get("id"),
         "name": run.get("name"),
@@ -290,8 +294,9 @@ def _compose(
         "clock_source": run.get("clock_source"),
         "spec": spec,
         "validity": {
-            "valid": not run.get("client_limited") and not over,
+            "valid": not run.get("client_limited") and not over and not lost,
             "client_limited": bool(run.get("client_limited")),
+            "lost_requests": lost,
             "over_error_bound": over,
             "max_error_rate": bound,
             "notes": list(run.get("validity") or []),
@@ -327,6 +332,7 @@ def run_dict(row: Any) -> dict[str, Any]:
         "client_version": row.client_version,
         "client_host": row.client_host,
         "client_limited": row.client_limited,
+        "lost_requests": row.lost_requests,
         "validity": row.validity,
         "load_stats": row.load_stats,
         "summary_only": row.summary_only,

@@ -47,11 +47,12 @@ from app.services.errors import Conflict, Invalid, NotFound
 from app.services.job_rules import (
     ACTIVE_RUN,
     MAX_MISSING_NAMED,
+    Arrival,
     Outcome,
     decide,
     leased_job,
-    planned_of,
     public_spec,
+    worker_lost_count,
 )
 from app.services.runs import finalize_run
 from app.services.secretbox import SecretBox
@@ -341,9 +342,15 @@ def complete_step(
             f"batches missing: {missing} (of total_batches={req.total_batches}); "
             "upload them, then complete the step again"
         )
-    planned = planned_of(dict(job.spec.get("bench") or {}))
     outcome = decide(
-        session, job, step.run_id, req.status, req.error, req.run_meta, planned=planned
+        session,
+        job,
+        step.run_id,
+        req.status,
+        req.error,
+        req.run_meta,
+        bench_spec=dict(job.spec.get("bench") or {}),
+        records=req.records,
     )
     hardware.stamp_run(session, step.run_id, job.worker_id, req.run_meta)
     if req.run_meta is not None:
@@ -361,6 +368,7 @@ def complete_step(
         status=outcome.run_status,
         meta=req.run_meta,
         extra_notes=outcome.notes or None,
+        lost_requests=outcome.lost,
     )
     summary = _summary(sessions, step, report)
     _record_completed(sessions, step_id, req, summary)
@@ -457,7 +465,7 @@ def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome
             f"worker lost during this step (lease expired on attempt {job.attempt}); the "
             f"sweep was requeued to resume: attempt {job.attempt + 1} re-runs this step"
         )
-        return [(rid, Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
+        return [_lost_step(session, job, rid, st, note) for rid, st in runs]
     n_steps = step_count(session, job)
     now = utcnow()
     if outcome == "partial":
@@ -472,7 +480,20 @@ def expired(session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome
             session, sweep_id, status=status, stop_reason=reason, finished_at=now
         )
     note = "worker lost during this step (lease expired)"
-    return [(rid, Outcome("failed", st, "worker lost", [note])) for rid, st in runs]
+    return [_lost_step(session, job, rid, st, note) for rid, st in runs]
+
+
+def _lost_step(
+    session: Session, job: Job, run_id: str, status: RunStatus, note: str
+) -> tuple[str, Outcome]:
+    """An unfinished step run's outcome after its worker was lost: the requests the worker's
+    last heartbeat said this step had sent, beyond those stored, are lost."""
+    progress = job.progress if isinstance(job.progress, dict) else {}
+    lost = worker_lost_count(session, run_id, progress) if progress.get("run_id") == run_id else 0
+    notes = [note]
+    if lost:
+        notes.append(f"{lost} requests the worker had sent were not stored")
+    return run_id, Outcome("failed", status, "worker lost", notes, lost)
 
 
 def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
@@ -549,8 +570,8 @@ class SweepKind:
     def resumes_after_loss(self, job: Job) -> bool:
         return True
 
-    def loss_notes(self, session: Session, job: Job) -> list[str]:
-        return []
+    def loss(self, session: Session, job: Job) -> Arrival:
+        return Arrival([], 0)  # a sweep's runs: ``after_loss`` finalizes each with its own
 
     def after_loss(self, session: Session, job: Job, outcome: str) -> list[tuple[str, Outcome]]:
         return expired(session, job, outcome)

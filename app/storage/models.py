@@ -127,6 +127,9 @@ class Run(Base):
     clock_source: Mapped[ClockSource | None] = mapped_column(EnumText(ClockSource))
     start_mono_ns: Mapped[int | None] = mapped_column(BigInteger)
     client_limited: Mapped[bool] = mapped_column(Boolean, default=False)
+    # requests sent to the target (or recorded by the worker) whose records were never
+    # stored (migration 0014): a run that lost any is never shown as valid
+    lost_requests: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     validity: Mapped[list[str]] = mapped_column(JSON, default=list)
     load_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)

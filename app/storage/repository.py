@@ -129,6 +129,7 @@ def create_run(
         client_host=client_host,
         clock_source=ClockSource(clock_source) if clock_source is not None else None,
         client_limited=False,
+        lost_requests=0,
         validity=[],
         summary_only=summary_only,
         tags=_normalize_tags(default_tags if tags is None else tags),
@@ -165,6 +166,7 @@ _UPDATABLE = frozenset(
         "finished_at",
         "start_mono_ns",
         "client_limited",
+        "lost_requests",
         "validity",
         "load_stats",
         "summary",
@@ -197,7 +199,7 @@ def update_run(session: Session, run_id: str, **changes: Any) -> Run:
             value = json_safe(value)
         elif key in ("started_at", "finished_at"):
             value = _aware(value, key)
-        elif key == "start_mono_ns" and value is not None:
+        elif key in ("start_mono_ns", "lost_requests") and value is not None:
             value = int(value)
         setattr(run, key, value)
     session.flush()
@@ -222,6 +224,7 @@ def finish_run(
     load_stats: dict[str, Any] | None = None,
     summary: dict[str, Any] | None = None,
     clock_source: ClockSource | None = None,
+    lost_requests: int | None = None,
 ) -> Run:
     """Record the outcome of a run; arguments left as ``None`` keep their stored value.
 
@@ -238,6 +241,7 @@ def finish_run(
         "load_stats": load_stats,
         "summary": summary,
         "clock_source": clock_source,
+        "lost_requests": lost_requests,
     }
     changes = {k: v for k, v in changes.items() if v is not None}
     if status is not None and finished_at is None and get_run(session, run_id).finished_at is None:

@@ -114,6 +114,7 @@ def report_warnings(report: dict[str, Any]) -> list[runs_view.TrustWarning]:
         error_rate=float(err) if isinstance(err, int | float) else None,
         failed=int(failed) if isinstance(failed, int) else None,
         spec=report.get("spec"),
+        lost=int(v.get("lost_requests") or 0),
     )
 
 

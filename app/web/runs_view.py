@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.analysis.metric_defs import metric
+from app.analysis.trust import lost_text
 from app.services.client_health import as_float as _f
 from app.storage.models import Job, Run
 
@@ -72,10 +73,14 @@ def trust_warnings(
     error_rate: float | None,
     failed: int | None,
     spec: dict[str, Any] | None,
+    lost: int = 0,
 ) -> list[TrustWarning]:
-    """Why a run's latencies cannot be taken at face value (empty when they can): the
-    client fell behind its schedule, or more requests failed than the run's bound."""
+    """Why a run's latencies cannot be taken at face value (empty when they can): requests
+    were sent but never stored, the client fell behind its schedule, or more requests failed
+    than the run's bound."""
     out: list[TrustWarning] = []
+    if lost > 0:
+        out.append(TrustWarning(f"lost {lost}", lost_text(lost)))
     if client_limited:
         why = [n for n in notes or [] if " > " in n]
         out.append(
@@ -107,6 +112,7 @@ def run_warnings(run: Run) -> list[TrustWarning]:
         error_rate=_f(s.get("error_rate")),
         failed=int(failed) if isinstance(failed, int) else None,
         spec=run.spec,
+        lost=int(run.lost_requests or 0),
     )
 
 
@@ -114,6 +120,8 @@ def validity_text(run: Run) -> str:
     status = str(run.status)
     if status in ACTIVE_RUN_STATES:
         return "—"
+    if run.lost_requests:
+        return "incomplete"
     if run.client_limited:
         return "client-limited"
     if run.summary_only:
@@ -262,11 +270,16 @@ def job_state_text(state: str) -> str:
 
 def validity_card(report: dict[str, Any], *, active: bool) -> Card:
     """Validity: "pending" while the run is queued or running (the client's verdict on its own
-    schedule comes at the end), "no data" when nothing was sent, else valid/client-limited."""
+    schedule comes at the end), "incomplete" when requests were sent but never stored, "no
+    data" when nothing was sent, else valid/client-limited."""
     v = report.get("validity") or {}
     sent = int(((report["metrics"].get("requests") or {}).get("sent")) or 0)
     if active:
         return Card("Validity", "pending", "decided when the run ends", "", id="validity")
+    lost = int(v.get("lost_requests") or 0)
+    if lost:
+        detail = f"{lost} requests sent were never stored"
+        return Card("Validity", "incomplete", detail, "bad", id="validity")
     if sent == 0 and not v.get("summary_only"):
         return Card("Validity", "no data", "no request was sent", "", id="validity")
     if v.get("client_limited"):

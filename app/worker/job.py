@@ -8,6 +8,10 @@
   ``batch_max_requests`` records, spooled, and sent by the ``Uploader``.
 - When the worker itself is stopped, the load stops and the job completes as ``cancelled``
   within ``shutdown_grace_s``; what could not be sent by then stays spooled for next time.
+- A batch the server keeps refusing stops the load; the job completes as ``failed`` with
+  the server's reason and the batches it did not take stay in the spool, kept
+  (``JobSpool.keep``). A job lost with batches unsent keeps them the same way: a worker
+  never deletes a batch the server did not acknowledge.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ class JobRun:
         self.uploader = Uploader(
             client, spool, Backoff(options.backoff_initial_s, options.backoff_max_s)
         )
+        self.uploader.on_refused = self.stop_load  # no use measuring what can't be stored
         self.records: deque[RequestRecord] = deque()  # appended by the load thread
         self.progress: Progress | None = None  # replaced by the load thread
         self.cancelled = False
@@ -195,41 +200,57 @@ class JobRun:
         meta: RunMeta | None = None,
         stop_reason: str | None = None,
     ) -> JobOutcome:
-        job = self.job
-        req = CompleteRequest(
-            lease_id=job.lease_id,
-            status=status,
-            error=error,
-            total_batches=self.uploader.next_batch_no,
-            run_meta=meta,
-            server_metrics=self.server_series,
-            stop_reason=stop_reason,
+        job, up = self.job, self.uploader
+        req = up.refused_request(
+            CompleteRequest(
+                lease_id=job.lease_id,
+                status=status,
+                error=error,
+                total_batches=up.sent_batches(),
+                run_meta=meta,
+                server_metrics=self.server_series,
+                records=sum(up.recorded.values()),
+                stop_reason=stop_reason,
+            )
         )
         # spooled first: a worker restarted before the server answered still completes it
         await asyncio.to_thread(self.spool.write_complete, req)
-        if not await self.uploader.drain(self.deadline):
-            return self.give_up()
-        resp = await self.uploader.complete(req, self.deadline)
+        if not await up.drain(self.deadline):
+            if up.refused is None:
+                return self.give_up()
+            req = up.refused_request(req)  # refused while draining: say so, declare fewer
+            await asyncio.to_thread(self.spool.write_complete, req)
+        resp = await up.complete(req, self.deadline)
         if resp is None:
             return self.give_up()
+        if up.refused is not None:
+            kept = await asyncio.to_thread(self.spool.keep, req.error or "refused")
+            log.error("job %s: failed: %s (spool kept at %s)", job.job_id, req.error, kept)
+            return JobOutcome(job.job_id, "failed", req.error)
         await asyncio.to_thread(self.spool.remove)
         log.info(
             "job %s: %s (%d batches, %d requests stored)%s",
             job.job_id,
-            status,
+            req.status,
             req.total_batches,
-            self.uploader.accepted,
-            f": {error}" if error else "",
+            up.accepted,
+            f": {req.error}" if req.error else "",
         )
-        return JobOutcome(job.job_id, status, error)
+        return JobOutcome(job.job_id, req.status, req.error)
 
     def give_up(self) -> JobOutcome:
-        if self.uploader.lost is not None:
-            return self.drop(self.uploader.lost)
+        if self.uploader.lost is not None or self.uploader.refused is not None:
+            return self.drop(self.uploader.lost or "the server refused a batch")
         log.warning("job %s: not completed before shutdown; results stay spooled", self.job.job_id)
         return JobOutcome(self.job.job_id, None, "left spooled at shutdown")
 
     def drop(self, reason: str) -> JobOutcome:
+        """Nothing more is sent for this job: its spool is removed when the server has
+        everything in it, else kept (``JobSpool.keep``) with ``reason``."""
+        if self.spool.pending():
+            kept = self.spool.keep(reason)
+            log.error("job %s: %s; unsent batches kept at %s", self.job.job_id, reason, kept)
+            return JobOutcome(self.job.job_id, None, f"{reason} (unsent batches kept at {kept})")
         self.spool.remove()
         return JobOutcome(self.job.job_id, None, reason)
 
@@ -245,13 +266,13 @@ class JobRun:
 
     async def cut(self) -> None:
         n = min(len(self.records), self.opts.batch_max_requests)
-        if n and self.uploader.lost is None:
+        if n:  # spooled even when the job is lost or refused: kept, never dropped
             await self.uploader.add(
                 [self.records.popleft() for _ in range(n)], run_id=self.step_run
             )
 
     async def cut_all(self) -> None:
-        while self.records and self.uploader.lost is None:
+        while self.records:
             await self.cut()
 
     async def cutter(self) -> None:

@@ -252,9 +252,11 @@ class Worker:
     async def _recover(self, stop: asyncio.Event) -> None:
         """Re-send batches (and the completion) an earlier worker process left spooled.
 
-        A job whose lease is gone (409/404) is dropped: the server already requeued it or
-        kept what had arrived. A job that was left mid-run is not completed here; its lease
-        expires on the server, which then keeps what arrived (the run is partial)."""
+        A job whose lease is gone (409/404) ends here: the server already requeued it or
+        kept what had arrived; batches it never got are kept (``JobSpool.keep``). A batch
+        the server refuses completes the job as failed (when the earlier process had ended
+        its load) and is kept too. A job that was left mid-run is not completed here; its
+        lease expires on the server, which then keeps what arrived (the run is partial)."""
         assert self._client is not None and self._spool is not None
         for spool in await asyncio.to_thread(self._spool.leftovers):
             job = spool.job
@@ -262,11 +264,12 @@ class Worker:
             log.info("job %s: re-sending %d spooled batches", job.job_id, len(up.unacked))
             up.start()
             try:
-                done, ok = await until_stopped(up.drain(), stop)
+                done, _ok = await until_stopped(up.drain(), stop)
                 if not done:
                     return  # stopped: keep the spool for next time
                 req = spool.read_complete()
-                if ok and req is not None:
+                if req is not None and up.lost is None:
+                    req = up.refused_request(req)
                     done, resp = await until_stopped(up.complete(req), stop)
                     if not done:
                         return
@@ -274,4 +277,10 @@ class Worker:
                         log.info("job %s: completed as %s after restart", job.job_id, req.status)
             finally:
                 await up.close()
-            await asyncio.to_thread(spool.remove)
+            if spool.pending():
+                refused = up.refused.text(spool.kept_path()) if up.refused else None
+                why = up.lost or refused or "not completed"
+                kept = await asyncio.to_thread(spool.keep, why)
+                log.error("job %s: %s; unsent batches kept at %s", job.job_id, why, kept)
+            else:
+                await asyncio.to_thread(spool.remove)

@@ -5,11 +5,17 @@ Layout under the worker's state directory::
     jobs/<job_id>-a<attempt>/job.json          the LeasedJob (lease id, run id, ...)
     jobs/<job_id>-a<attempt>/batch-000007.json a ResultBatch written but not yet acknowledged
     jobs/<job_id>-a<attempt>/complete.json     the CompleteRequest, once the load has ended
+    kept/<job_id>-a<attempt>/                  a job's spool the server will not take (a
+                                               refused batch, a lost lease): never re-sent
+                                               by itself, never deleted; kept.json says why
 
 Every file is written atomically (temporary file, fsync, rename, fsync of the directory)
 before it is sent, and a batch file is deleted once the server acknowledged it. What is left
 after a crash is exactly what the server may not have: a new worker re-sends it (the server
 deduplicates by (job, batch_no), so a batch that did arrive is acknowledged as a duplicate).
+A batch is only ever deleted once acknowledged: a spool whose batches the server refused, or
+whose lease was lost before they were sent, moves to ``kept/`` (``JobSpool.keep``), from
+where ``tokentrace recover`` stores them into their run (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -28,6 +35,8 @@ from pydantic import BaseModel, ValidationError
 from app.protocol.wire import CompleteRequest, LeasedJob, ResultBatch
 
 BATCH_PREFIX = "batch-"
+KEPT_DIR = "kept"
+KEPT_NOTE = "kept.json"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -101,6 +110,31 @@ class JobSpool:
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
+    def kept_path(self) -> Path:
+        """Where ``keep`` moves this spool (``<state>/kept/<job>-a<attempt>``)."""
+        if self.path.parent.name == KEPT_DIR:
+            return self.path
+        return self.path.parent.parent / KEPT_DIR / self.path.name
+
+    def keep(self, reason: str) -> Path:
+        """Move this spool to ``kept/`` with ``kept.json`` (why, which batches): its batches
+        are never re-sent by themselves nor deleted. Returns the new path."""
+        dest = self.kept_path()
+        note = {"reason": reason, "job_id": self.job.job_id, "run_id": self.job.run_id,
+                "attempt": self.job.attempt, "batches": self.pending()}  # fmt: skip
+        atomic_write(self.path / KEPT_NOTE, json.dumps(note, indent=1).encode())
+        if dest != self.path:
+            dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if dest.exists():  # kept once already (a retried keep): merge into it
+                for f in self.path.iterdir():
+                    os.replace(f, dest / f.name)
+                shutil.rmtree(self.path, ignore_errors=True)
+            else:
+                os.replace(self.path, dest)
+            _fsync_dir(dest.parent)
+            self.path = dest
+        return dest
+
 
 class Spool:
     """All job spools of one worker state directory."""
@@ -120,19 +154,30 @@ class Spool:
         atomic_write(path / "job.json", _dump(kept))
         return JobSpool(path, job)
 
+    def kept(self) -> list[JobSpool]:
+        """Job spools kept for recovery (``JobSpool.keep``), oldest name first."""
+        return _spools_in(self.root / KEPT_DIR, remove_bad=False)
+
     def leftovers(self) -> list[JobSpool]:
         """Job spools left by an earlier worker process (unreadable ones are removed)."""
-        out: list[JobSpool] = []
-        for d in sorted(self.jobs_dir.iterdir()):
-            if not d.is_dir():
-                continue
-            try:
-                job = LeasedJob.model_validate_json((d / "job.json").read_bytes())
-            except (OSError, ValidationError, ValueError):
-                shutil.rmtree(d, ignore_errors=True)
-                continue
-            out.append(JobSpool(d, job))
+        return _spools_in(self.jobs_dir, remove_bad=True)
+
+
+def _spools_in(root: Path, *, remove_bad: bool) -> list[JobSpool]:
+    out: list[JobSpool] = []
+    if not root.is_dir():
         return out
+    for d in sorted(root.iterdir()):
+        if not d.is_dir():
+            continue
+        try:
+            job = LeasedJob.model_validate_json((d / "job.json").read_bytes())
+        except (OSError, ValidationError, ValueError):
+            if remove_bad:
+                shutil.rmtree(d, ignore_errors=True)
+            continue
+        out.append(JobSpool(d, job))
+    return out
 
 
 def default_state_root() -> Path:

@@ -206,6 +206,9 @@ class SweepRun:
         jr = self.jr
         if jr.uploader.lost is not None:
             raise SweepStopped(None, jr.uploader.lost)
+        if jr.uploader.refused is not None:
+            why = f"the server refused result batch {jr.uploader.refused.batch_no}"
+            raise SweepStopped("failed", why)  # the completion says the rest (refused_request)
         if jr.cancelled:
             raise SweepStopped("cancelled", f"cancelled after {self.next_idx} step(s)")
         if jr.stopping:
@@ -263,23 +266,31 @@ class SweepRun:
             error = f"the load failed: {describe(done.error)}"
             log.error("job %s: step %d load failed", job.job_id, idx, exc_info=done.error)
         await jr.cut_all()
-        if not await jr.uploader.drain(jr.deadline):
-            if jr.uploader.lost is not None:
-                raise SweepStopped(None, jr.uploader.lost)
-            raise SweepStopped("cancelled", "the worker was stopped", "left spooled at shutdown")
+        up = jr.uploader
+        if not await up.drain(jr.deadline):
+            if up.lost is not None:
+                raise SweepStopped(None, up.lost)
+            if up.refused is None:
+                raise SweepStopped(
+                    "cancelled", "the worker was stopped", "left spooled at shutdown"
+                )
         status, error = jr.final_status(done.result, error)
+        if up.refused is not None:  # this step's results did not all arrive: it failed
+            status, error = "failed", up.refused.text(jr.spool.kept_path())
         meta = done.meta
         series = (series_to_wire(done.series) or None) if meta is not None else None
         complete = StepComplete(
             lease_id=job.lease_id,
             status=status,
             error=error,
-            total_batches=jr.uploader.next_batch_no,
+            total_batches=up.sent_batches(),
             run_meta=meta,
             server_metrics=series,
+            records=up.recorded[run_id],
         )
         resp = await self._call(lambda: jr.client.complete_step(job.job_id, idx, complete))
         log.info("job %s: step %d %s", job.job_id, idx, resp.status)
+        self._check_going()  # a refused batch ends the sweep here
         if status == "cancelled":
             self._check_going()
             raise SweepStopped("cancelled", f"stopped during step {idx}")

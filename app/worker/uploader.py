@@ -4,6 +4,11 @@ retried (with backoff) until the server acknowledges it; then the completion.
 Batch ``n`` is written to the spool before it is sent and deleted only once acknowledged, so
 a server restart (connection refused for a while) or a worker restart loses nothing, and a
 batch sent twice is acknowledged as a duplicate by the server: nothing is duplicated.
+
+A batch the server keeps refusing (``MAX_REJECTIONS`` answers that are neither a lost lease
+nor an unreachable server) is never dropped: sending stops there (``refused``), the job
+completes ``failed`` with the server's reason (``refused_request``), and the batch stays in
+the spool with every later one, which the job then keeps (``JobSpool.keep``).
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from app.domain import RequestRecord
 from app.protocol.wire import CompleteRequest, CompleteResponse, ResultBatch, WireRequest
@@ -30,7 +37,7 @@ from app.worker.spool import JobSpool
 
 log = logging.getLogger(__name__)
 
-MAX_REJECTIONS = 5  # the same request refused this often (4xx other than 409/404): give up
+MAX_REJECTIONS = 5  # the same request refused this often (4xx other than 409/404): stop
 MAX_RESENDS = 3  # "batches missing" answers to complete before giving up
 DRAIN_POLL_S = 0.02
 
@@ -39,11 +46,28 @@ def _remaining(deadline: float | None) -> float:
     return float("inf") if deadline is None else deadline - time.monotonic()
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The batch the server kept refusing, and its last answer."""
+
+    batch_no: int
+    times: int
+    reason: str
+
+    def text(self, kept: object) -> str:
+        return (
+            f"the server refused result batch {self.batch_no} ({self.times} times): "
+            f"{self.reason}; it and every later batch are kept in the worker's spool at {kept}"
+        )
+
+
 class Uploader:
     """Sends the spooled batches of one job attempt, in order.
 
-    ``lost`` is set (and ``on_lost`` called) when the server says the lease is no longer ours
-    (409/404) or keeps refusing a request: nothing more is uploaded for this job."""
+    ``lost`` is set (and the ``lost_event``s) when the server says the lease is no longer
+    ours (409/404): nothing more is uploaded for this job. ``refused`` is set (and
+    ``on_refused`` called) when the server keeps refusing one batch: nothing more is sent,
+    but the job is still ours to complete (as failed)."""
 
     def __init__(
         self,
@@ -60,6 +84,9 @@ class Uploader:
         self.accepted = 0  # requests the server stored as new
         self.duplicates = 0  # batches the server already had
         self.lost: str | None = None
+        self.refused: Refusal | None = None
+        self.on_refused: Callable[[], None] | None = None
+        self.recorded: Counter[str | None] = Counter()  # requests queued, by step run (or None)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lost_waiters: list[asyncio.Event] = []
@@ -87,9 +114,38 @@ class Uploader:
     def lose(self, reason: str) -> None:
         if self.lost is None:
             self.lost = reason
-            log.warning("job %s: %s; dropping it", self.job.job_id, reason)
+            log.warning("job %s: %s; nothing more is sent for it", self.job.job_id, reason)
         for ev in self._lost_waiters:
             ev.set()
+
+    def refuse(self, batch_no: int, times: int, reason: str) -> None:
+        if self.refused is None:
+            self.refused = Refusal(batch_no, times, reason)
+            log.error(
+                "job %s: batch %d refused %d times (%s); stopping, its results stay spooled",
+                self.job.job_id,
+                batch_no,
+                times,
+                reason,
+            )
+            if self.on_refused is not None:
+                self.on_refused()
+
+    def sent_batches(self) -> int:
+        """The batch count a completion declares: every batch numbered so far, or (refused)
+        those before the refused one, which all arrived (batches are sent in order)."""
+        return self.refused.batch_no if self.refused is not None else self.next_batch_no
+
+    def refused_request(self, req: CompleteRequest) -> CompleteRequest:
+        """``req`` as a refused batch leaves it: failed with the server's reason, declaring
+        only the batches that arrived (unchanged when nothing was refused)."""
+        if self.refused is None:
+            return req
+        why = self.refused.text(self.spool.kept_path())
+        error = f"{req.error}; {why}" if req.error and req.status == "failed" else why
+        return req.model_copy(
+            update={"status": "failed", "error": error, "total_batches": self.sent_batches()}
+        )
 
     # ---- batches
 
@@ -105,13 +161,14 @@ class Uploader:
             run_id=run_id,
         )
         await asyncio.to_thread(self.spool.write, batch)
+        self.recorded[run_id] += len(records)
         self.unacked.append(no)
         self._wake.set()
         return no
 
     async def _send_loop(self) -> None:
         rejections = 0
-        while self.lost is None:
+        while self.lost is None and self.refused is None:
             if not self.unacked:
                 self._wake.clear()
                 await self._wake.wait()
@@ -134,7 +191,7 @@ class Uploader:
             except (AuthError, ProtocolError) as e:
                 rejections += 1
                 if rejections >= MAX_REJECTIONS:
-                    self.lose(f"batch {no} refused {rejections} times: {e}")
+                    self.refuse(no, rejections, str(e))
                     return
                 log.warning("job %s: batch %d refused: %s", _id(self), no, e)
                 await asyncio.sleep(self.backoff.next())
@@ -148,15 +205,15 @@ class Uploader:
             self.duplicates += int(ack.duplicate)
 
     async def drain(self, deadline: float | None = None) -> bool:
-        """Wait until every queued batch is acknowledged; False when the job was lost or
-        ``deadline`` (``time.monotonic()``) passed first."""
-        while self.unacked and self.lost is None:
+        """Wait until every queued batch is acknowledged; False when the job was lost, a
+        batch was refused, or ``deadline`` (``time.monotonic()``) passed first."""
+        while self.unacked and self.lost is None and self.refused is None:
             if _remaining(deadline) <= 0:
                 return False
             if self._task is None or self._task.done():
                 self.start()
             await asyncio.sleep(DRAIN_POLL_S)
-        return self.lost is None
+        return self.lost is None and self.refused is None
 
     # ---- completion
 

@@ -4,7 +4,7 @@ and sweeps' specs. They were accepted before and then stored and listed with the
 run spec now refuses them (422 naming the field) and an import drops them. The downgrade
 changes nothing: what was dropped is not kept anywhere.
 
-Revision ID: 0014_secrets
+Revision ID: 0014
 Revises: 0013
 Create Date: 2027-03-20
 """
@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014_secrets"
+revision: str = "0014"
 down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
