@@ -10,6 +10,7 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 from alembic import context
+from sqlalchemy.engine import Connection
 
 from app.settings import Settings
 from app.storage.db import make_engine
@@ -56,9 +57,24 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
+    """SQLite: foreign keys off while migrating (a batch operation recreates a table, and
+    dropping the old one with them on would cascade-delete every row that points at it)."""
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()  # ends the autobegun transaction: Alembic's own then commits
+    try:
+        _migrate(connection)
+    finally:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.commit()
+
+
+def _migrate(connection: Connection) -> None:
     context.configure(
-        connection=connection,  # type: ignore[arg-type]
+        connection=connection,
         target_metadata=target_metadata,
         render_as_batch=True,  # SQLite ALTER TABLE support for future revisions
         compare_type=True,
