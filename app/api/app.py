@@ -35,6 +35,7 @@ from app.api import (
     routes_tokens,
     routes_workers,
 )
+from app.api.auth_first import AuthFirst
 from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
@@ -197,6 +198,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Health(status="ok", version=__version__, database=backend)
 
     app.add_middleware(CompressPages)  # type: ignore[arg-type]
+    app.add_middleware(AuthFirst)  # type: ignore[arg-type]  # a token before any body
     harden(app, app.state.settings)  # body limits, security headers, CORS, DB loss -> 503
     mount(app)
     return app

@@ -54,23 +54,24 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
+AUTHENTICATED = "tokentrace.authenticated"  # request state: (scope, principal), AuthFirst
+
+
 def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(
         status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
     )
 
 
-def _authenticate(
-    creds: HTTPAuthorizationCredentials | None,
-    sessions: sessionmaker[Session],
-    scope: str,
-) -> Principal:
-    if creds is None or not creds.credentials:
+def check_token(sessions: sessionmaker[Session], secret: str | None, scope: str) -> Principal:
+    """The principal of the bearer token ``secret``, which must hold ``scope``: 401 when it
+    is missing, invalid or revoked, 403 when it lacks the scope (``HTTPException``)."""
+    if not secret:
         raise _unauthorized(
             f"missing token: send 'Authorization: Bearer <token>' with the {scope!r} scope"
         )
     with sessions() as s:
-        principal = auth.authenticate(s, creds.credentials)
+        principal = auth.authenticate(s, secret)
     if principal is None:
         raise _unauthorized("invalid or revoked token")
     if not principal.has(scope):
@@ -83,14 +84,33 @@ def _authenticate(
     return principal
 
 
+def _authenticate(
+    creds: HTTPAuthorizationCredentials | None,
+    sessions: sessionmaker[Session],
+    scope: str,
+) -> Principal:
+    return check_token(sessions, creds.credentials if creds is not None else None, scope)
+
+
+class Require:
+    """A dependency: the caller's principal, which must hold ``scope`` (401/403 otherwise).
+    ``app.api.auth_first.AuthFirst`` finds the routes that depend on one and checks their
+    token before the body is read; the principal it found is taken from the request."""
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+
+    def __call__(self, request: Request, creds: Credentials, sessions: SessionsDep) -> Principal:
+        found = request.scope.get("state", {}).get(AUTHENTICATED)
+        if found is not None and found[0] == self.scope:
+            principal: Principal = found[1]
+            return principal
+        return _authenticate(creds, sessions, self.scope)
+
+
 def require(scope: auth.Scope) -> Callable[..., Principal]:
     """A dependency: the caller's principal, which must hold ``scope`` (401/403 otherwise)."""
-
-    def dependency(creds: Credentials, sessions: SessionsDep) -> Principal:
-        return _authenticate(creds, sessions, scope)
-
-    dependency.__name__ = f"require_{scope}"
-    return dependency
+    return Require(scope)
 
 
 def read_access(
