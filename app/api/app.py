@@ -44,6 +44,7 @@ from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.services.exports import ExportLimiter
+from app.services.file_imports import ImportSlots
 from app.services.secretbox import SecretBox
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
@@ -141,7 +142,8 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
         body: Any = [{"loc": list(exc.loc), "msg": exc.detail, "type": "value_error"}]
     else:
         body = exc.detail
-    return JSONResponse({"detail": body}, status_code=exc.status_code)
+    headers = {"Retry-After": "5"} if exc.status_code == 429 else None
+    return JSONResponse({"detail": body}, status_code=exc.status_code, headers=headers)
 
 
 EXPORT_PATH = re.compile(
@@ -180,6 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings or Settings()
     app.state.secretbox = SecretBox.from_settings(app.state.settings)
     app.state.export_limiter = ExportLimiter()
+    app.state.import_slots = ImportSlots(app.state.settings.max_concurrent_imports)
     targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(HTTPException, http_error)  # HTML for pages (app.web.errors)

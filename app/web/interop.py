@@ -74,8 +74,8 @@ async def import_submit(request: Request) -> Response:
         return _page(request, "file: choose a file to import", 422)
     summary_file = summary if isinstance(summary, UploadFile) and summary.filename else None
     try:
-        limit = settings_of(request).max_import_bytes
-        ids = await run_import(sessions_of(request), fmt, file, summary_file, name, limit)
+        settings, slots = settings_of(request), request.app.state.import_slots
+        ids = await run_import(sessions_of(request), fmt, file, summary_file, name, settings, slots)
     except ServiceError as e:
         return _page(request, f"{file.filename}: {e.detail}", e.status_code)
     auth.touch(sessions_of(request), principal)
