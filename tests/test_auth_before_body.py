@@ -173,3 +173,38 @@ def test_the_scope_checked_first_is_each_routes_own() -> None:
         else:  # pages: signed in by cookie, checked by the handler before its form
             assert scope_for(method, path) is None, path
     assert seen >= 25
+
+
+def test_a_signed_in_body_over_its_routes_limit_is_413_naming_the_setting(
+    server: LiveServer,
+) -> None:
+    """A caller with the scope still gets no more than the route's limit read: a chunked
+    body is cut at the limit with a 413 that names the limit and its setting."""
+    run = server.create_token("run")
+    chunk = b"x" * (DEFAULTS.max_body_bytes + 1)
+    first = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"  # and the body goes on
+    headers = {
+        "Authorization": f"Bearer {run}",
+        "Transfer-Encoding": "chunked",
+        "Content-Type": "application/json",
+    }
+    got = send_headers(server, "POST", "/api/v1/runs", headers, first)
+    assert got.status == 413, got.head
+    declared = headers | {"Content-Length": str(DEFAULTS.max_upload_bytes + 1)}
+    del declared["Transfer-Encoding"]
+    worker = server.create_token("worker")
+    declared["Authorization"] = f"Bearer {worker}"
+    port = urlsplit(server.url).port
+    with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_TIMEOUT_S) as s:
+        head = ["POST /api/v1/jobs/0/results HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+        head += [f"{k}: {v}" for k, v in declared.items()]
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        body = b""
+        while True:
+            part = s.recv(65536)
+            if not part:
+                break
+            body += part
+    assert b" 413 " in body.split(b"\r\n", 1)[0]
+    assert f"{DEFAULTS.max_upload_bytes}-byte limit".encode() in body
+    assert b"TOKENTRACE_MAX_UPLOAD_BYTES" in body

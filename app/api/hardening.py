@@ -53,12 +53,12 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 )
 
 
-def _too_large(limit: int) -> tuple[int, bytes]:
+def _too_large(limit: int, setting: str) -> tuple[int, bytes]:
     detail = {
         "detail": [
             {
                 "loc": ["body"],
-                "msg": f"request body larger than the {limit}-byte limit of this route",
+                "msg": f"request body larger than the {limit}-byte limit of this route ({setting})",
                 "type": "too_large",
             }
         ]
@@ -96,18 +96,19 @@ class BodyLimit:
         self.max_upload_bytes = max_upload_bytes
         self.max_import_bytes = max_import_bytes
 
-    def limit_for(self, path: str) -> int:
+    def limit_for(self, path: str) -> tuple[int, str]:
+        """The route's body limit and the setting that sets it."""
         if UPLOAD_PATH.match(path):
-            return self.max_upload_bytes
+            return self.max_upload_bytes, "TOKENTRACE_MAX_UPLOAD_BYTES"
         if IMPORT_PATH.match(path):
-            return self.max_import_bytes
-        return self.max_bytes
+            return self.max_import_bytes, "TOKENTRACE_MAX_IMPORT_BYTES"
+        return self.max_bytes, "TOKENTRACE_MAX_BODY_BYTES"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope.get("path", ""))
+        limit, setting = self.limit_for(scope.get("path", ""))
         length = _header(scope, b"content-length")
         if length is not None:
             try:
@@ -115,15 +116,17 @@ class BodyLimit:
             except ValueError:
                 declared = -1
             if declared > limit:
-                await _send_json(send, *_too_large(limit))
+                await _send_json(send, *_too_large(limit, setting))
                 return
             if declared >= 0:  # the server enforces Content-Length framing
                 await self.app(scope, receive, send)
                 return
-        await self.app(*_counted(scope, receive, send, limit))
+        await self.app(*_counted(scope, receive, send, limit, setting))
 
 
-def _counted(scope: Scope, receive: Receive, send: Send, limit: int) -> tuple[Scope, Receive, Send]:
+def _counted(
+    scope: Scope, receive: Receive, send: Send, limit: int, setting: str
+) -> tuple[Scope, Receive, Send]:
     """``receive`` and ``send`` for a body of unknown length: past ``limit`` bytes the 413
     goes out at once (unless the app already answered) and the app reads a disconnect, so
     nothing is held and nothing more is read; whatever the app answers then is dropped."""
@@ -142,7 +145,7 @@ def _counted(scope: Scope, receive: Receive, send: Send, limit: int) -> tuple[Sc
             if size > limit:
                 cut = True
                 if not started:
-                    await _send_json(send, *_too_large(limit))
+                    await _send_json(send, *_too_large(limit, setting))
                     answered = True
                 return {"type": "http.disconnect"}
         return msg
