@@ -68,6 +68,15 @@ class Settings(BaseSettings):
     max_import_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="largest uploaded import file (POST imports)"
     )
+    max_import_events: int = Field(
+        10_000_000,
+        gt=0,
+        description="most events (token chunk times) one import may hold, every run of the "
+        "file together; a bigger file is refused (413) before it is stored",
+    )
+    max_concurrent_imports: int = Field(
+        1, ge=1, description="imports the server runs at once; another gets 429 meanwhile"
+    )
     target_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="hosts (glob patterns, host:port) and CIDRs that runs may target; "

@@ -141,7 +141,8 @@ def test_stored_summary_report_equals_the_full_computation(
     stored: Stored, slos: dict[str, float] | None
 ) -> None:
     assert _plain(_from_summary(stored, slos_ms=slos)) == _plain(_full(stored, slos_ms=slos))
-    for profile in run_summaries.PROFILE_NAMES:
+    assert "vllm-legacy" in run_summaries.STORED_PROFILES
+    for profile in run_summaries.STORED_PROFILES:
         ours = _from_summary(stored, slos_ms=slos, profile=profile)
         assert _plain(ours) == _plain(_full(stored, slos_ms=slos, profile=profile))
 
@@ -270,6 +271,7 @@ def test_report_downloads_of_a_finished_run_decode_no_event(
 
     slo_full = json_safe(_full(stored, slos_ms={"ttft": 35.0}))
     vllm_full = json_safe(_full(stored, profile="vllm"))
+    legacy_full = json_safe(_full(stored, profile="vllm-legacy"))
     _no_event_decode(monkeypatch)
     with TestClient(web_app(stored.url)) as c:
         got = c.get(f"/runs/{stored.run_id}/report.json?slo=1&slo_ttft=35")
@@ -279,4 +281,11 @@ def test_report_downloads_of_a_finished_run_decode_no_event(
         api = c.get(f"/api/v1/runs/{stored.run_id}?profile=vllm")
         assert api.status_code == 200, api.text[:300]
         assert api.json()["report"] == _plain(vllm_full)
+        # the older vLLM definitions too: stored at finalize, not recomputed per request
+        legacy = c.get(f"/api/v1/runs/{stored.run_id}?profile=vllm-legacy")
+        assert legacy.status_code == 200, legacy.text[:300]
+        assert legacy.json()["report"] == _plain(legacy_full)
+        legacy_file = c.get(f"/runs/{stored.run_id}/report.json?profile=vllm-legacy")
+        assert legacy_file.status_code == 200
+        assert legacy_file.json()["profile"]["name"] == "vllm-legacy"
     assert run_svc.run_report(stored.sessions, stored.run_id)["metrics"]["good_requests"] == 4

@@ -14,6 +14,13 @@ Per latency metric (lower is better) and per percentile:
   correction and a continuity correction of 0.5 (as ``scipy.stats.mannwhitneyu`` with
   ``method="asymptotic"``).
 
+**Bounded samples.** A side with more than ``SAMPLE_MAX`` samples of a metric (a 20M-event
+run pools 20M ITL gaps) is compared through a seeded uniform subsample of ``SAMPLE_MAX`` of
+them (``bounded``, drawn without replacement, ``SAMPLE_SEED``) with its exact percentiles
+and count beside it (``FullStats``): the percentiles, deltas and counts shown are exact, the
+bootstrap interval and the rank test come from the subsample (wider, so a verdict is
+never easier to reach), and a note says so. Sides within the bound use every sample.
+
 Verdict of one percentile: *regressed* / *improved* when ``|delta| >= threshold`` **and** the
 ``1 - alpha`` bootstrap interval of the difference excludes 0 **and**, for the median, the
 rank test gives ``p < alpha``; else *no significant change*. Tail percentiles are judged by
@@ -43,6 +50,8 @@ DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01
 DEFAULT_RESAMPLES = 2000
 COMPARE_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
+SAMPLE_MAX = 200_000  # samples per metric and run a comparison holds (see the module doc)
+SAMPLE_SEED = 0
 
 
 def _phi_sf(z: float) -> float:
@@ -193,6 +202,38 @@ def _finite(values: npt.ArrayLike) -> F64:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class FullStats:
+    """Of every sample of a side whose values were subsampled: how many there were and their
+    exact percentiles by p (a missing or None one is taken from the subsample)."""
+
+    n: int
+    percentiles: dict[float, float | None]
+
+
+def bounded(values: npt.ArrayLike, k: int = SAMPLE_MAX, seed: int = SAMPLE_SEED) -> tuple[F64, int]:
+    """(the finite values, or a seeded uniform subsample of ``k`` of them drawn without
+    replacement, kept in their order; how many finite values there were)."""
+    a = np.asarray(values, np.float64).ravel()
+    ok = np.isfinite(a)
+    if not ok.all():  # else no filtered copy of a pooled sample of millions
+        a = a[ok]
+    del ok
+    n = int(a.shape[0])
+    if n <= k:
+        return a, n
+    idx = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+    out: F64 = a[idx]
+    return out, n
+
+
+def _subsample_note(side: str, full: FullStats, k: int) -> str:
+    return (
+        f"{side}: {full.n:,} samples; the interval and the rank test use a seeded random "
+        f"subsample of {k:,} of them (the percentiles are exact)"
+    )
+
+
 def _judge(
     rel: float, ci: tuple[float, float], p_value: float | None, opts: CompareOptions
 ) -> Verdict:
@@ -221,8 +262,14 @@ def compare_samples(
     baseline: npt.ArrayLike,
     candidate: npt.ArrayLike,
     opts: CompareOptions | None = None,
+    *,
+    baseline_full: FullStats | None = None,
+    candidate_full: FullStats | None = None,
 ) -> MetricComparison:
-    """Compare two samples of a lower-is-better metric (NaN = undefined, dropped)."""
+    """Compare two samples of a lower-is-better metric (NaN = undefined, dropped).
+
+    ``baseline_full`` / ``candidate_full``: the side's values are a subsample (``bounded``)
+    of these; its counts and percentiles are shown exact."""
     o = opts or CompareOptions()
     a = np.sort(_finite(baseline))
     b = np.sort(_finite(candidate))
@@ -239,9 +286,16 @@ def compare_samples(
     )
     tail = 100.0 * o.alpha / 2.0
     lows, highs = np.percentile(diffs, [tail, 100.0 - tail], axis=0)
-    pa, pb = percentiles(a, o.ps), percentiles(b, o.ps)
+    pa = _exact(percentiles(a, o.ps), baseline_full)
+    pb = _exact(percentiles(b, o.ps), candidate_full)
+    n_a = baseline_full.n if baseline_full is not None else int(a.size)
+    n_b = candidate_full.n if candidate_full is not None else int(b.size)
     rows: list[PercentileDelta] = []
-    notes: list[str] = []
+    notes: list[str] = [
+        _subsample_note(side, full, int(x.size))
+        for side, full, x in (("baseline", baseline_full, a), ("candidate", candidate_full, b))
+        if full is not None
+    ]
     for j, p in enumerate(o.ps):
         va, vb = pa[float(p)], pb[float(p)]
         assert va is not None and vb is not None
@@ -255,17 +309,27 @@ def compare_samples(
             rel = delta / abs(va)
             verdict = _judge(rel, ci, rt.p_value if p == 50.0 else None, o)
         rows.append(PercentileDelta(float(p), va, vb, delta, rel, ci[0], ci[1], verdict))
-    if min(a.size, b.size) < 20:
-        notes.append(f"few samples ({min(a.size, b.size)}): intervals are wide")
+    if min(n_a, n_b) < 20:
+        notes.append(f"few samples ({min(n_a, n_b)}): intervals are wide")
     return MetricComparison(
         metric,
-        int(a.size),
-        int(b.size),
+        n_a,
+        n_b,
         rt,
         rows,
         combine_verdicts([r.verdict for r in rows]),
         notes,
     )
+
+
+def _exact(sampled: dict[float, float | None], full: FullStats | None) -> dict[float, float | None]:
+    if full is None:
+        return sampled
+    out = dict(sampled)
+    for p, v in full.percentiles.items():
+        if v is not None and float(p) in out:
+            out[float(p)] = float(v)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from app.api import (
     routes_tokens,
     routes_workers,
 )
+from app.api.auth_first import AuthFirst
 from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
@@ -44,6 +45,7 @@ from app.services import auth, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.services.exports import ExportLimiter
+from app.services.file_imports import ImportSlots
 from app.services.secretbox import SecretBox
 from app.settings import Settings
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
@@ -145,7 +147,8 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
         body: Any = [{"loc": list(exc.loc), "msg": exc.detail, "type": "value_error"}]
     else:
         body = exc.detail
-    return JSONResponse({"detail": body}, status_code=exc.status_code)
+    headers = {"Retry-After": "5"} if exc.status_code == 429 else None
+    return JSONResponse({"detail": body}, status_code=exc.status_code, headers=headers)
 
 
 EXPORT_PATH = re.compile(
@@ -189,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         window_s=app.state.settings.auth_failure_window_s,
         max_clients=app.state.settings.auth_failure_clients,
     )
+    app.state.import_slots = ImportSlots(app.state.settings.max_concurrent_imports)
     targets.parse_rules(app.state.settings.target_allowlist)  # a bad entry fails at start
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(HTTPException, http_error)  # HTML for pages (app.web.errors)
@@ -207,6 +211,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Health(status="ok", version=__version__, database=backend)
 
     app.add_middleware(CompressPages)  # type: ignore[arg-type]
+    app.add_middleware(AuthFirst)  # type: ignore[arg-type]  # a token before any body
     harden(app, app.state.settings)  # body limits, security headers, CORS, DB loss -> 503
     mount(app)
     return app

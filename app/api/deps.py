@@ -54,6 +54,9 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
+AUTHENTICATED = "tokentrace.authenticated"  # request state: (scope, principal), AuthFirst
+
+
 def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(
         status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
@@ -68,23 +71,25 @@ def too_many_failures(retry_after_s: int) -> HTTPException:
     )
 
 
-def _authenticate(
-    request: Request,
-    creds: HTTPAuthorizationCredentials | None,
+def check_token(
     sessions: sessionmaker[Session],
+    secret: str | None,
     scope: str,
+    limiter: auth.FailureLimiter,
+    client: str | None,
 ) -> Principal:
-    if creds is None or not creds.credentials:
+    """The principal of the bearer token ``secret``, which must hold ``scope``: 401 when it
+    is missing, invalid or revoked, 403 when it lacks the scope, 429 while ``client`` (its
+    address) has failed too often (``HTTPException``)."""
+    if not secret:
         raise _unauthorized(
             f"missing token: send 'Authorization: Bearer <token>' with the {scope!r} scope"
         )
-    limiter: auth.FailureLimiter = request.app.state.auth_limiter
-    client = request.client.host if request.client else None
     wait = limiter.retry_after(client)
     if wait is not None:  # not even checked: a guess here tells nothing
         raise too_many_failures(wait)
     with sessions() as s:
-        principal = auth.authenticate(s, creds.credentials)
+        principal = auth.authenticate(s, secret)
     if principal is None:
         limiter.failed(client)
         raise _unauthorized("invalid or revoked token")
@@ -98,14 +103,40 @@ def _authenticate(
     return principal
 
 
+def _authenticate(
+    request: Request,
+    creds: HTTPAuthorizationCredentials | None,
+    sessions: sessionmaker[Session],
+    scope: str,
+) -> Principal:
+    return check_token(
+        sessions,
+        creds.credentials if creds is not None else None,
+        scope,
+        request.app.state.auth_limiter,
+        request.client.host if request.client else None,
+    )
+
+
+class Require:
+    """A dependency: the caller's principal, which must hold ``scope`` (401/403 otherwise).
+    ``app.api.auth_first.AuthFirst`` finds the routes that depend on one and checks their
+    token before the body is read; the principal it found is taken from the request."""
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+
+    def __call__(self, request: Request, creds: Credentials, sessions: SessionsDep) -> Principal:
+        found = request.scope.get("state", {}).get(AUTHENTICATED)
+        if found is not None and found[0] == self.scope:
+            principal: Principal = found[1]
+            return principal
+        return _authenticate(request, creds, sessions, self.scope)
+
+
 def require(scope: auth.Scope) -> Callable[..., Principal]:
     """A dependency: the caller's principal, which must hold ``scope`` (401/403 otherwise)."""
-
-    def dependency(request: Request, creds: Credentials, sessions: SessionsDep) -> Principal:
-        return _authenticate(request, creds, sessions, scope)
-
-    dependency.__name__ = f"require_{scope}"
-    return dependency
+    return Require(scope)
 
 
 def read_access(

@@ -54,12 +54,12 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 )
 
 
-def _too_large(limit: int) -> tuple[int, bytes]:
+def _too_large(limit: int, setting: str) -> tuple[int, bytes]:
     detail = {
         "detail": [
             {
                 "loc": ["body"],
-                "msg": f"request body larger than the {limit}-byte limit of this route",
+                "msg": f"request body larger than the {limit}-byte limit of this route ({setting})",
                 "type": "too_large",
             }
         ]
@@ -87,7 +87,7 @@ async def _send_json(
 
 class BodyLimit:
     """413 for a body over the route's limit: at once from ``Content-Length``, else while
-    reading (a chunked body is read up to the limit, then replayed to the app)."""
+    the app reads it (a chunked body is counted as it streams, never held here)."""
 
     def __init__(
         self, app: ASGIApp, *, max_bytes: int, max_upload_bytes: int, max_import_bytes: int
@@ -97,18 +97,19 @@ class BodyLimit:
         self.max_upload_bytes = max_upload_bytes
         self.max_import_bytes = max_import_bytes
 
-    def limit_for(self, path: str) -> int:
+    def limit_for(self, path: str) -> tuple[int, str]:
+        """The route's body limit and the setting that sets it."""
         if UPLOAD_PATH.match(path):
-            return self.max_upload_bytes
+            return self.max_upload_bytes, "TOKENTRACE_MAX_UPLOAD_BYTES"
         if IMPORT_PATH.match(path):
-            return self.max_import_bytes
-        return self.max_bytes
+            return self.max_import_bytes, "TOKENTRACE_MAX_IMPORT_BYTES"
+        return self.max_bytes, "TOKENTRACE_MAX_BODY_BYTES"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope.get("path", ""))
+        limit, setting = self.limit_for(scope.get("path", ""))
         length = _header(scope, b"content-length")
         if length is not None:
             try:
@@ -116,29 +117,49 @@ class BodyLimit:
             except ValueError:
                 declared = -1
             if declared > limit:
-                await _send_json(send, *_too_large(limit))
+                await _send_json(send, *_too_large(limit, setting))
                 return
             if declared >= 0:  # the server enforces Content-Length framing
                 await self.app(scope, receive, send)
                 return
-        messages: list[Message] = []
-        size = 0
-        while True:
-            msg = await receive()
-            messages.append(msg)
-            if msg["type"] != "http.request":
-                break
+        await self.app(*_counted(scope, receive, send, limit, setting))
+
+
+def _counted(
+    scope: Scope, receive: Receive, send: Send, limit: int, setting: str
+) -> tuple[Scope, Receive, Send]:
+    """``receive`` and ``send`` for a body of unknown length: past ``limit`` bytes the 413
+    goes out at once (unless the app already answered) and the app reads a disconnect, so
+    nothing is held and nothing more is read; whatever the app answers then is dropped."""
+    size = 0
+    cut = False  # past the limit: the app reads a disconnect from now on
+    answered = False  # the 413 went out
+    started = False  # the app's own answer began
+
+    async def receive_counted() -> Message:
+        nonlocal size, cut, answered
+        if cut:
+            return {"type": "http.disconnect"}
+        msg = await receive()
+        if msg["type"] == "http.request":
             size += len(msg.get("body", b""))
             if size > limit:
-                await _send_json(send, *_too_large(limit))
-                return
-            if not msg.get("more_body", False):
-                break
+                cut = True
+                if not started:
+                    await _send_json(send, *_too_large(limit, setting))
+                    answered = True
+                return {"type": "http.disconnect"}
+        return msg
 
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
+    async def send_unless_answered(msg: Message) -> None:
+        nonlocal started
+        if answered:
+            return
+        if msg["type"] == "http.response.start":
+            started = True
+        await send(msg)
 
-        await self.app(scope, replay, send)
+    return scope, receive_counted, send_unless_answered
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

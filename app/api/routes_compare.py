@@ -68,8 +68,18 @@ def pin_baseline(name: str, body: PinBody, session: SessionDep, _: Runner) -> Ba
     return BaselineOut.model_validate(baseline_svc.set_pin(session, name, body.pinned))
 
 
-def _ids(ids: list[str] | None) -> list[str]:
-    return [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+def _ids(ids: list[str] | None, base: str | None = None) -> list[str]:
+    """The candidate ids: split at commas, each once, the baseline's own id dropped; 422
+    naming the limit past ``MAX_RUNS - 1`` candidates (before anything is read)."""
+    split = [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+    out = [i for i in compare_svc.unique_ids(split) if i != base]
+    if len(out) > compare_svc.MAX_RUNS - 1:
+        raise Invalid(
+            f"compare at most {compare_svc.MAX_RUNS} runs at once: the baseline and up to "
+            f"{compare_svc.MAX_RUNS - 1} candidates (got {len(out)} candidates)",
+            loc=("query", "ids"),
+        )
+    return out
 
 
 Ids = Annotated[list[str] | None, Query(description="candidate run ids (comma-separated ok)")]
@@ -87,9 +97,11 @@ async def compare(
     alpha: Alpha = 0.01,
     variable: str | None = None,
 ) -> dict[str, Any]:
-    """Statistical comparison against ``base_id``: a run (1 to 5 candidate runs in ``ids``)
-    or a sweep (one candidate sweep). Verdicts per metric; comparability key checked first."""
-    wanted = _ids(ids)
+    """Statistical comparison against ``base_id``: a run (1 to 5 candidate runs in ``ids``,
+    each once) or a sweep (one candidate sweep). Verdicts per metric; comparability key
+    checked first. Runs are read from their stored summaries, each metric's samples bounded
+    (``method.samples``); 409 for a run still queued or running."""
+    wanted = _ids(ids, base_id)
 
     def work() -> dict[str, Any]:
         with sessions() as s:

@@ -12,12 +12,14 @@ from starlette.datastructures import UploadFile as AnyUpload
 
 from app.api.deps import Reader, Runner, SessionsDep, SettingsDep
 from app.api.downloads import export_response
-from app.importers.common import ImportFormatError
+from app.importers.common import ImportFormatError, ImportTooLarge
 from app.importers.csv_log import TIME_UNITS
 from app.services import exports as export_svc
 from app.services import file_imports
-from app.services.errors import Invalid, NotFound
+from app.services.errors import Busy, Invalid, NotFound, TooLarge
+from app.services.file_imports import ImportSlots
 from app.services.runs import RunNotFound
+from app.settings import Settings
 from app.storage import interop as interop_repo
 from app.storage.db import session_scope
 
@@ -55,38 +57,79 @@ async def run_import(
     file: AnyUpload,
     summary: AnyUpload | None,
     name: str | None,
-    limit: int,
+    settings: Settings,
+    slots: ImportSlots,
     time_unit: str | None = None,
 ) -> list[str]:
-    """Shared by the API and the import page: parse and store, or raise ``Invalid``.
-    ``limit``: ``Settings.max_import_bytes``; ``time_unit``: a CSV log's (s, ms, us)."""
+    """Shared by the API and the import page: parse and store, or raise a ``ServiceError``
+    (422 naming the bad field or line, 413 over ``max_import_events``, 429 while
+    ``max_concurrent_imports`` imports run). A vLLM file is read as a stream from the
+    upload (spooled to disk), never held whole; others are read as text, then parsed.
+    ``time_unit``: a CSV log's (s, ms, us)."""
     if fmt not in file_imports.FORMATS:
         raise Invalid(f"choose from {', '.join(file_imports.FORMATS)}", loc=["body", "format"])
     if time_unit is not None and time_unit not in TIME_UNITS:
         raise Invalid(f"choose from {', '.join(TIME_UNITS)}", loc=["body", "time_unit"])
     if time_unit is not None and fmt != "csv":
         raise Invalid("applies to CSV logs only", loc=["body", "time_unit"])
-    text = await _text(file, "file", limit)
-    summary_text = await _text(summary, "summary", limit) if summary is not None else None
-    file_name = file.filename or None
-    try:
-        return await anyio.to_thread.run_sync(
-            lambda: file_imports.import_text(
-                sessions,
-                fmt,
-                text,
-                file_name=file_name,
-                name=name or None,
-                summary_text=summary_text,
-                time_unit=time_unit,
-            )
+    if not slots.try_take():
+        raise Busy(
+            f"another import is running: the server runs at most {slots.size} at once "
+            "(TOKENTRACE_MAX_CONCURRENT_IMPORTS); retry when it has finished"
         )
+    try:
+        return await _import(sessions, fmt, file, summary, name, settings, time_unit)
+    except ImportTooLarge as e:
+        raise TooLarge(str(e), loc=["body", "file"]) from None
     except ImportFormatError as e:
         raise Invalid(str(e), loc=["body", "file"]) from None
+    finally:
+        slots.give()
+
+
+async def _import(
+    sessions: Any,
+    fmt: str,
+    file: AnyUpload,
+    summary: AnyUpload | None,
+    name: str | None,
+    settings: Settings,
+    time_unit: str | None,
+) -> list[str]:
+    file_name = file.filename or None
+    events = settings.max_import_events
+    if fmt == "vllm":
+        await file.seek(0)
+        raw = file.file
+        ids = await anyio.to_thread.run_sync(
+            lambda: file_imports.import_vllm_file(
+                sessions, raw, file_name=file_name, name=name or None, max_events=events
+            )
+        )
+        if ids is not None:
+            return ids
+        await file.seek(0)  # the streamed reader refused it: json reads it whole
+    limit = settings.max_import_bytes
+    text = await _text(file, "file", limit)
+    summary_text = await _text(summary, "summary", limit) if summary is not None else None
+    return await anyio.to_thread.run_sync(
+        lambda: file_imports.import_text(
+            sessions,
+            fmt,
+            text,
+            file_name=file_name,
+            name=name or None,
+            summary_text=summary_text,
+            max_events=events,
+            streamed=False,
+            time_unit=time_unit,
+        )
+    )
 
 
 @router.post("/imports", status_code=status.HTTP_201_CREATED)
 async def import_file(
+    request: Request,
     sessions: SessionsDep,
     settings: SettingsDep,
     _: Runner,
@@ -98,12 +141,12 @@ async def import_file(
         str | None, Form(description="a CSV log's time unit: s (default), ms or us")
     ] = None,
 ) -> ImportResult:
-    """Import a result file (all or nothing); 422 names the first bad field or line."""
-    limit = settings.max_import_bytes
+    """Import a result file (all or nothing); 422 names the first bad field or line, 413
+    a file over ``TOKENTRACE_MAX_IMPORT_EVENTS``, 429 while another import runs."""
+    slots = request.app.state.import_slots
     unit = time_unit or None
-    return ImportResult(
-        runs=await run_import(sessions, format, file, summary, name, limit, time_unit=unit)
-    )
+    ids = await run_import(sessions, format, file, summary, name, settings, slots, time_unit=unit)
+    return ImportResult(runs=ids)
 
 
 @router.get("/runs/{run_id}/export/{what}", response_class=StreamingResponse)

@@ -9,6 +9,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from app.analysis.sweep import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_RATIO,
@@ -20,6 +23,9 @@ from app.analysis.sweep import (
 )
 from app.client.spec import RunSpec
 from app.domain import RunTrace
+
+I64 = npt.NDArray[np.int64]
+BoolArr = npt.NDArray[np.bool_]
 
 SweepMode = Literal["rates", "concurrencies", "auto"]
 MAX_STEPS = 32
@@ -81,6 +87,22 @@ def step_summary(
     trace: RunTrace,
     run_id: str | None,
 ) -> StepSummary:
+    return step_summary_of(
+        index, load, kind, report, (trace.sent_ns, trace.end_ns, trace.ok), run_id
+    )
+
+
+def step_summary_of(
+    index: int,
+    load: float,
+    kind: LoadKind,
+    report: dict[str, Any],
+    requests: tuple[I64, I64, BoolArr],
+    run_id: str | None,
+) -> StepSummary:
+    """``step_summary`` from the step run's per-request (sent_ns, end_ns, ok) alone (a
+    stored run summary's columns: ``valid`` serves as ``ok``, the rate reads both alike)."""
+    sent_ns, end_ns, ok = requests
     m = report["metrics"]
     lat = {
         k: {p: (m.get(k) or {}).get(p) for p in ("p50", "p90", "p99")}
@@ -91,9 +113,9 @@ def step_summary(
         load=float(load),
         load_kind=kind,
         achieved_rps=achieved_rate(
-            trace.sent_ns,
-            trace.end_ns,
-            trace.ok,
+            sent_ns,
+            end_ns,
+            ok,
             closed_loop=kind == "concurrency" or math.isinf(load),
         ),
         request_throughput_rps=m.get("request_throughput_req_s"),

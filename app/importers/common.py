@@ -26,8 +26,10 @@ from app.importers.csv_log import MAX_COUNT, ImportFormatError
 __all__ = [
     "MAX_ABS_S",
     "MAX_COUNT",
+    "EventBudget",
     "FileFigures",
     "ImportFormatError",
+    "ImportTooLarge",
     "ImportedRun",
     "as_dict",
     "as_list",
@@ -39,6 +41,36 @@ __all__ = [
 
 # metric key -> statistic ("mean", "std", "p50", ..., "max", "value") -> value
 FileFigures = dict[str, dict[str, float | None]]
+
+
+class ImportTooLarge(ImportFormatError):
+    """The file is well-formed as far as it was read but over an import limit (its events):
+    refused whole, the rest of it unread."""
+
+
+class EventBudget:
+    """At most ``limit`` events (token chunk times) in one import, counted as they are read
+    (``take``) over every run of the file; past it ``ImportTooLarge`` names the limit and
+    ``setting``, the option that raises it."""
+
+    def __init__(self, limit: int, setting: str = "TOKENTRACE_MAX_IMPORT_EVENTS") -> None:
+        self.limit = limit
+        self.setting = setting
+        self.used = 0
+
+    def left(self) -> int:
+        return self.limit - self.used
+
+    def take(self, n: int) -> None:
+        self.used += n
+        if self.used > self.limit:
+            raise self.over()
+
+    def over(self) -> ImportTooLarge:
+        return ImportTooLarge(
+            f"file: more than {self.limit:,} events (token chunk times) in one import; the "
+            f"limit is {self.setting}"
+        )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import ijson
 import numpy as np
 
 from app.domain import RequestRecord
-from app.importers.common import ImportedRun
+from app.importers.common import EventBudget, ImportedRun
 from app.importers.json_stream import (
     Event,
     StreamRefused,
@@ -76,10 +76,18 @@ class VllmStream:
     that the streamed reader refuses (a syntax error, invalid UTF-8) is what ``json`` would
     have reported first."""
 
-    def __init__(self, stream: BinaryIO, *, name: str, batch: int = BATCH) -> None:
+    def __init__(
+        self,
+        stream: BinaryIO,
+        *,
+        name: str,
+        batch: int = BATCH,
+        budget: EventBudget | None = None,
+    ) -> None:
         self._events: Iterator[Event] = json_events(stream)
         self._name = name
         self._batch = batch
+        self._budget = budget  # ITL gaps read count against it (``ImportTooLarge``)
 
     def __iter__(self) -> Iterator[StreamedRun]:
         try:
@@ -96,7 +104,7 @@ class VllmStream:
         while first is not None:
             if first[0] != "start_map":
                 raise StreamRefused("a top-level value that is not an object")
-            obj = _read_map(events)
+            obj = _read_map(events, self._budget)
             first = next(events, None)  # the next object's first event: is there one?
             run, batches = read_object(
                 obj, k, k > 0 or first is not None, self._name, batch=self._batch
@@ -114,7 +122,7 @@ class VllmStream:
             raise refused(e) from None
 
 
-def _read_map(events: Iterator[Event]) -> dict[str, Any]:
+def _read_map(events: Iterator[Event], budget: EventBudget | None = None) -> dict[str, Any]:
     """A top-level object after its ``start_map``: the kept keys' values (``itls`` as
     ``FlatGaps``), in file order, the last value of a repeated key (as ``json``)."""
     d: dict[str, Any] = {}
@@ -123,7 +131,7 @@ def _read_map(events: Iterator[Event]) -> dict[str, Any]:
             return d
         first = next(events)
         if key == "itls":
-            d[key] = _read_itls(first, events)
+            d[key] = _read_itls(first, events, budget)
         elif _kept(key):
             d[key] = build_value(first, events)
         else:
@@ -131,14 +139,18 @@ def _read_map(events: Iterator[Event]) -> dict[str, Any]:
     raise StreamRefused("the object ends early")
 
 
-def _read_itls(first: Event, events: Iterator[Event]) -> FlatGaps:
+def _read_itls(
+    first: Event, events: Iterator[Event], budget: EventBudget | None = None
+) -> FlatGaps:
     """``itls``: a list of lists of numbers (ints >= 0, floats); anything else is refused
-    (``json`` reads it and ``parse_vllm_result`` names the bad entry)."""
+    (``json`` reads it and ``parse_vllm_result`` names the bad entry). Each gap is an event
+    of the import: past the ``budget`` (``ImportTooLarge``) nothing more is read or kept."""
     if first[0] != "start_array":
         raise StreamRefused("itls is not a list")
     values = array("d")
     offsets = array("q", [0])
     append = values.append
+    left = budget.left() if budget is not None else -1  # -1: no budget
     for ev, _ in events:
         if ev == "end_array":
             return FlatGaps(
@@ -150,6 +162,9 @@ def _read_itls(first: Event, events: Iterator[Event]) -> FlatGaps:
         for ev, val in events:
             if ev == "number" and (type(val) is float or val >= 0):
                 append(val)
+                left -= 1
+                if left == -1 and budget is not None:  # one gap past the budget
+                    raise budget.over()
             elif ev == "end_array":
                 break
             else:

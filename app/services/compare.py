@@ -1,6 +1,13 @@
-"""Comparisons: load the raw samples of stored runs (or sweeps), check comparability, run the
+"""Comparisons: read the samples of stored runs (or sweeps), check comparability, run the
 statistics of ``app.analysis.compare`` and attach diagnosis notes. No SQL, no arithmetic
-of its own beyond arranging the inputs."""
+of its own beyond arranging the inputs.
+
+A run is read from its stored page summary (``run_summaries``), never from its events: the
+report, the per-request values (TTFT, TPOT, E2E; the diagnosis and the comparability key)
+and a bounded, seeded sample of its pooled ITL gaps. Each metric's samples are bounded
+(``SAMPLE_MAX`` per run: ``analysis.compare.bounded``), so a comparison holds a few MB
+whatever the runs' sizes; a run still queued or running is refused (409: it has no
+summary yet). At most ``MAX_RUNS`` runs at once, each once."""
 
 from __future__ import annotations
 
@@ -14,22 +21,26 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.analysis import diagnosis
 from app.analysis.comparability import check, comparability_key
 from app.analysis.compare import (
+    COMPARE_PERCENTILES,
+    SAMPLE_MAX,
+    SAMPLE_SEED,
     CompareOptions,
+    FullStats,
     MetricComparison,
     Verdict,
+    bounded,
     combine_verdicts,
     compare_error_rates,
     compare_samples,
     relative,
 )
 from app.analysis.metric_defs import COMPARE_LATENCY_KEYS, COMPARE_RATE_KEYS, metric
-from app.analysis.metrics import itl_samples
-from app.analysis.percentiles import percentile
+from app.analysis.percentiles import percentile, percentile_key
 from app.analysis.request_columns import RequestColumns, request_columns
-from app.domain import RunTrace
-from app.services import hardware
+from app.domain import RunStatus, RunTrace
+from app.services import hardware, run_summaries
 from app.services import runs as run_svc
-from app.services.errors import Invalid, NotFound
+from app.services.errors import Conflict, Invalid, NotFound
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
@@ -47,14 +58,15 @@ ITL_NOTE = (
 
 @dataclass(frozen=True, slots=True)
 class RunSamples:
+    """What a comparison reads of one run."""
+
     run: dict[str, Any]
     report: dict[str, Any]
-    samples_ms: dict[str, F64]
-    sent_ns: F64
-    input_tokens: F64
-    output_tokens: F64
+    samples_ms: dict[str, F64]  # per metric: every finite sample, or SAMPLE_MAX of them
+    full: dict[str, FullStats]  # per subsampled metric: its count and exact percentiles
     key: dict[str, Any]
     sweep_id: str | None
+    diagnosis: list[dict[str, str]]
     weight_floor_ms: float | None = None  # the roofline's TPOT floor (run annotation)
     device: str = hardware.DEFAULT_DEVICE_TEXT
 
@@ -74,34 +86,66 @@ def _request_samples(cols: RequestColumns) -> tuple[dict[str, F64], F64, F64, F6
     return out, sent, inp, outp
 
 
-def _samples(trace: RunTrace) -> tuple[dict[str, F64], F64, F64, F64]:
-    out, sent, inp, outp = _request_samples(request_columns(trace))
-    if trace.summary_only:
-        out["itl_ms"] = np.zeros(0)
-    else:
-        itl = itl_samples(trace)
-        raw = itl.per_token if itl.per_token is not None else itl.per_chunk()
-        out["itl_ms"] = np.asarray(raw, np.float64) / MS
-    return out, sent, inp, outp
-
-
 def _measured_p50(values: F64) -> float | None:
     return percentile(values[values >= 0], 50)
 
 
-def load_samples(sessions: sessionmaker[Session], run_id: str) -> RunSamples:
-    """A stored run's report, raw latency samples (ms) and comparability key."""
+def _exact(report: dict[str, Any], key: str) -> dict[float, float | None]:
+    """The run's exact percentiles of ``key`` (its report, from every sample)."""
+    d = report["metrics"].get(key)
+    if not isinstance(d, dict):
+        return {}
+    return {p: d.get(percentile_key(p)) for p in COMPARE_PERCENTILES}
+
+
+def _bounded_samples(
+    summary: run_summaries.RunSummary, report: dict[str, Any], per_request: dict[str, F64],
+    sample_max: int,
+) -> tuple[dict[str, F64], dict[str, FullStats]]:  # fmt: skip
+    """Each metric's samples, at most ``sample_max`` (a seeded subsample past it, with the
+    exact count and percentiles beside it). ITL: the summary's stored sample (already at
+    most ``ITL_SAMPLE_MAX`` of the run's ``itl_count`` gaps)."""
+    samples: dict[str, F64] = {}
+    full: dict[str, FullStats] = {}
+    stored = summary.itl_sample_ms
+    itl = stored if stored is not None and not summary.summary_only else np.zeros(0)
+    counts: dict[str, int] = {"itl_ms": summary.itl_count}
+    for key, values in (per_request | {"itl_ms": itl}).items():
+        samples[key], n = bounded(values, sample_max, SAMPLE_SEED)
+        n = max(n, counts.get(key, 0))
+        if samples[key].shape[0] < n:
+            full[key] = FullStats(n, _exact(report, key))
+    return samples, full
+
+
+def _refuse_active(run: dict[str, Any]) -> None:
+    status = run.get("status")
+    if status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        shown = status.value if isinstance(status, RunStatus) else str(status)
+        raise Conflict(
+            f"run {run['id']!r} is {shown}: compare it once it has finished",
+            loc=("query", "ids"),
+        )
+
+
+def load_samples(
+    sessions: sessionmaker[Session], run_id: str, *, sample_max: int = SAMPLE_MAX
+) -> RunSamples:
+    """A finished run's report, bounded latency samples (ms), diagnosis and comparability
+    key, from its stored summary (computed and stored first when missing or stale)."""
     with session_scope(sessions) as s:
         row = repo.find_run(s, run_id)
         if row is None:
             raise NotFound(f"no run with id {run_id!r}")
         run = run_svc.run_dict(row)
-        trace = repo.load_trace(s, run_id)
         step = compare_repo.step_of_run(s, run_id)
         floor_ms, device = hardware.roofline_floor(s, run_id, row.load_stats)
         hw = hardware.run_hardware(s, run_id, row.load_stats)
-    report = run_svc.assemble_report(run=run, trace=trace)
-    samples, sent, inp, outp = _samples(trace)
+    _refuse_active(run)
+    summary = run_summaries.page_summary(sessions, run_id, itl_sample=True)
+    report = run_svc.summary_report(run, summary)
+    per_request, sent, inp, outp = _request_samples(summary.columns)
+    notes = _diagnose(report, per_request, sent, inp, outp, floor_ms, device)
     key = comparability_key(
         run.get("spec") or {},
         measured_input_p50=_measured_p50(inp),
@@ -109,8 +153,11 @@ def load_samples(sessions: sessionmaker[Session], run_id: str) -> RunSamples:
         hardware=hw,
         dataset_source=(row.load_stats or {}).get("dataset_source"),
     )
+    del sent, inp, outp
+    samples, full = _bounded_samples(summary, report, per_request, sample_max)
+    del summary, per_request
     sweep_id = step.sweep_id if step else None
-    return RunSamples(run, report, samples, sent, inp, outp, key, sweep_id, floor_ms, device)
+    return RunSamples(run, report, samples, full, key, sweep_id, notes, floor_ms, device)
 
 
 def trace_diagnosis(
@@ -137,27 +184,34 @@ def columns_diagnosis(
 ) -> list[dict[str, str]]:
     """Diagnosis notes from the run's per-request values (the rules read no ITL sample)."""
     samples, sent, inp, outp = _request_samples(cols)
-    rs = RunSamples(run, report, samples, sent, inp, outp, {}, None, weight_floor_ms, device)
-    return run_diagnosis(rs)
+    return _diagnose(report, samples, sent, inp, outp, weight_floor_ms, device)
 
 
 def run_diagnosis(rs: RunSamples) -> list[dict[str, str]]:
-    """Diagnosis notes of one run (SPEC §7); the roofline rule when the run's annotation
-    gives a weight-read floor (``app.services.hardware.roofline_floor``)."""
-    m = rs.report["metrics"]
+    """Diagnosis notes of one run (SPEC §7), as ``load_samples`` found them."""
+    return list(rs.diagnosis)
+
+
+def _diagnose(
+    report: dict[str, Any], samples: dict[str, F64], sent_ns: F64, input_tokens: F64,
+    output_tokens: F64, weight_floor_ms: float | None, device: str,
+) -> list[dict[str, str]]:  # fmt: skip
+    """Diagnosis notes of one run from every request's values (SPEC §7); the roofline rule
+    when the run's annotation gives a weight-read floor (``hardware.roofline_floor``)."""
+    m = report["metrics"]
     reqs = m.get("requests") or {}
     tpot = m.get("tpot_ms") or {}
     notes = diagnosis.run_notes(
-        input_tokens=rs.input_tokens,
-        output_tokens=rs.output_tokens,
-        sent_ns=np.where(rs.sent_ns >= 0, rs.sent_ns, np.nan),
-        ttft_ms=rs.samples_ms["ttft_ms"],
-        tpot_ms=rs.samples_ms["tpot_ms"],
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        sent_ns=np.where(sent_ns >= 0, sent_ns, np.nan),
+        ttft_ms=samples["ttft_ms"],
+        tpot_ms=samples["tpot_ms"],
         error_rate=m.get("error_rate"),
         sent=int(reqs.get("sent") or 0),
         tpot_p50_ms=tpot.get("p50") if isinstance(tpot, dict) else None,
-        weight_floor_ms=rs.weight_floor_ms,
-        device=rs.device,
+        weight_floor_ms=weight_floor_ms,
+        device=device,
     )
     return [n.to_dict() for n in notes]
 
@@ -174,7 +228,14 @@ def _pair(base: RunSamples, cand: RunSamples, opts: CompareOptions) -> dict[str,
     metrics: dict[str, MetricComparison] = {}
     for i, key in enumerate(LATENCY_METRICS):
         o = CompareOptions(opts.threshold, opts.alpha, opts.ps, opts.resamples, opts.seed + i)
-        mc = compare_samples(key, base.samples_ms[key], cand.samples_ms[key], o)
+        mc = compare_samples(
+            key,
+            base.samples_ms[key],
+            cand.samples_ms[key],
+            o,
+            baseline_full=base.full.get(key),
+            candidate_full=cand.full.get(key),
+        )
         if key == "itl_ms" and mc.rank_test is not None:
             mc.notes.append(ITL_NOTE)
         metrics[key] = mc
@@ -217,8 +278,13 @@ def _run_entry(rs: RunSamples) -> dict[str, Any]:
         "sweep_id": rs.sweep_id,
         "headline": run_svc.headline(rs.report),
         "key": rs.key,
-        "diagnosis": run_diagnosis(rs),
+        "diagnosis": list(rs.diagnosis),
     }
+
+
+def unique_ids(ids: list[str]) -> list[str]:
+    """``ids`` without repeats, in their first order (a run is compared once)."""
+    return list(dict.fromkeys(ids))
 
 
 def _check_ids(ids: list[str]) -> None:
@@ -238,6 +304,9 @@ def _method(opts: CompareOptions, threshold_pct: float, alpha: float) -> dict[st
         "continuity correction",
         "rule": f"regressed/improved when |delta| >= {threshold_pct:g}% and the interval "
         f"excludes 0 (and, at p50, Mann-Whitney p < {alpha:g})",
+        "samples": f"at most {SAMPLE_MAX:,} samples of a metric per run: past that, the "
+        f"interval, the rank test and the CDF use a seeded random subsample (seed "
+        f"{SAMPLE_SEED}) and the percentiles shown are the run's exact ones",
     }
 
 

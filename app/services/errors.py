@@ -26,6 +26,18 @@ class Conflict(ServiceError):
     status_code = 409
 
 
+class TooLarge(ServiceError):
+    """Over a size limit (the message names it and the setting that raises it)."""
+
+    status_code = 413
+
+
+class Busy(ServiceError):
+    """Too many of these at once right now: retry later (the message names the limit)."""
+
+    status_code = 429
+
+
 class Invalid(ServiceError):
     """Bad input the schema could not catch; ``loc`` names the field like FastAPI's 422."""
 

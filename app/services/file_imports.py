@@ -7,12 +7,19 @@ file is read as a stream and stored as it is read, 1,000 requests at a time, the
 rolled back at the first error (``store_vllm_stream``; a file the streamed reader refuses is
 parsed whole like the others). The runs of one file form a group (a GuideLLM sweep, an
 appended vLLM file) tagged ``import-group:<id>``.
+
+An import holds at most ``max_events`` events (token chunk times, every run of the file
+together; ``Settings.max_import_events``): a vLLM file is refused as its ITLs are read,
+before the gaps past the limit are kept, others once parsed and before anything is
+stored (``ImportTooLarge``, nothing written). The server runs at most
+``Settings.max_concurrent_imports`` at once (``ImportSlots``; the API answers 429).
 """
 
 from __future__ import annotations
 
 import io
 import secrets
+import threading
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,13 +32,13 @@ from app.analysis.metrics import per_request_metrics
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
-from app.importers.common import ImportedRun, ImportFormatError
+from app.importers.common import EventBudget, ImportedRun, ImportFormatError, ImportTooLarge
 from app.importers.csv_log import UNIT_NAMES, parse_csv_log
 from app.importers.guidellm_json import parse_guidellm
 from app.importers.json_stream import StreamRefused
 from app.importers.vllm_result import parse_vllm_result
 from app.importers.vllm_stream import VllmStream
-from app.services.imports import check_import_size, read_import_text
+from app.services.imports import check_import_size, import_events_limit, read_import_text
 from app.services.runs import store_summaries
 from app.storage import compare_repo
 from app.storage import interop as interop_repo
@@ -40,6 +47,31 @@ from app.storage.db import session_scope
 
 FORMATS = ("csv", "vllm", "guidellm", "aiperf")
 AIPERF_SUMMARY = "profile_export_aiperf.json"
+
+
+class ImportSlots:
+    """At most ``size`` imports running at once in this process (``try_take`` / ``give``):
+    each holds its file's runs and their summary pass in memory."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._busy = 0
+
+    def try_take(self) -> bool:
+        with self._lock:
+            if self._busy >= self.size:
+                return False
+            self._busy += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._busy = max(0, self._busy - 1)
+
+
+def _n_events(records: Iterable[RequestRecord]) -> int:
+    return sum(int(r.event_t_ns.shape[0]) for r in records)
 
 
 def parse_file(
@@ -104,6 +136,7 @@ def _store_run(
     group_id: str,
     file_name: str | None,
     now: datetime,
+    budget: EventBudget | None = None,
 ) -> str:
     """One run, its requests a batch at a time (each batch's metrics its own: they are per
     request), then its status by the one rule (imports carry no error bound of their own:
@@ -127,6 +160,8 @@ def _store_run(
     )
     light: list[RequestRecord] = []
     for batch in batches:
+        if budget is not None:
+            budget.take(_n_events(batch))
         trace = trace_from_records(batch, include_warmup=True)
         repo.insert_requests(s, run_id, batch, per_request_metrics(trace))
         light.extend(_light(r) for r in batch)
@@ -165,9 +200,17 @@ def _cache_headlines(sessions: sessionmaker[Session], ids: list[str]) -> None:
 
 
 def store_imported(
-    sessions: sessionmaker[Session], runs: list[ImportedRun], *, file_name: str | None
+    sessions: sessionmaker[Session],
+    runs: list[ImportedRun],
+    *,
+    file_name: str | None,
+    max_events: int | None = None,
 ) -> list[str]:
-    """Write every run in one transaction; then cache each run's headline figures."""
+    """Write every run in one transaction; then cache each run's headline figures.
+    ``max_events``: ``ImportTooLarge`` (nothing written) when the runs hold more events."""
+    if max_events is not None:
+        budget = EventBudget(max_events)
+        budget.take(sum(_n_events(run.records) for run in runs))
     group_id = secrets.token_hex(6)
     now = datetime.now(UTC)
     ids: list[str] = []
@@ -192,16 +235,23 @@ def store_imported(
 
 
 def store_vllm_stream(
-    sessions: sessionmaker[Session], stream: BinaryIO, *, name: str, file_name: str | None
+    sessions: sessionmaker[Session],
+    stream: BinaryIO,
+    *,
+    name: str,
+    file_name: str | None,
+    max_events: int | None = None,
 ) -> list[str]:
     """Read a vLLM result file from ``stream`` and store its runs as they are read, a batch
     of requests at a time, all in one transaction: an error anywhere rolls every run back.
     ``StreamRefused`` (nothing written) when the streamed reader cannot vouch for the file:
-    read it with ``parse_vllm_result`` then."""
+    read it with ``parse_vllm_result`` then. ``max_events``: ``ImportTooLarge`` (nothing
+    written, the rest of the file unread) past that many events."""
     group_id = secrets.token_hex(6)
     now = datetime.now(UTC)
     ids: list[str] = []
-    runs = VllmStream(stream, name=name)
+    budget = EventBudget(max_events) if max_events is not None else None
+    runs = VllmStream(stream, name=name, budget=budget)
     with session_scope(sessions) as s:
         try:
             for k, streamed in enumerate(runs):
@@ -215,8 +265,11 @@ def store_vllm_stream(
                         group_id=group_id,
                         file_name=file_name,
                         now=now,
+                        budget=budget,
                     )
                 )
+        except ImportTooLarge:
+            raise  # over a limit: the rest of the file is not read (nor read whole)
         except ImportFormatError:
             runs.drain()  # an error json would report first is in the rest of the file?
             raise
@@ -271,12 +324,17 @@ def import_text(
     name: str | None = None,
     summary_text: str | None = None,
     time_unit: str | None = None,
+    max_events: int | None = None,
+    streamed: bool = True,
 ) -> list[str]:
     """Parse, then store; returns the new run ids in file order. vLLM files are read as a
-    stream (``store_vllm_stream``) unless the streamed reader refuses them."""
+    stream (``store_vllm_stream``) unless the streamed reader refuses them (``streamed``:
+    False when it already did). ``max_events``: default ``Settings.max_import_events``;
+    ``time_unit``: a CSV log's (s, ms, us)."""
     _check_time_unit(fmt, time_unit)
     run_name = name or file_name or fmt
-    if fmt == "vllm":
+    limit = import_events_limit() if max_events is None else max_events
+    if fmt == "vllm" and streamed:
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: json reads it below
@@ -284,13 +342,35 @@ def import_text(
         if data is not None:
             try:
                 return store_vllm_stream(
-                    sessions, io.BytesIO(data), name=run_name, file_name=file_name
-                )
+                    sessions, io.BytesIO(data), name=run_name, file_name=file_name,
+                    max_events=limit,
+                )  # fmt: skip
             except StreamRefused:
                 pass
             del data
     runs = parse_file(fmt, text, name=run_name, summary_text=summary_text, time_unit=time_unit)
-    return store_imported(sessions, runs, file_name=file_name)
+    return store_imported(sessions, runs, file_name=file_name, max_events=limit)
+
+
+def import_vllm_file(
+    sessions: sessionmaker[Session],
+    stream: BinaryIO,
+    *,
+    file_name: str | None,
+    name: str | None = None,
+    max_events: int | None = None,
+) -> list[str] | None:
+    """A vLLM file read as a stream from an open binary file (an upload spooled to disk):
+    the new run ids, or None (nothing written) when the streamed reader refuses the file,
+    which is then to be read whole (``import_text(..., streamed=False)``)."""
+    limit = import_events_limit() if max_events is None else max_events
+    try:
+        return store_vllm_stream(
+            sessions, stream, name=name or file_name or "vllm", file_name=file_name,
+            max_events=limit,
+        )  # fmt: skip
+    except StreamRefused:
+        return None
 
 
 def import_path(
@@ -307,21 +387,16 @@ def import_path(
     _check_time_unit(fmt, time_unit)
     if fmt == "vllm":
         check_import_size(path)
-        try:
-            with path.open("rb") as f:
-                return store_vllm_stream(sessions, f, name=name or path.name, file_name=path.name)
-        except StreamRefused:
-            pass  # json reads it: its result, or its error message, is the reference
+        with path.open("rb") as f:
+            ids = import_vllm_file(sessions, f, file_name=path.name, name=name or path.name)
+        if ids is not None:
+            return ids
+        # else json reads it: its result, or its error message, is the reference
     text = read_import_text(path)
     summary = None
     if fmt == "aiperf" and (path.parent / AIPERF_SUMMARY).is_file():
         summary = read_import_text(path.parent / AIPERF_SUMMARY)
     return import_text(
-        sessions,
-        fmt,
-        text,
-        file_name=path.name,
-        name=name,
-        summary_text=summary,
-        time_unit=time_unit,
-    )
+        sessions, fmt, text, file_name=path.name, name=name, summary_text=summary,
+        time_unit=time_unit, streamed=False,
+    )  # fmt: skip

@@ -14,6 +14,12 @@ def import_limit() -> int:
     return get_settings().max_import_bytes
 
 
+def import_events_limit() -> int:
+    """The most events (token chunk times) one import may hold: ``Settings.max_import_events``,
+    for the CLI, the API and the import page alike."""
+    return get_settings().max_import_events
+
+
 def check_import_size(path: Path, max_bytes: int | None = None) -> None:
     """``ImportFormatError`` when the file is over ``max_bytes`` (default ``import_limit()``)."""
     limit = import_limit() if max_bytes is None else max_bytes

@@ -360,7 +360,7 @@ def run_report(
             raise RunNotFound(run_id) from None
         run = run_dict(row)
         stored = row.status not in (RunStatus.QUEUED, RunStatus.RUNNING) and (
-            profile is None or profile in run_summaries.PROFILE_NAMES
+            profile is None or profile in run_summaries.STORED_PROFILES
         )
         trace = None if stored else repo.load_trace(s, run_id)
     if trace is None:

@@ -26,8 +26,10 @@ from app.client.sweep_plan import (
     step_label,
     step_spec,
     step_summary,
+    step_summary_of,
 )
-from app.services import hardware
+from app.domain import RunStatus
+from app.services import hardware, run_summaries
 from app.services import runs as run_svc
 from app.services.errors import NotFound
 from app.storage import compare_repo
@@ -116,7 +118,8 @@ def execute_sweep(
 
 
 def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, Any]:
-    """The sweep, its steps (from each step run's report), max goodput and diagnosis."""
+    """The sweep, its steps (from each step run's report), max goodput and diagnosis. A
+    finished step is read from its stored run summary (no event decoded)."""
     with session_scope(sessions) as s:
         sweep = compare_repo.find_sweep(s, sweep_id)
         if sweep is None:
@@ -149,11 +152,16 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             row = repo.get_run(s, run_id)
             run = run_svc.run_dict(row)
             cached = dict(row.summary or {})
-            trace = repo.load_trace(s, run_id)
             floors[run_id] = hardware.roofline_floor(s, run_id, row.load_stats)
-        report = run_svc.assemble_report(run=run, trace=trace)
+            live = None  # a step still running: summarized now (as its run page does)
+            if row.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+                live = run_summaries.compute_summary(s, run_id, profiles=())
+        summary = live if live is not None else run_summaries.page_summary(sessions, run_id)
+        report = run_svc.summary_report(run, summary)
         real_load = math.inf if load < 0 else load
-        summ = step_summary(idx, real_load, kind, report, trace, run_id)  # type: ignore[arg-type]
+        c = summary.columns
+        requests = (c.sent_ns, c.end_ns, c.valid)
+        summ = step_summary_of(idx, real_load, kind, report, requests, run_id)  # type: ignore[arg-type]
         out_steps.append(
             step_dict(summ, role) | {"status": str(run.get("status")), "attempt": attempt}
         )

@@ -1,5 +1,7 @@
 """The comparison page (/compare: 2 to 6 runs, or two sweeps, or runs against a named
-baseline) and the sweep page (/sweeps/{id}); diagnosis notes on both."""
+baseline) and the sweep page (/sweeps/{id}); diagnosis notes on both. Each run is read
+once from its stored summary with bounded samples (``app.services.compare``); more than
+``MAX_IDS`` distinct runs (or sweeps) is a 422 naming the limit, before anything is read."""
 
 from __future__ import annotations
 
@@ -29,14 +31,24 @@ CDF_METRICS = compare_svc.LATENCY_METRICS
 SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
 
 
-
-
 def _json(fig: dict[str, Any]) -> str:
     return plotly_json(json_safe(fig))
 
 
 def _split(ids: list[str] | None) -> list[str]:
-    return [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+    """The ids given (commas split), each once, in their first order."""
+    return compare_svc.unique_ids(
+        [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+    )
+
+
+def _check_count(ids: list[str], what: str) -> None:
+    if len(ids) > MAX_IDS:
+        raise Invalid(
+            f"compare at most {MAX_IDS} {what} at once (got {len(ids)}): untick some and "
+            "compare again",
+            loc=("query", "ids" if what == "runs" else "sweeps"),
+        )
 
 
 def _label(run: dict[str, Any]) -> str:
@@ -81,15 +93,14 @@ def _runs_context(
         base = b.run_id
     elif base and base not in wanted:
         wanted = [base, *wanted]
+    _check_count(wanted, "runs")
     loaded = []
-    for rid in wanted[:MAX_IDS]:
+    for rid in wanted:
         try:
             loaded.append(compare_svc.load_samples(sessions, rid))
         except NotFound:
             missing.append(rid)
     ctx: dict[str, Any] = {"missing": missing, "baseline_note": base_note, "result": None}
-    if len(wanted) > MAX_IDS:
-        ctx["too_many"] = f"only the first {MAX_IDS} runs are compared"
     if len(loaded) < 2:
         return ctx
     loaded, how = order_baseline_first(loaded, base)
@@ -138,6 +149,7 @@ async def compare_page(
     if variable is not None and variable not in KEY_FIELDS:
         variable = None
     wanted, sweep_ids = _split(ids), _split(sweeps)
+    status = 200
     try:
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
@@ -151,6 +163,7 @@ async def compare_page(
             )
     except (Invalid, Conflict) as e:
         ctx = {"missing": [], "result": None, "error": e.detail}
+        status = e.status_code
     with session_scope(sessions_of(request)) as s:
         baselines = [b.name for b in compare_repo.list_baselines(s)]
     ctx.update(
@@ -166,7 +179,7 @@ async def compare_page(
         key_fields=KEY_FIELDS,
         metric_labels=CDF_METRICS,
     )
-    return render(request, "compare.html", ctx, principal=principal)
+    return render(request, "compare.html", ctx, principal=principal, status_code=status)
 
 
 def _sweeps_context(
@@ -174,8 +187,9 @@ def _sweeps_context(
     variable: str | None,
 ) -> dict[str, Any]:  # fmt: skip
     sessions = sessions_of(request)
+    _check_count(sweep_ids, "sweeps")
     summaries, missing = [], []
-    for sid in sweep_ids[:MAX_IDS]:
+    for sid in sweep_ids:
         try:
             summ = sweep_svc.sweep_summary(sessions, sid)
         except NotFound:

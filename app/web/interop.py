@@ -7,6 +7,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect
 
 from app.api.downloads import export_response
 from app.api.routes_interop import run_import
@@ -58,7 +59,10 @@ async def import_submit(request: Request) -> Response:
     principal = principal_of(request)
     if principal is None or not principal.has("run"):
         return _page(request, "sign in with a token that has the 'run' scope to import", 403)
-    form = await request.form()
+    try:
+        form = await request.form()
+    except ClientDisconnect:  # gone, or cut at the import limit (413 already answered)
+        return _page(request, "file: the upload was cut off before its end", 400)
     if not csrf_ok(request, {"csrf": str(form.get("csrf") or "")}):
         return _page(request, "this form did not come from this dashboard's own page", 403)
     fmt = str(form.get("format") or "")
@@ -73,10 +77,11 @@ async def import_submit(request: Request) -> Response:
         return _page(request, "file: choose a file to import", 422)
     summary_file = summary if isinstance(summary, UploadFile) and summary.filename else None
     try:
-        limit = settings_of(request).max_import_bytes
+        settings, slots = settings_of(request), request.app.state.import_slots
         ids = await run_import(
-            sessions_of(request), fmt, file, summary_file, name, limit, time_unit=time_unit
-        )
+            sessions_of(request), fmt, file, summary_file, name, settings, slots,
+            time_unit=time_unit,
+        )  # fmt: skip
     except ServiceError as e:
         return _page(request, f"{file.filename}: {e.detail}", e.status_code)
     auth.touch(sessions_of(request), principal)

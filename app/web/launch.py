@@ -8,6 +8,7 @@ from urllib.parse import parse_qsl, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.requests import ClientDisconnect
 
 from app.services import auth, bench_jobs, targets, web_sessions
 from app.services.errors import ServiceError
@@ -37,9 +38,16 @@ MAX_FORM_BYTES = 256 * 1024
 
 
 async def form_values(request: Request) -> dict[str, str]:
-    """An urlencoded form body as a dict (last value wins); no multipart needed."""
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
+    """An urlencoded form body as a dict (last value wins); no multipart needed. Read up to
+    ``MAX_FORM_BYTES``: a bigger body, or one cut off, reads as an empty form (no CSRF
+    token: every handler refuses it). Handlers that need a principal check it first."""
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return {}
+    except ClientDisconnect:  # gone, or cut at the body limit (413 already answered)
         return {}
     return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
 
@@ -89,10 +97,11 @@ def launch_page(request: Request, again: str | None = None) -> Response:
 @router.post("/launch")
 async def launch_submit(request: Request) -> Response:
     principal = principal_of(request)
-    values = await form_values(request)
-    if principal is None or not principal.has("run"):
+    if principal is None or not principal.has("run"):  # before the body is read
         msg = "sign in with a token that has the 'run' scope to launch runs"
-        return _launch(request, values, {"__all__": msg}, principal, 403)
+        defaults = launch_form.defaults(settings_of(request))
+        return _launch(request, defaults, {"__all__": msg}, principal, 403)
+    values = await form_values(request)
     if not csrf_ok(request, values):  # a signed-in browser's cookie, sent by another site
         return _launch(request, values, {"__all__": CSRF_REFUSED}, principal, 403)
     created, errors = launch_form.parse(values)

@@ -61,10 +61,10 @@ def probe_launch_page(request: Request) -> Response:
 async def probe_launch_submit(request: Request) -> Response:
     """Queue a probe job; errors beside the fields (nothing is created)."""
     principal = principal_of(request)
-    values = await form_values(request)
-    if principal is None or not principal.has("run"):
+    if principal is None or not principal.has("run"):  # before the body is read
         msg = "sign in with a token that has the 'run' scope to launch probes"
-        return _form(request, values, {"__all__": msg}, principal, 403)
+        return _form(request, probe_form.defaults(), {"__all__": msg}, principal, 403)
+    values = await form_values(request)
     if not csrf_ok(request, values):
         return _form(request, values, {"__all__": CSRF_REFUSED}, principal, 403)
     created, errors = probe_form.parse(values)

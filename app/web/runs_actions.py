@@ -47,14 +47,17 @@ def parse_tags(text: str) -> list[str]:
     return tags
 
 
-def _refusal(
-    request: Request, principal: Principal | None, values: dict[str, str]
-) -> tuple[str, int] | None:
+async def _signed_form(
+    request: Request, principal: Principal | None
+) -> tuple[dict[str, str], tuple[str, int] | None]:
+    """The form's values and why it is refused (None: accepted). The principal is checked
+    before the body is read: a refused caller's form is not read at all."""
     if principal is None or not principal.has("run"):
-        return NEEDS_RUN_SCOPE, 403
+        return {}, (NEEDS_RUN_SCOPE, 403)
+    values = await form_values(request)
     if not csrf_ok(request, values):
-        return CSRF_REFUSED, 403
-    return None
+        return values, (CSRF_REFUSED, 403)
+    return values, None
 
 
 def _done(run_id: str, key: str, anchor: str = "actions") -> RedirectResponse:
@@ -71,9 +74,8 @@ async def _act(
     session; on a refusal or a ServiceError show the run page with the message at
     ``field`` (or the error's own field) and the status of the error."""
     principal = principal_of(request)
-    values = await form_values(request)
+    values, refused = await _signed_form(request, principal)
     shown = {k: v for k, v in values.items() if k in ("tags", "note", "baseline_name")}
-    refused = _refusal(request, principal, values)
     if refused is not None:
         msg, code = refused
         return await render_run_page(
@@ -209,8 +211,7 @@ def delete_confirm(request: Request, run_id: str) -> Response:
 @router.post("/runs/{run_id}/delete")
 async def delete_run(request: Request, run_id: str) -> Response:
     principal = principal_of(request)
-    values = await form_values(request)
-    refused = _refusal(request, principal, values)
+    values, refused = await _signed_form(request, principal)
     if refused is not None:
         return _delete_page(request, principal, run_id, refused[0], refused[1])
     if (values.get("confirm") or "").strip().lower() != DELETE_CONFIRM:

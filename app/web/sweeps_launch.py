@@ -163,10 +163,11 @@ async def sweep_launch_submit(request: Request) -> Response:
     """Queue a sweep for a worker, as ``POST /api/v1/sweeps`` does; errors beside the fields
     (nothing is created)."""
     principal = principal_of(request)
-    values = await form_values(request)
-    if principal is None or not principal.has("run"):
+    if principal is None or not principal.has("run"):  # before the body is read
         msg = "sign in with a token that has the 'run' scope to launch sweeps"
-        return _form(request, values, {"__all__": msg}, principal, 403)
+        defaults = sweep_form.defaults(settings_of(request))
+        return _form(request, defaults, {"__all__": msg}, principal, 403)
+    values = await form_values(request)
     if not csrf_ok(request, values):
         return _form(request, values, {"__all__": CSRF_REFUSED}, principal, 403)
     parsed, errors = sweep_form.parse(values)
@@ -211,9 +212,9 @@ async def sweep_cancel(request: Request, sweep_id: str) -> Response:
     """Cancel from the sweep's page: queued, it ends now; on a worker, it stops at the next
     heartbeat (finished steps are kept)."""
     principal = principal_of(request)
-    values = await form_values(request)
-    if principal is None or not principal.has("run"):
+    if principal is None or not principal.has("run"):  # before the body is read
         raise HTTPException(403, "sign in with a token that has the 'run' scope to cancel")
+    values = await form_values(request)
     if not csrf_ok(request, values):
         raise HTTPException(403, CSRF_REFUSED)
     try:
