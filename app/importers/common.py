@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from app.domain import EventKind, RequestRecord, RequestStatus
 from app.importers.csv_log import MAX_COUNT, ImportFormatError
+from app.protocol.nul import NUL, NUL_REFUSED, refusal
 
 __all__ = [
     "MAX_ABS_S",
@@ -34,6 +35,8 @@ __all__ = [
     "json_objects",
     "number",
     "opt_number",
+    "refuse_nul",
+    "refuse_nul_in_records",
 ]
 
 # metric key -> statistic ("mean", "std", "p50", ..., "max", "value") -> value
@@ -234,3 +237,31 @@ def two_point_record(
         event_kind=np.full(t.shape[0], int(EventKind.CONTENT), np.int8),
         event_tokens=toks,
     )
+
+
+def refuse_nul(run: ImportedRun, *, file_name: str | None) -> None:
+    """``ImportFormatError`` naming the field when a string the import would store (the
+    run's name, model, target, tool, notes, facts, figure names, or the file's name) holds
+    a NUL: an imported file is the user's input, refused rather than stored altered
+    (``app.protocol.nul``)."""
+    fields: dict[str, Any] = {
+        "file name": file_name,
+        "name": run.name,
+        "model": run.model,
+        "target_url": run.target_url,
+        "tool": run.tool,
+        "profile": run.profile,
+        "notes": run.notes,
+        "meta": run.meta,
+        "figures": run.figures,
+    }
+    msg = refusal(fields)
+    if msg is not None:
+        raise ImportFormatError(msg)
+
+
+def refuse_nul_in_records(records: list[RequestRecord]) -> None:
+    """``ImportFormatError`` naming the request whose error message holds a NUL."""
+    for r in records:
+        if r.error is not None and NUL in r.error:
+            raise ImportFormatError(f"request {r.index}: error {NUL_REFUSED}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.domain import EventKind, RequestRecord, RequestStatus
+from app.protocol.nul import NUL, NUL_REFUSED
 
 REQUIRED = ("request_id", "start_ts", "first_token_ts", "end_ts", "input_tokens", "output_tokens")
 
@@ -53,7 +54,11 @@ def _number(row_no: int, name: str, raw: str | None, *, integer: bool) -> float:
 
 
 def parse_csv_log(text: str) -> CsvLog:
-    """Parse the whole file or raise ``ImportFormatError`` naming the first bad row."""
+    """Parse the whole file or raise ``ImportFormatError`` naming the first bad row. A NUL
+    (U+0000) anywhere is refused, naming its line (``app.protocol.nul``)."""
+    at = text.find(NUL)
+    if at >= 0:
+        raise ImportFormatError(f"line {text.count(chr(10), 0, at) + 1}: {NUL_REFUSED}")
     try:
         return _parse(text)
     except csv.Error as e:  # e.g. a field over the csv module's 128 KiB field limit

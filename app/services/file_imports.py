@@ -25,7 +25,12 @@ from app.analysis.metrics import per_request_metrics
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
-from app.importers.common import ImportedRun, ImportFormatError
+from app.importers.common import (
+    ImportedRun,
+    ImportFormatError,
+    refuse_nul,
+    refuse_nul_in_records,
+)
 from app.importers.csv_log import parse_csv_log
 from app.importers.guidellm_json import parse_guidellm
 from app.importers.json_stream import StreamRefused
@@ -95,6 +100,7 @@ def _store_run(
     """One run, its requests a batch at a time (each batch's metrics its own: they are per
     request), then its status by the one rule (imports carry no error bound of their own:
     the default applies) and its notes, which are complete once every batch was read."""
+    refuse_nul(run, file_name=file_name)  # nothing is written yet; a NUL is a 422
     tags = ["import", f"import:{run.format}"]
     if grouped:
         tags.append(f"import-group:{group_id}")
@@ -114,6 +120,7 @@ def _store_run(
     )
     light: list[RequestRecord] = []
     for batch in batches:
+        refuse_nul_in_records(batch)  # the transaction rolls back every run of the file
         trace = trace_from_records(batch, include_warmup=True)
         repo.insert_requests(s, run_id, batch, per_request_metrics(trace))
         light.extend(_light(r) for r in batch)

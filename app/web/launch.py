@@ -6,9 +6,10 @@ import secrets
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
+from app.protocol.nul import NUL, NUL_REFUSED
 from app.services import auth, bench_jobs, targets, web_sessions
 from app.services.errors import ServiceError
 from app.storage import repository as repo
@@ -37,11 +38,18 @@ MAX_FORM_BYTES = 256 * 1024
 
 
 async def form_values(request: Request) -> dict[str, str]:
-    """An urlencoded form body as a dict (last value wins); no multipart needed."""
+    """An urlencoded form body as a dict (last value wins); no multipart needed. A NUL in
+    any field's name or value is a 422 naming the field, before anything is done with the
+    form (``app.protocol.nul``)."""
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
         return {}
-    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    for name, value in pairs:
+        if NUL in name or NUL in value:
+            field = name.replace(NUL, "")
+            raise HTTPException(422, f"{field}: {NUL_REFUSED}")
+    return dict(pairs)
 
 
 def _safe_next(target: str | None) -> str:
