@@ -31,11 +31,12 @@ __all__ = [
     "ImportedRun",
     "as_dict",
     "as_list",
+    "check_stored_text",
     "chunk_record",
     "json_objects",
     "number",
+    "numbered_name",
     "opt_number",
-    "refuse_nul",
     "refuse_nul_in_records",
 ]
 
@@ -239,11 +240,22 @@ def two_point_record(
     )
 
 
-def refuse_nul(run: ImportedRun, *, file_name: str | None) -> None:
+# the lengths of the columns an import's strings go to (app/storage/models*.py)
+STORED_LENGTHS = {"file name": 255, "name": 255, "model": 255, "tool": 64, "profile": 32}
+
+
+def numbered_name(base: str, suffix: str) -> str:
+    """The name of one of a file's several runs, ``base`` + ``suffix`` (`` #2 (...)``),
+    ``base`` shortened so the whole fits the run name's column."""
+    limit = STORED_LENGTHS["name"]
+    return (base[: max(0, limit - len(suffix))] + suffix)[:limit]
+
+
+def check_stored_text(run: ImportedRun, *, file_name: str | None) -> None:
     """``ImportFormatError`` naming the field when a string the import would store (the
     run's name, model, target, tool, notes, facts, figure names, or the file's name) holds
-    a NUL: an imported file is the user's input, refused rather than stored altered
-    (``app.protocol.nul``)."""
+    a NUL or is longer than its column: an imported file is the user's input, refused
+    rather than stored altered (``app.protocol.nul``)."""
     fields: dict[str, Any] = {
         "file name": file_name,
         "name": run.name,
@@ -258,6 +270,12 @@ def refuse_nul(run: ImportedRun, *, file_name: str | None) -> None:
     msg = refusal(fields)
     if msg is not None:
         raise ImportFormatError(msg)
+    for key, limit in STORED_LENGTHS.items():
+        value = fields[key]
+        if isinstance(value, str) and len(value) > limit:
+            raise ImportFormatError(
+                f"{key}: {len(value)} characters, more than the {limit} stored: {value[:40]!r}..."
+            )
 
 
 def refuse_nul_in_records(records: list[RequestRecord]) -> None:

@@ -28,7 +28,7 @@ from app.importers.aiperf_export import parse_aiperf
 from app.importers.common import (
     ImportedRun,
     ImportFormatError,
-    refuse_nul,
+    check_stored_text,
     refuse_nul_in_records,
 )
 from app.importers.csv_log import parse_csv_log
@@ -100,7 +100,7 @@ def _store_run(
     """One run, its requests a batch at a time (each batch's metrics its own: they are per
     request), then its status by the one rule (imports carry no error bound of their own:
     the default applies) and its notes, which are complete once every batch was read."""
-    refuse_nul(run, file_name=file_name)  # nothing is written yet; a NUL is a 422
+    check_stored_text(run, file_name=file_name)  # nothing is written yet: a 422
     tags = ["import", f"import:{run.format}"]
     if grouped:
         tags.append(f"import-group:{group_id}")
@@ -246,7 +246,7 @@ def _group_as_sweep(
         spec={"source": "import:guidellm", "file": file_name, "loads": basis},
         mode="concurrencies" if load_kind == "concurrency" else "rates",
         loads=values,
-        name=f"{file_name or 'GuideLLM file'} (imported)",
+        name=f"{(file_name or 'GuideLLM file')[:240]} (imported)",  # fits sweeps.name
         status="succeeded",
     )
     for k, (run_id, load) in enumerate(zip(ids, values, strict=True)):
