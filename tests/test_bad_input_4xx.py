@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,3 +283,70 @@ def test_vllm_import_numbers_out_of_range_are_422(
     assert _loc(r) == ["body", "file"]
     assert match in r.json()["detail"][0]["msg"]
     assert _count(api, Run) == 0
+
+
+# ------------------------------------------------------------------ strings past their column
+
+GUIDELLM = Path(__file__).parent / "fixtures" / "interop" / "guidellm-benchmarks.json"
+
+
+def test_a_model_name_past_its_column_is_422(api: Api, raw: TestClient) -> None:
+    """``runs.model`` is VARCHAR(255): a longer one was a 500 on PostgreSQL."""
+    r = raw.post("/api/v1/runs", json=SPEC | {"model": "m" * 256}, headers=api.h(api.run))
+    assert _loc(r) == ["body", "model"]
+    assert _count(api, Run) == 0
+    assert api.create_run(model="m" * 255)["run_id"]
+
+
+def _guidellm(version: str) -> str:
+    doc = json.loads(GUIDELLM.read_text())
+    doc["metadata"]["guidellm_version"] = version
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "extra", "filename", "match"),
+    [
+        ("csv", HEADER + "a,100.0,100.05,100.5,10,20\n", {"name": "n" * 256}, "f", "name"),
+        ("csv", HEADER + "a,100.0,100.05,100.5,10,20\n", {}, "f" * 256, "file name"),
+        ("vllm", json.dumps(_vllm(model_id="m" * 256)), {}, "f", "model"),
+        ("guidellm", _guidellm("9" * 80), {}, "f", "tool"),
+    ],
+    ids=["name", "file name", "vllm model_id", "guidellm version"],
+)
+def test_import_strings_past_their_columns_are_422(
+    api: Api, raw: TestClient, fmt: str, text: str, extra: dict[str, str], filename: str,
+    match: str,
+) -> None:  # fmt: skip
+    """Each was a 500 on PostgreSQL (value too long for its VARCHAR column)."""
+    r = raw.post(
+        "/api/v1/imports",
+        data={"format": fmt} | extra,
+        files={"file": (filename, text.encode(), "application/octet-stream")},
+        headers=api.h(api.run),
+    )
+    assert _loc(r) == ["body", "file"]
+    assert match in r.json()["detail"][0]["msg"]
+    assert _count(api, Run) == 0
+
+
+def test_a_guidellm_file_with_the_longest_name_imports_as_a_sweep(api: Api) -> None:
+    """Its sweep is named after the file (``<file name> (imported)``): it fits its column."""
+    r = api.client.post(
+        "/api/v1/imports",
+        data={"format": "guidellm"},
+        files={"file": ("g" * 255, GUIDELLM.read_bytes(), "application/json")},
+        headers=api.h(api.run),
+    )
+    assert r.status_code == 201, r.text
+    assert _count(api, Run) == 2
+
+
+def test_the_import_length_limits_are_the_columns() -> None:
+    from app.importers.common import STORED_LENGTHS
+    from app.storage.models_interop import RunImport
+
+    columns = {"file name": RunImport.file_name, "name": Run.name, "model": Run.model,
+               "tool": RunImport.tool, "profile": RunImport.profile}  # fmt: skip
+    assert {k: c.type.length for k, c in columns.items()} == STORED_LENGTHS
+    assert Run.model.type.length == 255  # RunSpec.model's max_length

@@ -2,7 +2,8 @@
 (a Content-Security-Policy on pages), opt-in CORS, 503 for a lost database connection,
 422 answers that can always be written (the input they echo made JSON-safe), with
 ``auth_reads`` a read token (bearer or sign-in cookie) for ``/metrics`` and the API docs,
-and 400 for a ``Host`` header outside ``allowed_hosts`` (DNS rebinding).
+400 for a ``Host`` header outside ``allowed_hosts`` (DNS rebinding), and 400 for a NUL
+(U+0000) in the path or the query string, before anything else runs (``app.protocol.nul``).
 
 ``harden(app, settings)`` installs them all; each piece is a plain ASGI middleware or an
 exception handler so streaming responses pass through untouched.
@@ -16,6 +17,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
+from urllib.parse import parse_qsl
 
 import anyio
 from fastapi import FastAPI, Request
@@ -26,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.client.spec import without_credentials
+from app.protocol.nul import NUL, NUL_REFUSED
 from app.services import auth, web_sessions
 from app.settings import Settings
 
@@ -218,6 +221,43 @@ class AllowedHosts:
         await _send_json(send, 400, json.dumps({"detail": detail}).encode())
 
 
+def _nul_field(query: bytes) -> str | None:
+    """The name of the first query field whose name or value holds a NUL (``%00``)."""
+    for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if NUL in name or NUL in value:
+            return name.replace(NUL, "\\x00")
+    return None
+
+
+class NulGuard:
+    """400 for a NUL (U+0000) in the path or the query string, for every caller and route:
+    no identifier, name or filter holds one (PostgreSQL's text cannot: it was a 500).
+    ``loc`` names ``["path"]`` or ``["query", <field>]``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        query = bytes(scope.get("query_string") or b"")
+        loc: list[str] | None = None
+        if NUL in str(scope.get("path", "")):
+            loc = ["path"]
+        elif b"%00" in query or b"\x00" in query:
+            loc = ["query", _nul_field(query) or ""]
+        if loc is None:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        where = "the path" if loc == ["path"] else f"query field {loc[1]!r}"
+        detail = [{"loc": loc, "msg": f"{where} {NUL_REFUSED}", "type": "nul_character"}]
+        await _send_json(send, 400, json.dumps({"detail": detail}).encode())
+
+
 READ_GATE_DETAIL = json.dumps(
     {"detail": "reads are protected: send 'Authorization: Bearer <token>' with the 'read' scope"}
 ).encode()
@@ -388,9 +428,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def harden(app: FastAPI, settings: Settings) -> None:
-    """Install the Host allow-list, the body limits, security headers, CORS (only with
-    ``cors_origins``), the read gate on metrics and API docs (only with ``auth_reads``),
-    the 503 handler for database connection loss, and the always-writable 422."""
+    """Install the Host allow-list, the NUL guard, the body limits, security headers, CORS
+    (only with ``cors_origins``), the read gate on metrics and API docs (only with
+    ``auth_reads``), the 503 handler for database connection loss, and the always-writable
+    422."""
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DBAPIError, _database_unavailable)
@@ -416,5 +457,6 @@ def harden(app: FastAPI, settings: Settings) -> None:
         max_upload_bytes=settings.max_upload_bytes,
         max_import_bytes=settings.max_import_bytes,
     )
+    app.add_middleware(NulGuard)  # type: ignore[arg-type]
     # outermost: a foreign Host is refused before anything else runs
     app.add_middleware(AllowedHosts, allowed=settings.host_allowlist())  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Reader, Runner, SessionDep, SessionsDep
+from app.protocol.nul import NoNul
 from app.services import baselines as baseline_svc
 from app.services import compare as compare_svc
 from app.services import sweeps as sweep_svc
@@ -20,7 +21,7 @@ from app.storage.jsonsafe import json_safe
 router = APIRouter(prefix="/api/v1", tags=["compare"])
 
 
-class BaselineCreate(BaseModel):
+class BaselineCreate(NoNul):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=255)

@@ -12,6 +12,7 @@ from app.analysis.device_presets import DEVICE_PRESETS
 from app.analysis.model_presets import MODEL_PRESETS
 from app.api.deps import MAX_OFFSET, Reader, Runner, SessionDep, SettingsDep, WorkerCaller
 from app.probes.spec import ProbeKind, ProbeSpec
+from app.protocol.nul import NoNul
 from app.protocol.probe_wire import ProbeResultAck, ProbeResultUpload, TelemetryAck, TelemetryUpload
 from app.protocol.wire import JobRequirements
 from app.services import probe_jobs
@@ -20,7 +21,9 @@ from app.services import probes as svc
 router = APIRouter(prefix="/api/v1", tags=["probes"])
 
 
-class ProbeCreate(ProbeSpec):
+class ProbeCreate(NoNul, ProbeSpec):
+    """A probe to queue (a NUL in any field is a 422: ``NoNul``)."""
+
     requirements: JobRequirements = Field(default_factory=JobRequirements)
 
 

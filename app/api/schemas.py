@@ -9,12 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.client.spec import RunSpec
 from app.domain import RunStatus
+from app.protocol.nul import NoNul
 from app.protocol.wire import JobKind, JobRequirements, JobState
 from app.services.auth import Scope
 
 
-class RunCreate(RunSpec):
-    """A run to queue: every ``tokentrace bench`` field, plus a name and job requirements."""
+class RunCreate(NoNul, RunSpec):
+    """A run to queue: every ``tokentrace bench`` field, plus a name and job requirements
+    (a NUL in any of them is a 422: ``NoNul``)."""
 
     name: str | None = Field(None, max_length=255)
     requirements: JobRequirements = Field(default_factory=JobRequirements)
@@ -153,7 +155,7 @@ class DeleteResponse(BaseModel):
     deleted: bool
 
 
-class TagsBody(BaseModel):
+class TagsBody(NoNul):
     model_config = ConfigDict(extra="forbid")
     tags: list[str] = Field(max_length=100)
 
@@ -163,7 +165,7 @@ class TagsResponse(BaseModel):
     tags: list[str]
 
 
-class NoteBody(BaseModel):
+class NoteBody(NoNul):
     model_config = ConfigDict(extra="forbid")
     note: str | None = Field(None, max_length=100_000)
 
@@ -190,7 +192,7 @@ class WorkerList(BaseModel):
     total: int
 
 
-class TokenCreate(BaseModel):
+class TokenCreate(NoNul):
     model_config = ConfigDict(extra="forbid")
     scopes: list[Scope] = Field(min_length=1)
     name: str | None = Field(None, max_length=255)

@@ -119,7 +119,7 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_url: str = Field(description="Target server, e.g. http://127.0.0.1:8000")
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=255)  # runs.model is VARCHAR(255)
     endpoint: Endpoint = "chat"
     # workload
     dataset: str = Field("random", description=DATASET_HELP)

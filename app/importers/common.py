@@ -22,6 +22,7 @@ import numpy.typing as npt
 from app.client.spec import without_credentials
 from app.domain import EventKind, RequestRecord, RequestStatus
 from app.importers.csv_log import MAX_COUNT, ImportFormatError
+from app.protocol.nul import NUL, NUL_REFUSED, refusal
 
 __all__ = [
     "MAX_ABS_S",
@@ -33,10 +34,13 @@ __all__ = [
     "ImportedRun",
     "as_dict",
     "as_list",
+    "check_stored_text",
     "chunk_record",
     "json_objects",
     "number",
+    "numbered_name",
     "opt_number",
+    "refuse_nul_in_records",
 ]
 
 # metric key -> statistic ("mean", "std", "p50", ..., "max", "value") -> value
@@ -271,3 +275,48 @@ def two_point_record(
         event_kind=np.full(t.shape[0], int(EventKind.CONTENT), np.int8),
         event_tokens=toks,
     )
+
+
+# the lengths of the columns an import's strings go to (app/storage/models*.py)
+STORED_LENGTHS = {"file name": 255, "name": 255, "model": 255, "tool": 64, "profile": 32}
+
+
+def numbered_name(base: str, suffix: str) -> str:
+    """The name of one of a file's several runs, ``base`` + ``suffix`` (`` #2 (...)``),
+    ``base`` shortened so the whole fits the run name's column."""
+    limit = STORED_LENGTHS["name"]
+    return (base[: max(0, limit - len(suffix))] + suffix)[:limit]
+
+
+def check_stored_text(run: ImportedRun, *, file_name: str | None) -> None:
+    """``ImportFormatError`` naming the field when a string the import would store (the
+    run's name, model, target, tool, notes, facts, figure names, or the file's name) holds
+    a NUL or is longer than its column: an imported file is the user's input, refused
+    rather than stored altered (``app.protocol.nul``)."""
+    fields: dict[str, Any] = {
+        "file name": file_name,
+        "name": run.name,
+        "model": run.model,
+        "target_url": run.target_url,
+        "tool": run.tool,
+        "profile": run.profile,
+        "notes": run.notes,
+        "meta": run.meta,
+        "figures": run.figures,
+    }
+    msg = refusal(fields)
+    if msg is not None:
+        raise ImportFormatError(msg)
+    for key, limit in STORED_LENGTHS.items():
+        value = fields[key]
+        if isinstance(value, str) and len(value) > limit:
+            raise ImportFormatError(
+                f"{key}: {len(value)} characters, more than the {limit} stored: {value[:40]!r}..."
+            )
+
+
+def refuse_nul_in_records(records: list[RequestRecord]) -> None:
+    """``ImportFormatError`` naming the request whose error message holds a NUL."""
+    for r in records:
+        if r.error is not None and NUL in r.error:
+            raise ImportFormatError(f"request {r.index}: error {NUL_REFUSED}")

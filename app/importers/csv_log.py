@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.domain import EventKind, RequestRecord, RequestStatus
+from app.protocol.nul import NUL, NUL_REFUSED
 
 REQUIRED = ("request_id", "start_ts", "first_token_ts", "end_ts", "input_tokens", "output_tokens")
 
@@ -100,11 +101,15 @@ def _plausible(row: str, unit: str, start: float, first: float, end: float, n_ou
 
 def parse_csv_log(text: str, *, time_unit: str = "s") -> CsvLog:
     """Parse the whole file, its times in ``time_unit`` (s, ms or us), or raise
-    ``ImportFormatError`` naming the first bad row."""
+    ``ImportFormatError`` naming the first bad row. A NUL (U+0000) anywhere is refused,
+    naming its line (``app.protocol.nul``)."""
     if time_unit not in TIME_UNITS:
         raise ImportFormatError(
             f"time_unit: choose from {', '.join(TIME_UNITS)}, got {time_unit!r}"
         )
+    at = text.find(NUL)
+    if at >= 0:
+        raise ImportFormatError(f"line {text.count(chr(10), 0, at) + 1}: {NUL_REFUSED}")
     try:
         return _parse(text, time_unit)
     except csv.Error as e:  # e.g. a field over the csv module's 128 KiB field limit

@@ -34,6 +34,7 @@ from app.importers.common import (
     integer,
     json_objects,
     ns,
+    numbered_name,
     opt_number,
     two_point_record,
 )
@@ -328,7 +329,7 @@ def parse_guidellm(text: str, *, name: str = "guidellm") -> list[ImportedRun]:
         strategy = _strategy(bench)
         runs.append(
             ImportedRun(
-                name=f"{name} #{k + 1} ({strategy})" if len(benches) > 1 else name,
+                name=numbered_name(name, f" #{k + 1} ({strategy})") if len(benches) > 1 else name,
                 format="guidellm",
                 tool=tool,
                 profile="guidellm",

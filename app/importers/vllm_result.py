@@ -34,6 +34,7 @@ from app.importers.common import (
     json_objects,
     ns,
     number,
+    numbered_name,
     opt_number,
 )
 
@@ -297,7 +298,7 @@ def read_object(
         parts.append(f"rate {'inf' if math.isinf(rate) else f'{rate:g}'}")
     if d.get("max_concurrency") is not None:
         parts.append(f"concurrency {d['max_concurrency']}")
-    name = f"{base_name} #{k + 1} ({', '.join(parts)})" if several else base_name
+    name = numbered_name(base_name, f" #{k + 1} ({', '.join(parts)})") if several else base_name
     meta: dict[str, Any] = {key: d.get(key) for key in META_KEYS if key in d}
     meta["request_rate"] = None if rate is None else ("inf" if math.isinf(rate) else rate)
     meta["duration_s"] = duration

@@ -9,9 +9,11 @@ A probe job then completes like any job (``/complete`` with ``total_batches: 0``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from app.protocol.nul import no_nul
 
 
 class _W(BaseModel):
@@ -20,7 +22,9 @@ class _W(BaseModel):
 
 class ArtifactUpload(_W):
     name: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")
-    content_type: str = Field("application/octet-stream", max_length=64)
+    content_type: Annotated[str, AfterValidator(no_nul), Field(max_length=64)] = (
+        "application/octet-stream"
+    )
     data_b64: str
 
 

@@ -49,7 +49,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from app.domain import (
     MAX_JSON_DEPTH,
@@ -59,6 +59,7 @@ from app.domain import (
     RequestStatus,
     json_depth,
 )
+from app.protocol.nul import NoNul, no_nul
 from app.protocol.packing import pack_events, unpack_events
 
 # Integers as the columns that store them hold them: a larger one is a 422 naming the field,
@@ -70,6 +71,11 @@ INT64_MAX = 2**63 - 1
 Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
 Number32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # request indices, batch numbers
 
+# Strings: what a worker says about itself (its names, its host) is refused with a NUL and
+# bounded to its column (a 422 naming the field); what it reports of the target (error
+# messages, /metrics label names and values) is stored faithfully (app.protocol.nul).
+WorkerName = Annotated[str, AfterValidator(no_nul), Field(max_length=255)]
+
 JobKind = Literal["bench", "probe", "sweep"]
 JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_JOB_STATES: tuple[JobState, ...] = ("succeeded", "failed", "cancelled")
@@ -80,7 +86,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class GPUInfo(_Model):
+class _WorkerFacts(NoNul, _Model):
+    """What a worker says about itself: a NUL in any field is a 422 naming it."""
+
+
+class GPUInfo(_WorkerFacts):
     index: int
     name: str
     uuid: str | None = None
@@ -89,8 +99,8 @@ class GPUInfo(_Model):
     cuda_version: str | None = None
 
 
-class WorkerCapabilities(_Model):
-    hostname: str
+class WorkerCapabilities(_WorkerFacts):
+    hostname: str = Field(max_length=255)
     cpu: str | None = None
     cpu_count: int | None = None
     memory_total_mb: int | None = None
@@ -100,8 +110,8 @@ class WorkerCapabilities(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class RegisterRequest(_Model):
-    name: str | None = None
+class RegisterRequest(_WorkerFacts):
+    name: str | None = Field(None, max_length=255)
     capabilities: WorkerCapabilities
 
 
@@ -188,15 +198,15 @@ class WireRequest(_Model):
     token_source: Literal["usage", "tokenizer", "imported"] | None = None
     done_ns: Int64 | None = None
     warmup: bool = False
-    queued_ns: int | None = None
-    connect_ns: int | None = None
-    tls_ns: int | None = None
-    sending_ns: int | None = None
-    waiting_ns: int | None = None
-    first_token_ns: int | None = None
-    conn_id: int | None = None
+    queued_ns: Int64 | None = None
+    connect_ns: Int64 | None = None
+    tls_ns: Int64 | None = None
+    sending_ns: Int64 | None = None
+    waiting_ns: Int64 | None = None
+    first_token_ns: Int64 | None = None
+    conn_id: Number32 | None = None
     conn_reused: bool | None = None
-    retries: int = Field(0, ge=0)
+    retries: Number32 = 0
     # multi-turn sessions (absent from older workers: single requests)
     session: int | None = Field(None, ge=0, le=2**31 - 1)
     turn: int | None = Field(None, ge=1, le=2**31 - 1)
@@ -290,7 +300,8 @@ class ResultBatch(_Model):
     lease_id: str
     batch_no: Number32
     requests: list[WireRequest]
-    run_id: str | None = None  # sweeps: the step's run (bench jobs: the job's run)
+    # sweeps: the step's run (bench jobs: the job's run); an id: a NUL is a 422
+    run_id: Annotated[str, AfterValidator(no_nul), Field(max_length=32)] | None = None
 
 
 class BatchAck(_Model):
@@ -308,8 +319,8 @@ class RunMeta(_Model):
     client_limited: bool = False
     validity: list[str] = Field(default_factory=list)
     load_stats: dict[str, Any] = Field(default_factory=dict)
-    client_host: str | None = None
-    client_version: str | None = None
+    client_host: WorkerName | None = None
+    client_version: Annotated[str, AfterValidator(no_nul), Field(max_length=64)] | None = None
 
     @field_validator("load_stats")
     @classmethod
@@ -322,9 +333,9 @@ class RunMeta(_Model):
 class ServerMetricSeries(_Model):
     """One Prometheus series scraped from the target during the run (times run-relative)."""
 
-    name: str = Field(min_length=1, max_length=200)
-    labels: dict[str, str] = Field(default_factory=dict)
-    kind: str | None = None
+    name: Annotated[str, AfterValidator(no_nul), Field(min_length=1, max_length=200)]
+    labels: dict[str, str] = Field(default_factory=dict)  # the target's: stored faithfully
+    kind: str | None = Field(None, max_length=16, pattern=r"^[a-z]+$")  # a '# TYPE' word
     t_ns: list[Int64]
     values: list[float]
 

@@ -32,7 +32,14 @@ from app.analysis.metrics import per_request_metrics
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.importers.aiperf_export import parse_aiperf
-from app.importers.common import EventBudget, ImportedRun, ImportFormatError, ImportTooLarge
+from app.importers.common import (
+    EventBudget,
+    ImportedRun,
+    ImportFormatError,
+    ImportTooLarge,
+    check_stored_text,
+    refuse_nul_in_records,
+)
 from app.importers.csv_log import UNIT_NAMES, parse_csv_log
 from app.importers.guidellm_json import parse_guidellm
 from app.importers.json_stream import StreamRefused
@@ -141,6 +148,7 @@ def _store_run(
     """One run, its requests a batch at a time (each batch's metrics its own: they are per
     request), then its status by the one rule (imports carry no error bound of their own:
     the default applies) and its notes, which are complete once every batch was read."""
+    check_stored_text(run, file_name=file_name)  # nothing is written yet: a 422
     tags = ["import", f"import:{run.format}"]
     if grouped:
         tags.append(f"import-group:{group_id}")
@@ -160,6 +168,7 @@ def _store_run(
     )
     light: list[RequestRecord] = []
     for batch in batches:
+        refuse_nul_in_records(batch)  # the transaction rolls back every run of the file
         if budget is not None:
             budget.take(_n_events(batch))
         trace = trace_from_records(batch, include_warmup=True)
@@ -305,7 +314,7 @@ def _group_as_sweep(
         spec={"source": "import:guidellm", "file": file_name, "loads": basis},
         mode="concurrencies" if load_kind == "concurrency" else "rates",
         loads=values,
-        name=f"{file_name or 'GuideLLM file'} (imported)",
+        name=f"{(file_name or 'GuideLLM file')[:240]} (imported)",  # fits sweeps.name
         status="succeeded",
     )
     for k, (run_id, load) in enumerate(zip(ids, values, strict=True)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from app.analysis import capacity as cap
@@ -21,6 +21,7 @@ from app.analysis.device_presets import (
 from app.analysis.model_presets import ModelConfig, dtype_bytes, model_preset
 from app.analysis.probe_spread import is_noisy, spread_verdict
 from app.probes.spec import ProbeSpec
+from app.protocol.nul import NoNul
 from app.services import hardware
 from app.services.errors import Conflict, Invalid, NotFound
 from app.services.probe_jobs import finish_probe
@@ -156,7 +157,7 @@ def delete(session: Session, probe_id: str) -> None:
 # ------------------------------------------------------------------------ annotations
 
 
-class Annotation(BaseModel):
+class Annotation(NoNul):
     """The model and device a serving run used. ``model``: a preset name or a full
     config; ``device``: a device preset name (its datasheet gives MFU and MBU)."""
 
@@ -470,7 +471,7 @@ MAX_MEMORY_GIB = 1024.0**2  # 1 PiB: beyond it the arithmetic overflows to inf (
 MAX_TOKENS = 2**31 - 1  # context lengths and concurrencies
 
 
-class CapacityQuery(BaseModel):
+class CapacityQuery(NoNul):
     model_config = ConfigDict(extra="forbid")
 
     model: str | ModelConfig = "llama-3-8b"

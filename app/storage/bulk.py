@@ -4,7 +4,9 @@ SQLite: one ``INSERT ... ON CONFLICT`` executemany per chunk. PostgreSQL: binary
 straight into ``requests`` when no row of the chunk's index range exists yet (inside a
 savepoint; a concurrent writer's unique violation falls back to the upsert), otherwise the
 same ``INSERT ... ON CONFLICT`` executemany. Reads of the packed blobs use psycopg's binary
-result format on PostgreSQL (bytea as text is hex: twice the bytes and a decode).
+result format on PostgreSQL (bytea as text is hex: twice the bytes and a decode). Both fast
+paths bypass SQLAlchemy's types, so they apply ``TargetText``'s encoding (a target's error
+message with NUL) themselves.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from app.storage.models import Request
+from app.storage.target_text import MARK, TargetText, decode, encode
 
 _KEY = ("run_id", "idx")
 
@@ -124,8 +127,13 @@ def _pg_copy(conn: Connection, rows: list[dict[str, Any]]) -> None:
         sql = f"COPY requests ({', '.join(names)}) FROM STDIN (FORMAT BINARY)"
         with cur.copy(sql) as copy:
             copy.set_types([_pg_type(c.type) for c in cols])
+            faithful = [j for j, c in enumerate(cols) if isinstance(c.type, TargetText)]
             for r in rows:
-                copy.write_row([r[n] if n in r else defaults[n] for n in names])
+                values = [r[n] if n in r else defaults[n] for n in names]
+                for j in faithful:
+                    if isinstance(values[j], str):
+                        values[j] = encode(values[j])
+                copy.write_row(values)
 
 
 def fetch_rows(
@@ -143,4 +151,17 @@ def fetch_rows(
     raw: Any = conn.connection.dbapi_connection
     with raw.cursor(binary=True) as cur:
         cur.execute(str(compiled), params)
-        return list(cur.fetchall())
+        rows = list(cur.fetchall())
+    for j, col in enumerate(columns):
+        if isinstance(getattr(col, "type", None), TargetText):
+            _decode_column(rows, j)
+    return rows
+
+
+def _decode_column(rows: list[tuple[Any, ...]], j: int) -> None:
+    """``TargetText.process_result_value`` on column ``j``, in place: only values that
+    were escaped (they begin with ``MARK``) are rebuilt."""
+    for i, row in enumerate(rows):
+        v = row[j]
+        if isinstance(v, str) and v.startswith(MARK):
+            rows[i] = (*row[:j], decode(v), *row[j + 1 :])

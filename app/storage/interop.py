@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -9,11 +10,12 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from app.protocol.prometheus import Series, parse_label_set
+from app.protocol.prometheus import PrometheusFormatError, Series, parse_label_set
 from app.storage.jsonsafe import json_safe
 from app.storage.models_interop import RunImport, ServerMetricSample
 
 INSERT_CHUNK = 5000
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +93,36 @@ def group_runs(session: Session, group_id: str) -> list[str]:
     return list(session.scalars(stmt))
 
 
+def _quoted(text: str) -> str:
+    """``text`` as a quoted string of the exposition format: ``\\``, ``"`` and line feed
+    escaped (a raw line feed ended the line: the stored label set read back as a 500)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
 def label_text(labels: dict[str, str]) -> str:
-    """Canonical label set: ``k="v"`` pairs sorted by key, comma-separated."""
+    """Canonical label set: ``k="v"`` pairs sorted by key, comma-separated, in the
+    exposition format (a name outside ``[a-zA-Z_][a-zA-Z0-9_]*`` is quoted, as Prometheus 3
+    writes UTF-8 names), so ``prometheus_client`` reads it back exactly."""
     return ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        f"{k if _LABEL_NAME.fullmatch(k) else _quoted(k)}={_quoted(v)}"
         for k, v in sorted(labels.items())
     )
 
 
 def _parse_labels(text: str) -> dict[str, str]:
-    return dict(parse_label_set("{" + text + "}", 0)) if text else {}
+    """A stored label set. One an older version stored with a raw line feed in a value
+    (unescaped) is read with the line feed restored; one that still cannot be read is
+    returned whole as the value of the label ``labels``, never an error: the page shows
+    what was stored."""
+    if not text:
+        return {}
+    for candidate in (text, text.replace("\n", "\\n")):
+        try:
+            return dict(parse_label_set("{" + candidate + "}", 0))
+        except PrometheusFormatError:
+            continue
+    return {"labels": text}
 
 
 def replace_server_metrics(session: Session, run_id: str, series: Sequence[Series]) -> int:

@@ -31,6 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from app.domain import ClockSource, RequestStatus, RunStatus
+from app.storage.target_text import TargetText
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -167,7 +168,7 @@ class Request(Base):
     end_ns: Mapped[int | None] = mapped_column(BigInteger)
     done_ns: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[RequestStatus] = mapped_column(EnumText(RequestStatus))
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(TargetText())  # the target's words
     http_status: Mapped[int | None] = mapped_column(Integer)
     input_tokens: Mapped[int | None] = mapped_column(TokenCount)
     output_tokens: Mapped[int | None] = mapped_column(TokenCount)
@@ -228,7 +229,7 @@ class Job(Base):
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(TargetText())  # the target's words
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())

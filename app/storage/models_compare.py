@@ -27,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.storage.models import Base, RowId, UTCDateTime, utcnow
+from app.storage.target_text import TargetText
 
 
 class Sweep(Base):
@@ -40,7 +41,7 @@ class Sweep(Base):
     mode: Mapped[str] = mapped_column(String(16))  # rates | concurrencies | auto
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the base RunSpec (JSON)
     loads: Mapped[list[float]] = mapped_column(JSON, default=list)  # planned loads
-    stop_reason: Mapped[str | None] = mapped_column(Text)
+    stop_reason: Mapped[str | None] = mapped_column(TargetText())  # may quote the target
     job_id: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (Index("ix_sweeps_created_at", "created_at"),)

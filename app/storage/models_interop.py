@@ -12,10 +12,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.storage.models import Base, RowId, UTCDateTime, utcnow
+from app.storage.target_text import TargetText
 
 
 class RunImport(Base):
@@ -46,7 +47,8 @@ class ServerMetricSample(Base):
         String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
     )
     name: Mapped[str] = mapped_column(String(200))
-    labels: Mapped[str] = mapped_column(Text, default="")  # canonical: k="v",k2="v2" sorted
+    # canonical: k="v",k2="v2" sorted (``label_text``); the target's words: NUL kept
+    labels: Mapped[str] = mapped_column(TargetText(), default="")
     kind: Mapped[str | None] = mapped_column(String(16))
     t_ns: Mapped[int] = mapped_column(BigInteger)
     value: Mapped[float] = mapped_column(Float)

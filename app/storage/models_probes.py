@@ -14,12 +14,12 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
-    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.storage.models import Base, RowId, UTCDateTime, utcnow
+from app.storage.target_text import TargetText
 
 __all__ = ["JobTelemetry", "Probe", "ProbeArtifact", "RunAnnotation"]
 
@@ -42,7 +42,7 @@ class Probe(Base):
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     telemetry: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(TargetText())  # the worker's and target's words
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 

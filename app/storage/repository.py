@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Select, String, cast, delete, exists, func, literal, select
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import Select, Text, cast, delete, exists, func, literal, select
 from sqlalchemy.orm import Session
 
 from app.client.spec import RunSpec
@@ -307,15 +306,16 @@ def _filtered(
 
 
 def _has_tag(session: Session, tag: str) -> Any:
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        return cast(Run.tags, JSONB).contains(literal([tag], JSONB))
-    if dialect == "sqlite":
-        each = func.json_each(Run.tags).table_valued("value")
-        return exists(select(literal(1)).select_from(each).where(each.c.value == tag))
+    """Runs whose tags hold ``tag``. PostgreSQL matches the stored JSON text (``"tag"``,
+    written by ``jsonsafe.dumps``, can only match a whole element): a cast to ``jsonb``
+    fails on any row whose tags hold ``\\u0000`` (stored before NUL was refused), and
+    every tag filter was then a 500."""
     import json
 
-    return cast(Run.tags, String).contains(json.dumps(tag), autoescape=True)
+    if session.get_bind().dialect.name == "sqlite":
+        each = func.json_each(Run.tags).table_valued("value")
+        return exists(select(literal(1)).select_from(each).where(each.c.value == tag))
+    return cast(Run.tags, Text).contains(json.dumps(tag), autoescape=True)
 
 
 def list_runs(

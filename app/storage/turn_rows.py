@@ -4,10 +4,11 @@ migration 0012): summary columns only, no event blob is read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, literal_column, select
 from sqlalchemy.orm import Session
 
 from app.domain import RequestStatus
@@ -66,21 +67,34 @@ def turn_columns(session: Session, run_id: str) -> TurnColumns:
     )
 
 
+def exact_sum(column: ColumnElement[int]) -> tuple[ColumnElement[int], ColumnElement[int]]:
+    """Two aggregates whose ``combine`` is the exact SUM of a 64-bit integer column, on
+    SQLite and PostgreSQL alike: SQLite's SUM raises on int64 overflow (a target's
+    ``cached_tokens`` of 2^63-1 made every read of the run page a 503, for good). The high
+    and low 32 bits are summed apart; neither sum can overflow below 2^31 rows (a run's
+    request index is an int32)."""
+    high = func.coalesce(func.sum(column.op(">>")(literal_column("32"))), 0)
+    low = func.coalesce(func.sum(column.op("&")(literal_column("4294967295"))), 0)
+    return high, low
+
+
+def combine(high: int | Decimal, low: int | Decimal) -> int:
+    """The exact sum from ``exact_sum``'s two results (PostgreSQL's are ``Decimal``)."""
+    return int(high) * 2**32 + int(low)
+
+
 def cached_prompt_sums(session: Session, run_id: str) -> tuple[int, int, int]:
     """(requests, cached prompt tokens, their prompt tokens) over the run's successful
     measured requests whose response reported a cached count (migration 0013), single-turn
-    runs included: one aggregate query. Prompt tokens: the server's ``usage_prompt_tokens``,
-    else the count the metrics used."""
+    runs included: one aggregate query, exact whatever the counts (``exact_sum``). Prompt
+    tokens: the server's ``usage_prompt_tokens``, else the count the metrics used."""
     t = Request.__table__
     prompt = func.coalesce(t.c.usage_prompt_tokens, t.c.input_tokens, 0)
-    stmt = select(
-        func.count(), func.coalesce(func.sum(t.c.cached_prompt_tokens), 0),
-        func.coalesce(func.sum(prompt), 0),
-    ).where(
+    stmt = select(func.count(), *exact_sum(t.c.cached_prompt_tokens), *exact_sum(prompt)).where(
         t.c.run_id == run_id,
         t.c.warmup.is_(False),
         t.c.status == RequestStatus.OK.value,
         t.c.cached_prompt_tokens.is_not(None),
-    )  # fmt: skip
-    n, cached, prompts = session.execute(stmt).one()
-    return int(n), int(cached), int(prompts)
+    )
+    n, cached_hi, cached_lo, prompt_hi, prompt_lo = session.execute(stmt).one()
+    return int(n), combine(cached_hi, cached_lo), combine(prompt_hi, prompt_lo)

@@ -6,10 +6,11 @@ import secrets
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.requests import ClientDisconnect
 
+from app.protocol.nul import NUL, NUL_REFUSED
 from app.services import auth, bench_jobs, targets, web_sessions
 from app.services.errors import ServiceError
 from app.storage import repository as repo
@@ -40,7 +41,9 @@ MAX_FORM_BYTES = 256 * 1024
 async def form_values(request: Request) -> dict[str, str]:
     """An urlencoded form body as a dict (last value wins); no multipart needed. Read up to
     ``MAX_FORM_BYTES``: a bigger body, or one cut off, reads as an empty form (no CSRF
-    token: every handler refuses it). Handlers that need a principal check it first."""
+    token: every handler refuses it). Handlers that need a principal check it first. A NUL
+    in any field's name or value is a 422 naming the field, before anything is done with the
+    form (``app.protocol.nul``)."""
     body = bytearray()
     try:
         async for chunk in request.stream():
@@ -49,7 +52,12 @@ async def form_values(request: Request) -> dict[str, str]:
                 return {}
     except ClientDisconnect:  # gone, or cut at the body limit (413 already answered)
         return {}
-    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    for name, value in pairs:
+        if NUL in name or NUL in value:
+            field = name.replace(NUL, "")
+            raise HTTPException(422, f"{field}: {NUL_REFUSED}")
+    return dict(pairs)
 
 
 def _safe_next(target: str | None) -> str:
