@@ -141,6 +141,7 @@ def load_samples(
         step = compare_repo.step_of_run(s, run_id)
         floor_ms, device = hardware.roofline_floor(s, run_id, row.load_stats)
         hw = hardware.run_hardware(s, run_id, row.load_stats)
+        target = row.target_url
     _refuse_active(run)
     summary = run_summaries.page_summary(sessions, run_id, itl_sample=True)
     report = run_svc.summary_report(run, summary)
@@ -152,6 +153,8 @@ def load_samples(
         measured_output_p50=_measured_p50(outp),
         hardware=hw,
         dataset_source=(row.load_stats or {}).get("dataset_source"),
+        url=target,
+        load_stats=row.load_stats,
     )
     del sent, inp, outp
     samples, full = _bounded_samples(summary, report, per_request, sample_max)
