@@ -175,11 +175,12 @@ def engine_of(load_stats: Mapping[str, Any] | None) -> str | None:
 
 def served_models(load_stats: Mapping[str, Any] | None) -> list[str] | None:
     """The model ids the target's ``/v1/models`` listed at the run's start, sorted, each
-    once (at most ``MAX_MODELS``, each cut at 200 characters); None when not listed."""
+    once, each cut at 200 characters (``target_key`` keeps ``MAX_MODELS`` of them and their
+    count); None when not listed."""
     ids = (load_stats or {}).get("served_models")
     if not isinstance(ids, list):
         return None
-    return sorted({str(m)[:200] for m in ids if isinstance(m, str | int)})
+    return sorted({m[:200] for m in ids if isinstance(m, str)})
 
 
 def target_key(url: Any, load_stats: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
