@@ -4,13 +4,24 @@ and the options form."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from app.services.runs import open_database
+from app.storage import compare_repo
+from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
-from tests.browser_support import CHROMIUM, DashboardServer, browser_missing, wait_js
+from tests.browser_support import (
+    CHROMIUM,
+    Console,
+    DashboardServer,
+    assert_drawn,
+    browser_missing,
+    wait_js,
+)
+from tests.live_server import free_port
 from tests.web_support import bench
 
 pytestmark = pytest.mark.slow
@@ -21,28 +32,83 @@ if _MISSING:
 
 from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
+# a loaded test box can make any client fall 10 ms behind: these runs must stay valid
+OK = {"num_prompts": 60, "client_lag_bound_ms": 1000.0}
+
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str, str, str]:
+def sim_port() -> int:
+    """One port for the simulators started one after another: their runs measured one
+    target (another port is another server)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, sim_port: int) -> Runs:
     tmp: Path = tmp_path_factory.mktemp("cmp")
     url = f"sqlite:///{tmp / 'cmp.db'}"
     sessions = open_database(url)
-    # a loaded test box can make any client fall 10 ms behind: these three must stay valid
-    ok = {"num_prompts": 60, "client_lag_bound_ms": 1000.0}
-    fast = bench(sessions, SimConfig(ttft_ms=30, itl_ms=2, seed=1), "fast", **ok)
-    slow = bench(sessions, SimConfig(ttft_ms=90, itl_ms=2, seed=1), "slow", **ok)
-    other = bench(
-        sessions, SimConfig(ttft_ms=30, itl_ms=2, seed=1), "fp8", dtype="fp8", seed=9, **ok
-    )
+    fast_sim = SimConfig(ttft_ms=30, itl_ms=2, seed=1, port=sim_port)
+    fast = bench(sessions, fast_sim, "fast", **OK)
+    slow = bench(sessions, SimConfig(ttft_ms=90, itl_ms=2, seed=1, port=sim_port), "slow", **OK)
+    other = bench(sessions, fast_sim, "fp8", dtype="fp8", seed=9, **OK)
     limited = bench(
-        sessions, SimConfig(ttft_ms=30, itl_ms=2, seed=1), "limited", num_prompts=60,
+        sessions, fast_sim, "limited", num_prompts=60,
         client_lag_bound_ms=0.001,  # any send lag is over this bound: a client-limited run
     )  # fmt: skip
     return url, fast, slow, other, limited
 
 
+@dataclass(frozen=True)
+class Sweeps:
+    fast: str  # "sweep fast": a fast run @ 1, a client-limited one @ 2; created first
+    slow: str  # "sweep slow": two slow runs (3x TTFT) @ 1 and @ 2
+    limited: str  # the client-limited step run of "sweep fast"
+    elsewhere: str  # a run of the fast configuration against another port
+    other_port: int
+
+
 @pytest.fixture(scope="module")
-def page(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Page, str]]:
+def sweeps(runs: Runs, sim_port: int) -> Sweeps:
+    """Two sweeps of their own runs (a sweep's steps are folded away on the runs list,
+    which the tests above use), and a run against another server."""
+    sessions = open_database(runs[0])
+    fast = SimConfig(ttft_ms=30, itl_ms=2, seed=1, port=sim_port)
+    slow = SimConfig(ttft_ms=90, itl_ms=2, seed=1, port=sim_port)
+    few = OK | {"num_prompts": 30}
+    steps = {
+        "sweep fast": (
+            bench(sessions, fast, "fast step", **few),
+            bench(sessions, fast, "limited step", num_prompts=30, client_lag_bound_ms=0.001),
+        ),
+        "sweep slow": (
+            bench(sessions, slow, "slow step 1", **few),
+            bench(sessions, slow, "slow step 2", **few),
+        ),
+    }
+    other_port = free_port()
+    far = SimConfig(ttft_ms=30, itl_ms=2, seed=1, port=other_port)
+    elsewhere = bench(sessions, far, "elsewhere", **OK)
+    made = []
+    for name, run_ids in steps.items():
+        with session_scope(sessions) as s:
+            sweep_id = compare_repo.create_sweep(
+                s, spec={}, mode="rates", loads=[1.0, 2.0], name=name, status="succeeded"
+            )
+            for k, run_id in enumerate(run_ids):
+                compare_repo.add_step(
+                    s, sweep_id, step_idx=k, run_id=run_id, load=k + 1.0, load_kind="rate"
+                )
+        made.append(sweep_id)
+    return Sweeps(made[0], made[1], steps["sweep fast"][1], elsewhere, other_port)
+
+
+@pytest.fixture(scope="module")
+def page(
+    runs: Runs, sweeps: Sweeps, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Page, str]]:
+    """Chromium on the dashboard, once every run and sweep is stored (benchmarks run their
+    own event loop: before Playwright's)."""
     srv = DashboardServer(runs[0], tmp_path_factory.mktemp("log") / "s.log", local_worker=False)
     try:
         with sync_playwright() as p:
@@ -163,3 +229,124 @@ def test_a_client_limited_run_is_flagged_wherever_it_is_shown(
     pg.goto(f"{base}/runs/{limited}")
     assert "client-limited" in pg.locator("#trust-warnings").inner_text()
     assert pg.locator("#card-validity .value").inner_text() == "client-limited"
+
+
+def _message(pg: Page) -> str:
+    return " ".join(pg.locator("#comparability-message").inner_text().split())
+
+
+def test_runs_against_another_server_say_the_target_differs(
+    page: tuple[Page, str], runs: Runs, sweeps: Sweeps, sim_port: int
+) -> None:
+    """Two runs of one workload against two servers: not "every key field matches" but the
+    target differs, each shown; the user can name the target as the variable under test,
+    or another field (then the target is the unexpected difference)."""
+    pg, base = page
+    con = Console(pg)
+    fast = runs[1]
+    here = f"http://127.0.0.1:{sim_port} · vllm /metrics · serves tokentrace-sim"
+    there = f"http://127.0.0.1:{sweeps.other_port} · vllm /metrics · serves tokentrace-sim"
+    pg.goto(f"{base}/compare?ids={fast}&ids={sweeps.elsewhere}")
+    assert _message(pg) == (
+        f"one variable under test: target (URL and server identity); target differs: {here} "
+        f"vs {there}"
+    )
+    row = pg.locator("#key-diff tr[data-field='target']")
+    assert row.locator("td").all_inner_texts() == [
+        "target (URL and server identity)", here, there
+    ]  # fmt: skip
+    assert "bad" not in (row.get_attribute("class") or "")
+    pg.select_option("#compare-options select[name=variable]", "seed")
+    with pg.expect_navigation():
+        pg.click("#compare-options button[type=submit]")
+    assert "variable=seed" in pg.url
+    assert _message(pg).startswith("not a one-variable comparison: the runs also differ in target")
+    assert f"target differs: {here} vs {there}" in _message(pg)
+    assert "bad" in (pg.locator("#key-diff tr[data-field='target']").get_attribute("class") or "")
+    pg.select_option("#compare-options select[name=variable]", "target")
+    with pg.expect_navigation():
+        pg.click("#compare-options button[type=submit]")
+    assert _message(pg).startswith("one variable under test: target")
+    # the same server twice: nothing differs
+    pg.goto(f"{base}/compare?ids={fast}&ids={runs[2]}")
+    assert _message(pg) == "same workload and setup: every key field matches"
+    assert con.problems() == []
+
+
+def _legend(pg: Page, div: str) -> list[str]:
+    """The names drawn in a chart's legend (its SVG text)."""
+    texts: list[str] = pg.evaluate(
+        "(id) => Array.from(document.querySelectorAll('#' + id + ' .legend text'))"
+        ".map((t) => t.textContent)",
+        div,
+    )
+    return texts
+
+
+def _sweep_heading(pg: Page) -> str:
+    return " ".join(pg.locator("#sweep-compare-heading").inner_text().split())
+
+
+def test_sweep_comparison_baseline_picker_labels_and_flags(
+    page: tuple[Page, str], sweeps: Sweeps
+) -> None:
+    """Listed newest first, the oldest sweep is the baseline all the same; it is labelled
+    in the heading, the list, the legends and the tables; the client-limited step is
+    flagged as run comparisons flag runs; the picker makes the other sweep the baseline
+    and every verdict reads the other way."""
+    pg, base = page
+    con = Console(pg)
+    limited = sweeps.limited
+    pg.goto(f"{base}/compare?sweeps={sweeps.slow}&sweeps={sweeps.fast}")
+    assert_drawn(pg)
+    assert _sweep_heading(pg).startswith("sweep fast (baseline) vs sweep slow")
+    assert pg.locator(f"#sweep-base-{sweeps.fast}").is_checked()
+    assert "(baseline)" in pg.locator(f"#sweep-list li[data-sweep-id='{sweeps.fast}']").inner_text()
+    assert (
+        "(baseline)"
+        not in pg.locator(f"#sweep-list li[data-sweep-id='{sweeps.slow}']").inner_text()
+    )
+    assert "sweep fast (baseline)" in _legend(pg, "plot-sweep_tput")
+    assert "sweep fast (baseline) p50" in _legend(pg, "plot-sweep_load_ttft_ms")
+    assert "sweep slow" in _legend(pg, "plot-sweep_tput")
+    head = " ".join(pg.locator("#sweep-table-0 thead").inner_text().split())
+    assert "baseline run sweep fast" in head and "candidate run sweep slow" in head
+    assert (
+        pg.locator("#sweep-pair-0 h3")
+        .inner_text()
+        .startswith("sweep slow vs sweep fast (baseline)")
+    )
+    one, two = "#sweep-table-0 tr[data-load='1']", "#sweep-table-0 tr[data-load='2']"
+    ttft = "td[data-metric='ttft_ms']"
+    assert pg.locator(f"{one} {ttft}").get_attribute("data-verdict") == "regressed"
+    assert pg.locator(f"{one} td.pair-verdict").get_attribute("data-untrusted") == "no"
+    assert pg.locator(f"{two} td.pair-verdict").get_attribute("data-untrusted") == "yes"
+    assert "not trustworthy" in pg.locator(f"{two} td.pair-verdict").inner_text()
+    cell = pg.locator(f"{two} td.step-run[data-run-id='{limited}']")
+    assert "⚠ client-limited" in cell.inner_text()
+    warn = pg.locator("#compare-warnings")
+    assert warn.count() == 1 and warn.locator("li").count() == 1
+    item = warn.locator(f"li[data-run-id='{limited}']").inner_text()
+    assert "limited step" in item and "load 2 of sweep fast (baseline)" in item
+    assert "client-limited" in item
+    assert "not to be trusted" in pg.locator("#verdict-caveat").inner_text()
+    order = pg.evaluate(
+        "() => document.getElementById('compare-warnings').compareDocumentPosition("
+        "document.getElementById('sweep-table-0'))"
+    )
+    assert int(order) & 4  # the warning comes before the verdicts
+    # the picker: the slow sweep as the baseline
+    pg.check(f"#sweep-base-{sweeps.slow}")
+    with pg.expect_navigation():
+        pg.click("#sweep-base-apply")
+    assert f"base={sweeps.slow}" in pg.url
+    assert_drawn(pg)
+    assert _sweep_heading(pg).startswith("sweep slow (baseline) vs sweep fast")
+    assert pg.locator(f"#sweep-base-{sweeps.slow}").is_checked()
+    legend = _legend(pg, "plot-sweep_tput")
+    assert "sweep slow (baseline)" in legend and "sweep fast (baseline)" not in legend
+    assert pg.locator(f"{one} {ttft}").get_attribute("data-verdict") == "improved"
+    assert pg.locator(f"{two} td.pair-verdict").get_attribute("data-untrusted") == "yes"
+    item = pg.locator(f"#compare-warnings li[data-run-id='{limited}']").inner_text()
+    assert "load 2 of sweep fast" in item and "(baseline)" not in item
+    assert con.problems() == []

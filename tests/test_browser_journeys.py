@@ -217,11 +217,13 @@ def test_pick_two_sweeps_and_compare_their_curves(
     tput = page.evaluate(
         "() => document.getElementById('plot-sweep_tput').data.map((t) => [t.name, t.x.length])"
     )
-    assert ["sweep A", 2] in tput and ["sweep B", 3] in tput, tput
+    # sweep A, created first, is the baseline: its legend entries say so
+    assert ["sweep A (baseline)", 2] in tput and ["sweep B", 3] in tput, tput
     lat = page.evaluate(
         "() => document.getElementById('plot-sweep_load_e2el_ms').data.map((t) => t.name)"
     )
-    assert {"sweep A p50", "sweep A p99", "sweep B p50", "sweep B p99"} <= set(lat), lat
+    want = {"sweep A (baseline) p50", "sweep A (baseline) p99", "sweep B p50", "sweep B p99"}
+    assert want <= set(lat), lat
     assert page.locator("#sweep-verdicts").count() == 1
     assert con.problems() == []
 

@@ -28,6 +28,7 @@ def _key(spec: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
 
 # field -> (spec changes or key keyword changes) that make only that field differ
 CHANGES: dict[str, dict[str, Any]] = {
+    "target": {"spec": {"base_url": "http://h:2"}},
     "model": {"spec": {"model": "other"}},
     "engine": {"spec": {"engine": "sglang"}},
     "engine_version": {"spec": {"engine_version": "0.11"}},
@@ -156,3 +157,132 @@ def test_load_shape_names_a_ramp_up_and_a_trace() -> None:
         "temperature=0.0, top_k=5"
     )
     assert sampling_text({}) == ""
+
+
+# ------------------------------------------------------------------ the target
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),  # the client adds /v1 itself
+        ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+        ("HTTP://Gpu-Box.Example:8000/V1", "http://gpu-box.example:8000/V1"),  # paths keep case
+        ("http://h", "http://h:80"),
+        ("https://h/", "https://h:443"),
+        ("https://h:443/serve/v1?x=1#f", "https://h:443/serve"),
+        ("http://user:secret@h:9000/v1", "http://h:9000"),  # never credentials
+        ("localhost:8000", "http://localhost:8000"),  # AIPerf's form: http
+        ("http://[::1]:8000/v1", "http://[::1]:8000"),
+        ("http://h:99999/v1", "http://h:99999/v1"),  # not parsed: kept as written
+        ("http://u:p@h:99999/", "http://h:99999/"),  # ... less any credentials
+        ("", None),
+        (None, None),
+    ],
+)
+def test_target_url_is_normalised(url: Any, expected: str | None) -> None:
+    from app.analysis.comparability import target_url
+
+    assert target_url(url) == expected
+
+
+def _stats(series: list[str] | None = None, models: list[Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if series is not None:
+        out["server_metrics"] = {"status": "ok", "series": series}
+    if models is not None:
+        out["served_models"] = models
+    return out
+
+
+def test_the_server_identity_comes_from_what_the_run_recorded() -> None:
+    from app.analysis.comparability import target_key, target_text
+
+    vllm = _stats(["vllm:num_requests_running", "vllm:prompt_tokens_total"], ["b", "a", "a"])
+    key = target_key("http://h:8000/v1", vllm)
+    assert key == {"url": "http://h:8000", "engine": "vllm", "models": ["a", "b"],
+                   "models_count": 2}  # fmt: skip
+    assert target_text(key) == "http://h:8000 · vllm /metrics · serves a, b"
+    llama = target_key("http://h:8000", _stats(["llamacpp:prompt_tokens_total"], []))
+    assert target_text(llama) == "http://h:8000 · llama.cpp /metrics · serves no model"
+    nothing = target_key("http://h:8000", {"server_metrics": {"status": "no /metrics"}})
+    assert nothing == {"url": "http://h:8000", "engine": None, "models": None,
+                       "models_count": None}  # fmt: skip
+    assert target_key(None, None) is None and target_text(None) is None
+    many = target_key("http://h:1", _stats(None, [f"m{i:03d}" for i in range(300)]))
+    assert many is not None and len(many["models"]) == 256 and many["models_count"] == 300
+    assert target_text(many) == "http://h:1 · serves m000, m001, m002, m003, m004 (+295 more)"
+    hostile = _stats([1, None, "sglang:token_usage"], "not a list")  # type: ignore[list-item]
+    assert target_key(None, hostile) == {"url": None, "engine": "sglang", "models": None,
+                                         "models_count": None}  # fmt: skip
+
+
+def test_runs_against_different_targets_say_so() -> None:
+    here, there = _key(), _key(_spec(base_url="http://other:8000/v1"))
+    result = check([here, there])
+    assert [d.field for d in result.differing] == ["target"]
+    assert result.comparable and result.variable == "target"
+    assert result.message() == (
+        "one variable under test: target (URL and server identity); "
+        "target differs: http://h:1 vs http://other:8000"
+    )
+    assert "every key field matches" not in result.message()
+    # another variable named: the target is the unexpected difference, said with its values
+    seed = check([here, there], variable="seed")
+    assert not seed.comparable and [d.field for d in seed.unexpected] == ["target"]
+    assert seed.message() == (
+        "not a one-variable comparison: the runs also differ in target (URL and server "
+        "identity); target differs: http://h:1 vs http://other:8000; read the verdicts with care"
+    )
+    assert seed.to_dict()["differing"] == [
+        {"field": "target", "label": "target (URL and server identity)",
+         "values": ["http://h:1", "http://other:8000"], "expected": False}
+    ]  # fmt: skip
+    # the same server written two ways is one target
+    assert check([here, _key(_spec(base_url="http://H:1/v1/"))]).differing == []
+
+
+def test_the_same_url_serving_another_engine_or_models_is_another_target() -> None:
+    spec = _spec(base_url="http://h:8000")
+    a = _key(spec, load_stats=_stats(["vllm:num_requests_running"], ["m"]))
+    sglang = _key(spec, load_stats=_stats(["sglang:num_queue_reqs"], ["m"]))
+    more = _key(spec, load_stats=_stats(["vllm:num_requests_running"], ["m", "lora"]))
+    unknown = _key(spec, load_stats={})  # no scrape, no model list: nothing to contradict
+    assert check([a, unknown]).differing == []
+    diff = check([a, sglang]).differing
+    assert [d.field for d in diff] == ["target"]
+    assert diff[0].values == [
+        "http://h:8000 · vllm /metrics · serves m",
+        "http://h:8000 · sglang /metrics · serves m",
+    ]
+    assert [d.field for d in check([a, more]).differing] == ["target"]
+
+
+@pytest.mark.parametrize("field", ["model", "engine", "engine_version", "dtype", "hardware"])
+def test_another_server_under_test_lets_the_target_differ_and_says_so(field: str) -> None:
+    change = CHANGES[field]
+    moved = _spec(**(change.get("spec", {}) | {"base_url": "http://other:9"}))
+    other = _key(moved, **change.get("kw", {}))
+    result = check([_key(), other])  # inferred: the server field, the target beside it
+    assert result.comparable and result.variable == field
+    assert result.message() == (
+        f"one variable under test: {KEY_FIELDS[field]}; "
+        "with it the target differs: http://h:1 vs http://other:9"
+    )
+    assert {d["field"]: d["expected"] for d in result.to_dict()["differing"]} == {
+        "target": True, field: True
+    }
+    # a workload field under test does not excuse another server
+    seed = check([_key(), _key(_spec(seed=9, base_url="http://other:9"))])
+    assert not seed.comparable and seed.variable is None
+    named = check([_key(), _key(_spec(seed=9, base_url="http://other:9"))], variable="seed")
+    assert [d.field for d in named.unexpected] == ["target"]
+
+
+def test_an_import_without_a_spec_uses_its_target_url() -> None:
+    imported = comparability_key({"model": "m"}, url="http://user:pw@h:1/v1")
+    assert imported["target"]["url"] == "http://h:1"
+    assert comparability_key({"model": "m"})["target"] is None  # unknown: contradicts nothing
+    assert check([comparability_key({"model": "m"}), imported]).differing == []

@@ -93,11 +93,12 @@ def test_stored_runs_on_other_files_at_one_path_are_flagged_by_compare(tmp_path:
     from app.services import compare as compare_svc
     from app.services.runs import open_database
     from app.targets.sim_config import SimConfig
+    from tests.live_server import free_port
     from tests.web_support import bench
 
     p = tmp_path / "prompts.jsonl"
     sessions = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    sim = SimConfig(ttft_ms=2, itl_ms=0.5, seed=1)
+    sim = SimConfig(ttft_ms=2, itl_ms=0.5, seed=1, port=free_port())  # one target
     kw: dict[str, Any] = {"dataset": "jsonl", "dataset_path": str(p), "num_prompts": 4}
     p.write_text('{"prompt": "one two three"}\n')
     a = bench(sessions, sim, "a", **kw)

@@ -37,7 +37,12 @@ from app.targets.simulator import SimulatorThread, start_simulator_thread
 from app.worker.job import JobOutcome
 from app.worker.loop import Worker, WorkerOptions
 from app.worker.sweep_job import Replay, ReplayMismatch
-from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
+from tests.live_server import (  # noqa: F401
+    LiveServer,
+    LiveServerFactory,
+    free_port,
+    live_server,
+)
 from tests.web_support import bench
 from tests.worker_helpers import (
     api,
@@ -694,7 +699,8 @@ def annotated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("roof")
     url = f"sqlite:///{tmp / 'roof.db'}"
     sessions = open_database(url)
-    cfg = SimConfig(ttft_ms=5, itl_ms=20.0, output_len=6, seed=1)
+    # one port for every simulator started here: the runs measured one target
+    cfg = SimConfig(ttft_ms=5, itl_ms=20.0, output_len=6, seed=1, port=free_port())
     kw: dict[str, Any] = {"num_prompts": 6, "output_len": 6, "request_rate": 100.0}
     a = bench(sessions, cfg, "a", **kw)
     b = bench(sessions, cfg, "b", **kw)

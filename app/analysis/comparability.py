@@ -6,20 +6,27 @@ distributions (spec lengths and the measured median lengths), dataset (and wheth
 conversations were replayed as multi-turn sessions: turn cap, think time), its own options
 (``dataset_options``: a range ratio, a shared prefix, ShareGPT's filters ...) and the file
 it read (the packaged ShareGPT version or the file's sha256, from the run's load
-statistics), seed, load shape, endpoint and hardware. ``check`` reports every field where
-the runs differ; when more than the one variable under test differs, a comparison must say
-so before any verdict.
+statistics), seed, load shape, endpoint and hardware, and the **target**: the server the
+run measured, as its normalised base URL and the identity the server gave (the engine its
+``/metrics`` names, the models its ``/v1/models`` lists; ``target_key``). ``check`` reports
+every field where the runs differ; when more than the one variable under test differs, a
+comparison must say so before any verdict. A variable under test that makes another server
+(model, engine, its version, dtype, hardware: ``SERVER_FIELDS``) lets the target differ with
+it, and the message says that it does.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 # field -> label, in the order they are shown
 KEY_FIELDS: dict[str, str] = {
+    "target": "target (URL and server identity)",
     "model": "model",
     "engine": "engine",
     "engine_version": "engine version",
@@ -48,6 +55,11 @@ MEASURED = ("measured_input_p50", "measured_output_p50")
 OPTIONAL = ("connections", "dataset_source", "stream")
 # dataset types that give each request's send time (app.client.datasets: ``timed``)
 TIMED_DATASETS = ("mooncake", "timed_jsonl")
+# a variable under test that is another server: the target may differ with it
+SERVER_FIELDS = ("model", "engine", "engine_version", "dtype", "hardware")
+# the engine a server's /metrics names, by its series' prefix (app.protocol.prometheus)
+ENGINE_PREFIXES: dict[str, str] = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llama.cpp"}
+SHOWN_MODELS = 5  # served model ids shown in a target's text (all are compared)
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
     "presence_penalty",
@@ -110,6 +122,97 @@ def connection_mode(spec: Mapping[str, Any]) -> str | None:
     return "new" if "request_timeout_s" in spec else None  # a RunSpec from before the field
 
 
+MAX_URL_CHARS = 2048
+MAX_MODELS = 256  # served model ids kept in a target's key (sorted; their count beside)
+MAX_SERIES = 1000  # scraped series names read for the engine
+_CREDENTIALS = re.compile(r"(?<=://)[^/?#]*@")
+
+
+def target_url(url: Any) -> str | None:
+    """A base URL normalised for comparison: scheme and host lower case, the port explicit
+    (80 for http, 443 for https), the path without its trailing slash and final ``/v1`` (the
+    client adds ``/v1`` itself, so ``http://h:8000`` and ``http://h:8000/v1/`` are one
+    target); never credentials, query or fragment. A URL without a scheme (AIPerf writes
+    ``localhost:8000``) is taken as http; one that does not parse is kept as written, less
+    any ``user:password@``. None when there is none."""
+    if not isinstance(url, str) or not url.strip():
+        return None
+    text = url.strip()[:MAX_URL_CHARS]
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlsplit(text)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return _CREDENTIALS.sub("", text, count=1)
+    if not host:
+        return _CREDENTIALS.sub("", text, count=1)
+    scheme = parts.scheme.lower()
+    if port is None:
+        port = {"http": 80, "https": 443}.get(scheme)
+    host = f"[{host}]" if ":" in host else host
+    path = parts.path.rstrip("/")
+    path = path.removesuffix("/v1").rstrip("/")
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}{path}"
+
+
+def engine_of(load_stats: Mapping[str, Any] | None) -> str | None:
+    """The engine the target's ``/metrics`` named (``vllm``, ``sglang``, ``llama.cpp``: the
+    prefix of the series scraped), "a + b" for several; None when nothing was scraped."""
+    scrape = (load_stats or {}).get("server_metrics")
+    names = scrape.get("series") if isinstance(scrape, Mapping) else None
+    if not isinstance(names, list):
+        return None
+    found = {
+        engine
+        for name in names[:MAX_SERIES]
+        if isinstance(name, str)
+        for prefix, engine in ENGINE_PREFIXES.items()
+        if name.startswith(prefix)
+    }
+    return " + ".join(sorted(found)) if found else None
+
+
+def served_models(load_stats: Mapping[str, Any] | None) -> list[str] | None:
+    """The model ids the target's ``/v1/models`` listed at the run's start, sorted, each
+    once, each cut at 200 characters (``target_key`` keeps ``MAX_MODELS`` of them and their
+    count); None when not listed."""
+    ids = (load_stats or {}).get("served_models")
+    if not isinstance(ids, list):
+        return None
+    return sorted({m[:200] for m in ids if isinstance(m, str)})
+
+
+def target_key(url: Any, load_stats: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The target of a run: its normalised URL (``target_url``), the engine its ``/metrics``
+    named and the models its ``/v1/models`` listed (with their count); each None when the run
+    did not record it, and None when it recorded none of them."""
+    models = served_models(load_stats)
+    out = {
+        "url": target_url(url),
+        "engine": engine_of(load_stats),
+        "models": None if models is None else models[:MAX_MODELS],
+        "models_count": None if models is None else len(models),
+    }
+    return out if any(v is not None for v in out.values()) else None
+
+
+def target_text(target: Mapping[str, Any] | None) -> str | None:
+    """A target as one line: "http://h:8000 · vllm /metrics · serves m1, m2"."""
+    if not target:
+        return None
+    parts = [str(target.get("url") or "URL unknown")]
+    if target.get("engine"):
+        parts.append(f"{target['engine']} /metrics")
+    models = target.get("models")
+    if models is not None:
+        count = int(target.get("models_count") or len(models))
+        shown = ", ".join(str(m) for m in models[:SHOWN_MODELS]) or "no model"
+        more = count - min(len(models), SHOWN_MODELS)
+        parts.append(f"serves {shown}" + (f" (+{more} more)" if more > 0 else ""))
+    return " · ".join(parts)
+
+
 def comparability_key(
     spec: Mapping[str, Any],
     *,
@@ -118,12 +221,17 @@ def comparability_key(
     hardware: str | None = None,
     load: str | None = None,
     dataset_source: str | None = None,
+    url: str | None = None,
+    load_stats: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The key of one run from its spec (a ``RunSpec`` dumped to JSON) and measurements.
 
     ``load`` overrides the load shape (a sweep's key uses its list of loads);
-    ``dataset_source``: the file its prompts came from (``load_stats["dataset_source"]``)."""
+    ``dataset_source``: the file its prompts came from (``load_stats["dataset_source"]``);
+    ``url``: the target's URL when the spec has none (an import's); ``load_stats``: the run's
+    load statistics, for the server's identity (``target_key``)."""
     return {
+        "target": target_key(spec.get("base_url") or url, load_stats),
         "model": spec.get("model"),
         "engine": spec.get("engine"),
         "engine_version": spec.get("engine_version"),
@@ -148,7 +256,21 @@ def comparability_key(
     }
 
 
+def _same_target(a: Any, b: Any) -> bool:
+    """Two targets are one unless a part both recorded differs (URL, engine, models)."""
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+        return True  # unknown on one side: nothing to contradict
+    for part in ("url", "engine", "models"):
+        x, y = a.get(part), b.get(part)
+        if x is not None and y is not None and x != y:
+            return False
+    count_a, count_b = a.get("models_count"), b.get("models_count")
+    return count_a is None or count_b is None or count_a == count_b
+
+
 def _same(field: str, a: Any, b: Any) -> bool:
+    if field == "target":
+        return _same_target(a, b)
     if field in OPTIONAL and (a is None or b is None):
         return True
     if field in MEASURED:
@@ -161,52 +283,95 @@ def _same(field: str, a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def shown(field: str, value: Any) -> Any:
+    """A key field's value as a comparison shows it (a target as one line of text)."""
+    return target_text(value) if field == "target" else value
+
+
 @dataclass(frozen=True, slots=True)
 class FieldDiff:
     field: str
     label: str
-    values: list[Any]  # one per run, in the order given
+    values: list[Any]  # one per run, in the order given, as shown (``shown``)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "label": self.label, "values": list(self.values)}
+    def to_dict(self, expected: bool = False) -> dict[str, Any]:
+        return {
+            "field": self.field,
+            "label": self.label,
+            "values": list(self.values),
+            "expected": expected,
+        }
+
+
+def allowed_to_differ(variable: str | None) -> set[str]:
+    """The fields that may differ when ``variable`` is under test: itself, and the target
+    when it is another server (``SERVER_FIELDS``)."""
+    if variable is None:
+        return set()
+    return {variable, "target"} if variable in SERVER_FIELDS else {variable}
 
 
 @dataclass(frozen=True, slots=True)
 class Comparability:
     differing: list[FieldDiff]
-    variable: str | None  # the one field under test (given, or the only one differing)
-    comparable: bool  # at most the variable under test differs
+    variable: str | None  # the one field under test (given, or inferred)
+    comparable: bool  # at most the variable under test (and what it allows) differs
 
     @property
     def unexpected(self) -> list[FieldDiff]:
-        return [d for d in self.differing if d.field != self.variable]
+        allowed = allowed_to_differ(self.variable)
+        return [d for d in self.differing if d.field not in allowed]
+
+    def target_note(self) -> str | None:
+        """The note "target differs: A vs B" when the runs measured different servers."""
+        diff = next((d for d in self.differing if d.field == "target"), None)
+        if diff is None:
+            return None
+        return "target differs: " + " vs ".join(str(v or "unknown") for v in diff.values)
 
     def message(self) -> str:
         if not self.differing:
             return "same workload and setup: every key field matches"
+        note = self.target_note()
         if self.comparable:
             assert self.variable is not None
-            return f"one variable under test: {KEY_FIELDS[self.variable]}"
+            text = f"one variable under test: {KEY_FIELDS[self.variable]}"
+            if note is None:
+                return text
+            return f"{text}; {note}" if self.variable == "target" else f"{text}; with it the {note}"
         names = ", ".join(d.label for d in self.unexpected)
-        return (
-            f"not a one-variable comparison: the runs also differ in {names}; "
-            "read the verdicts with care"
-        )
+        text = f"not a one-variable comparison: the runs also differ in {names}"
+        if note is not None:
+            text += f"; {note}"
+        return f"{text}; read the verdicts with care"
 
     def to_dict(self) -> dict[str, Any]:
+        allowed = allowed_to_differ(self.variable)
         return {
             "comparable": self.comparable,
             "variable": self.variable,
             "message": self.message(),
-            "differing": [d.to_dict() for d in self.differing],
+            "differing": [d.to_dict(d.field in allowed) for d in self.differing],
         }
+
+
+def _infer(diffs: list[FieldDiff]) -> str | None:
+    """The variable under test when none is given: the one field that differs (beside the
+    target, when it is another server), or the target when only it differs."""
+    others = [d.field for d in diffs if d.field != "target"]
+    if len(others) == 1 and (len(diffs) == 1 or others[0] in SERVER_FIELDS):
+        return others[0]
+    if not others and diffs:
+        return "target"
+    return None
 
 
 def check(keys: Sequence[Mapping[str, Any]], *, variable: str | None = None) -> Comparability:
     """Which key fields differ between any of ``keys`` (the first is the reference).
 
-    ``variable``: the field under test (it may differ). Without it, a single differing field
-    is taken as the variable under test; two or more make the comparison not comparable.
+    ``variable``: the field under test (it may differ, and the target with a server field).
+    Without it, a single differing field is taken as the variable under test (a server
+    field with the target beside it too); more make the comparison not comparable.
     """
     if variable is not None and variable not in KEY_FIELDS:
         raise ValueError(f"unknown key field {variable!r}; expected one of {list(KEY_FIELDS)}")
@@ -214,11 +379,11 @@ def check(keys: Sequence[Mapping[str, Any]], *, variable: str | None = None) -> 
         return Comparability([], variable, True)
     ref = keys[0]
     diffs = [
-        FieldDiff(f, label, [k.get(f) for k in keys])
+        FieldDiff(f, label, [shown(f, k.get(f)) for k in keys])
         for f, label in KEY_FIELDS.items()
         if any(not _same(f, ref.get(f), k.get(f)) for k in keys[1:])
     ]
-    if variable is None and len(diffs) == 1:
-        variable = diffs[0].field
-    unexpected = [d for d in diffs if d.field != variable]
-    return Comparability(diffs, variable, not unexpected)
+    if variable is None:
+        variable = _infer(diffs)
+    allowed = allowed_to_differ(variable)
+    return Comparability(diffs, variable, all(d.field in allowed for d in diffs))

@@ -13,6 +13,7 @@ from app.api.deps import Reader, Runner, SessionDep, SessionsDep
 from app.protocol.nul import NoNul
 from app.services import baselines as baseline_svc
 from app.services import compare as compare_svc
+from app.services import compare_sets
 from app.services import sweeps as sweep_svc
 from app.services.errors import Invalid
 from app.storage import compare_repo
@@ -86,6 +87,53 @@ def _ids(ids: list[str] | None, base: str | None = None) -> list[str]:
 Ids = Annotated[list[str] | None, Query(description="candidate run ids (comma-separated ok)")]
 Threshold = Annotated[float, Query(ge=0, le=1000, description="percent")]
 Alpha = Annotated[float, Query(gt=0, lt=1)]
+
+
+Listed = Annotated[list[str] | None, Query(description="ids, comma-separated ok")]
+
+
+@router.get("/compare")
+async def compare_set(
+    sessions: SessionsDep,
+    _: Reader,
+    ids: Listed = None,
+    sweeps: Listed = None,
+    baseline: Annotated[
+        str | None, Query(description="the id (among those given) to compare the others to")
+    ] = None,
+    threshold_pct: Threshold = 5.0,
+    alpha: Alpha = 0.01,
+    variable: str | None = None,
+) -> dict[str, Any]:
+    """2 to 6 runs (``ids``) or sweeps (``sweeps``) against the ``baseline`` picked among
+    them, else the oldest (never the order given; ``baseline_chosen`` says which). Sweeps:
+    the baseline against each other sweep step by step, steps whose runs cannot be trusted
+    flagged (``untrusted``). 422 naming the field for both or neither, a count out of range
+    or a baseline not among them, before anything is read."""
+    run_ids, sweep_ids = _split(ids), _split(sweeps)
+    if bool(run_ids) == bool(sweep_ids):
+        raise Invalid("give either ids (runs) or sweeps, not both", loc=("query", "ids"))
+    wanted = run_ids or sweep_ids
+    if len(wanted) > compare_svc.MAX_RUNS:
+        raise Invalid(
+            f"compare at most {compare_svc.MAX_RUNS} at once (got {len(wanted)})",
+            loc=("query", "ids" if run_ids else "sweeps"),
+        )
+
+    def work() -> dict[str, Any]:
+        compare = compare_sets.compare_run_set if run_ids else compare_sets.compare_sweep_set
+        return compare(
+            sessions, wanted, baseline=baseline or None, threshold_pct=threshold_pct,
+            alpha=alpha, variable=variable,
+        )  # fmt: skip
+
+    out: dict[str, Any] = json_safe(await anyio.to_thread.run_sync(work))
+    return out
+
+
+def _split(ids: list[str] | None) -> list[str]:
+    split = [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+    return compare_svc.unique_ids(split)
 
 
 @router.get("/compare/{base_id}")

@@ -26,6 +26,20 @@ def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+BASELINE_TAG = " (baseline)"
+
+
+def sweep_name(sweep: Mapping[str, Any], baseline: str | None) -> str:
+    """A sweep's name in a legend: its label, and "(baseline)" on the sweep the others are
+    compared to (``baseline``: its id)."""
+    name = str(sweep.get("label") or sweep["id"])
+    return name + BASELINE_TAG if baseline is not None and sweep["id"] == baseline else name
+
+
+def _width(sweep: Mapping[str, Any], baseline: str | None) -> float:
+    return 3.0 if baseline is not None and sweep["id"] == baseline else 2.0
+
+
 def overlaid_cdf_figure(
     series: Sequence[tuple[str, npt.ArrayLike]],
     *,
@@ -121,11 +135,14 @@ def sweep_latency_figure(
     *,
     title: str,
     slo_ms: float | None = None,
+    baseline: str | None = None,
 ) -> Figure:
     """Latency p50 (solid) and p99 (dashed) against achieved output throughput, one pair
-    of lines per sweep; the SLO region shaded; each sweep's max-goodput step starred."""
+    of lines per sweep; the SLO region shaded; each sweep's max-goodput step starred;
+    ``baseline``: the id of the sweep the others are compared to (named so, drawn wider)."""
     traces: list[dict[str, Any]] = []
     for i, sw in enumerate(sweeps):
+        name = sweep_name(sw, baseline)
         steps = [s for s in sw["steps"] if s["role"] == "step"]
         x = [s["output_throughput_tok_s"] for s in steps]
         for p, dash in (("p50", "solid"), ("p99", "dash")):
@@ -134,10 +151,10 @@ def sweep_latency_figure(
                 {
                     "type": "scatter",
                     "mode": "lines+markers",
-                    "name": f"{sw.get('label') or sw['id']} {p}",
+                    "name": f"{name} {p}",
                     "x": jvalues(np.array(x, np.float64)),
                     "y": jvalues(np.array(y, np.float64)),
-                    "line": {"color": color(i), "dash": dash},
+                    "line": {"color": color(i), "dash": dash, "width": _width(sw, baseline)},
                     "customdata": [s["load"] for s in steps],
                     "hovertemplate": "load %{customdata}<br>%{x:.0f} tok/s<br>%{y:.1f} ms"
                     "<extra></extra>",
@@ -150,7 +167,7 @@ def sweep_latency_figure(
                 {
                     "type": "scatter",
                     "mode": "markers",
-                    "name": f"{sw.get('label') or sw['id']} max goodput",
+                    "name": f"{name} max goodput",
                     "x": jvalues(np.array([s["output_throughput_tok_s"]], np.float64)),
                     "y": jvalues(
                         np.array([(s["latency_ms"].get(metric) or {}).get("p99")], np.float64)
@@ -181,11 +198,14 @@ def sweep_latency_load_figure(
     *,
     title: str,
     slo_ms: float | None = None,
+    baseline: str | None = None,
 ) -> Figure:
     """Latency p50 (solid) and p99 (dashed) against the offered load (rate or concurrency),
-    one pair of lines per sweep (auto sweeps' probe runs left out, as in the other charts)."""
+    one pair of lines per sweep (auto sweeps' probe runs left out, as in the other charts);
+    ``baseline`` as in ``sweep_latency_figure``."""
     traces: list[dict[str, Any]] = []
     for i, sw in enumerate(sweeps):
+        name = sweep_name(sw, baseline)
         steps = [s for s in sw["steps"] if s["role"] == "step" and s["load"] is not None]
         x = [s["load"] for s in steps]
         for p, dash in (("p50", "solid"), ("p99", "dash")):
@@ -194,10 +214,10 @@ def sweep_latency_load_figure(
                 {
                     "type": "scatter",
                     "mode": "lines+markers",
-                    "name": f"{sw.get('label') or sw['id']} {p}",
+                    "name": f"{name} {p}",
                     "x": jvalues(np.array(x, np.float64)),
                     "y": jvalues(np.array(y, np.float64)),
-                    "line": {"color": color(i), "dash": dash},
+                    "line": {"color": color(i), "dash": dash, "width": _width(sw, baseline)},
                     "hovertemplate": "offered %{x}<br>%{y:.1f} ms<extra></extra>",
                 }
             )
@@ -213,8 +233,11 @@ def sweep_latency_load_figure(
     return {"data": traces, "layout": layout}
 
 
-def sweep_throughput_figure(sweeps: Sequence[Mapping[str, Any]], *, title: str) -> Figure:
-    """Achieved request rate against offered load (and the y = x line for rate sweeps)."""
+def sweep_throughput_figure(
+    sweeps: Sequence[Mapping[str, Any]], *, title: str, baseline: str | None = None
+) -> Figure:
+    """Achieved request rate against offered load (and the y = x line for rate sweeps);
+    ``baseline`` as in ``sweep_latency_figure``."""
     traces: list[dict[str, Any]] = []
     top = 0.0
     rate = False
@@ -227,10 +250,10 @@ def sweep_throughput_figure(sweeps: Sequence[Mapping[str, Any]], *, title: str) 
             {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": str(sw.get("label") or sw["id"]),
+                "name": sweep_name(sw, baseline),
                 "x": jvalues(np.array(loads, np.float64)),
                 "y": jvalues(np.array([s["achieved_rps"] for s in steps], np.float64)),
-                "line": {"color": color(i)},
+                "line": {"color": color(i), "width": _width(sw, baseline)},
                 "hovertemplate": "offered %{x}<br>achieved %{y:.2f} req/s<extra></extra>",
             }
         )

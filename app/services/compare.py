@@ -37,6 +37,7 @@ from app.analysis.compare import (
 from app.analysis.metric_defs import COMPARE_LATENCY_KEYS, COMPARE_RATE_KEYS, metric
 from app.analysis.percentiles import percentile, percentile_key
 from app.analysis.request_columns import RequestColumns, request_columns
+from app.analysis.trust import run_trust_issues
 from app.domain import RunStatus, RunTrace
 from app.services import hardware, run_summaries
 from app.services import runs as run_svc
@@ -141,6 +142,7 @@ def load_samples(
         step = compare_repo.step_of_run(s, run_id)
         floor_ms, device = hardware.roofline_floor(s, run_id, row.load_stats)
         hw = hardware.run_hardware(s, run_id, row.load_stats)
+        target = row.target_url
     _refuse_active(run)
     summary = run_summaries.page_summary(sessions, run_id, itl_sample=True)
     report = run_svc.summary_report(run, summary)
@@ -152,6 +154,8 @@ def load_samples(
         measured_output_p50=_measured_p50(outp),
         hardware=hw,
         dataset_source=(row.load_stats or {}).get("dataset_source"),
+        url=target,
+        load_stats=row.load_stats,
     )
     del sent, inp, outp
     samples, full = _bounded_samples(summary, report, per_request, sample_max)
@@ -269,6 +273,14 @@ def _pair(base: RunSamples, cand: RunSamples, opts: CompareOptions) -> dict[str,
     }
 
 
+def run_trust(rs: RunSamples) -> list[str]:
+    """Why the run's figures cannot be trusted (``run_trust_issues``: client-limited, failed,
+    lost requests, over its error bound), from what the comparison loaded; empty when none."""
+    err = rs.report["metrics"].get("error_rate")
+    rate = float(err) if isinstance(err, int | float) and not isinstance(err, bool) else None
+    return run_trust_issues(rs.run, error_rate=rate)
+
+
 def _run_entry(rs: RunSamples) -> dict[str, Any]:
     return {
         "id": rs.run["id"],
@@ -279,6 +291,7 @@ def _run_entry(rs: RunSamples) -> dict[str, Any]:
         "headline": run_svc.headline(rs.report),
         "key": rs.key,
         "diagnosis": list(rs.diagnosis),
+        "trust_issues": run_trust(rs),
     }
 
 
@@ -380,7 +393,10 @@ def compare_sweeps(
     alpha: float = 0.01,
     variable: str | None = None,
 ) -> dict[str, Any]:
-    """Step by step at the loads both sweeps ran; steps at other loads are listed, unjudged."""
+    """Step by step at the loads both sweeps ran; steps at other loads are listed, unjudged.
+    A step whose baseline or candidate run cannot be trusted is judged and flagged, as run
+    comparisons flag such runs: its ``trust_issues`` (run id -> why), ``untrusted`` and the
+    comparison's ``untrusted_loads``."""
     opts = _options(threshold_pct, alpha)
     base, cand = _sweep_steps(sessions, baseline_sweep), _sweep_steps(sessions, candidate_sweep)
     common = sorted(set(base) & set(cand))
@@ -391,7 +407,9 @@ def compare_sweeps(
         if not keys:
             keys = [a.key, b.key]
         pair = _pair(a, b, CompareOptions(opts.threshold, opts.alpha, seed=i))
-        steps.append({"load": load, **pair})
+        issues = {r.run["id"]: t for r in (a, b) if (t := run_trust(r))}
+        steps.append({"load": load, **pair, "trust_issues": issues, "untrusted": bool(issues)})
+        del a, b
     try:
         comp = check(keys, variable=variable) if keys else None
     except ValueError as e:
@@ -409,6 +427,7 @@ def compare_sweeps(
         "only_baseline": sorted(set(base) - set(cand)),
         "only_candidate": sorted(set(cand) - set(base)),
         "steps": steps,
+        "untrusted_loads": [st["load"] for st in steps if st["untrusted"]],
         "verdict": combine_verdicts(verdicts) if verdicts else "no data",
     }
 
@@ -464,9 +483,6 @@ def compare_to_baseline(
 
 def trust_issues(sessions: sessionmaker[Session], run_ids: list[str]) -> dict[str, list[str]]:
     """Run id -> why its figures cannot be trusted (``run_trust_issues``), for those with any."""
-    from app.analysis.trust import run_trust_issues
-    from app.storage import repository as repo
-
     out: dict[str, list[str]] = {}
     with session_scope(sessions) as s:
         for run_id in dict.fromkeys(run_ids):

@@ -5,6 +5,7 @@ once from its stored summary with bounded samples (``app.services.compare``); mo
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import anyio
@@ -12,12 +13,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from app.analysis.comparability import KEY_FIELDS
+from app.analysis.compare import combine_verdicts
 from app.figures import compare as fc
 from app.figures.scriptjson import plotly_json
 from app.services import compare as compare_svc
+from app.services import compare_sets
 from app.services import sweeps as sweep_svc
 from app.services.errors import Conflict, Invalid, NotFound
 from app.storage import compare_repo
+from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.web import runs_view
@@ -29,6 +33,7 @@ router = APIRouter(include_in_schema=False)
 MAX_IDS = compare_svc.MAX_RUNS
 CDF_METRICS = compare_svc.LATENCY_METRICS
 SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
+OLDEST_SWEEP = "the oldest sweep; pick another below"
 
 
 def _json(fig: dict[str, Any]) -> str:
@@ -141,8 +146,8 @@ async def compare_page(
     alpha: Annotated[float, Query(gt=0, lt=1)] = 0.01,
     variable: str | None = None,
 ) -> Response:
-    """Statistical comparison of runs or of two sweeps. The baseline: ``base`` (a run the
-    user picked), a saved ``baseline`` (by name), else the oldest of the runs."""
+    """Statistical comparison of runs or of sweeps. The baseline: ``base`` (a run or sweep
+    the user picked), a saved ``baseline`` (by name), else the oldest of them."""
     principal, redirect = read_gate(request)
     if redirect is not None:
         return redirect
@@ -153,7 +158,9 @@ async def compare_page(
     try:
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
-                lambda: _sweeps_context(request, sweep_ids, threshold_pct, alpha, variable)
+                lambda: _sweeps_context(
+                    request, sweep_ids, threshold_pct, alpha, variable, base or None, baseline
+                )
             )
         else:
             ctx = await anyio.to_thread.run_sync(
@@ -184,9 +191,22 @@ async def compare_page(
 
 def _sweeps_context(
     request: Request, sweep_ids: list[str], threshold_pct: float, alpha: float,
-    variable: str | None,
+    variable: str | None, base: str | None = None, baseline: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """The sweeps' curves on shared charts and, for two or more, the baseline (``base``, a
+    sweep the user picked, or a saved sweep ``baseline`` by name, else the oldest:
+    ``compare_sets.choose_baseline``) against each other sweep step by step, each step's
+    runs flagged as run comparisons flag runs."""
     sessions = sessions_of(request)
+    base_note = None
+    if baseline:
+        with session_scope(sessions) as s:
+            b = compare_repo.current_baseline(s, baseline)
+        if b is None or b.sweep_id is None:
+            raise Invalid(f"no sweep baseline named {baseline!r}", loc=("query", "baseline"))
+        base, base_note = b.sweep_id, f"baseline {baseline!r} version {b.version}"
+    if base and base not in sweep_ids:
+        sweep_ids = [base, *sweep_ids]
     _check_count(sweep_ids, "sweeps")
     summaries, missing = [], []
     for sid in sweep_ids:
@@ -196,39 +216,84 @@ def _sweeps_context(
             missing.append(sid)
             continue
         summaries.append(summ | {"label": summ.get("name") or summ["id"]})
-    ctx: dict[str, Any] = {"missing": missing, "result": None, "sweeps": summaries}
+    ctx: dict[str, Any] = {
+        "missing": missing, "result": None, "sweeps": summaries, "baseline_note": base_note,
+    }  # fmt: skip
     if not summaries:
         return ctx
-    ctx["sweep_figures"] = sweep_figures(summaries)
-    if len(summaries) >= 2:
-        ctx["sweep_result"] = json_safe(
+    created = {sm["id"]: datetime.fromisoformat(sm["created_at"]) for sm in summaries}
+    picked = base if base in created else None
+    base_id, others, how = compare_sets.choose_baseline(created, picked, what="sweeps")
+    summaries.sort(key=lambda sm: sm["id"] != base_id)  # the baseline first (its colour)
+    ctx["all_sweep_ids"] = [sm["id"] for sm in summaries]
+    ctx["sweep_figures"] = sweep_figures(summaries, baseline=base_id if others else None)
+    if not others:
+        return ctx
+    results = [
+        json_safe(
             compare_svc.compare_sweeps(
-                sessions,
-                summaries[0]["id"],
-                summaries[1]["id"],
-                threshold_pct=threshold_pct,
-                alpha=alpha,
+                sessions, base_id, other, threshold_pct=threshold_pct, alpha=alpha,
                 variable=variable,
             )
         )
+        for other in others
+    ]  # fmt: skip
+    run_ids = {st[k] for r in results for st in r["steps"] for k in ("baseline", "candidate")}
+    with session_scope(sessions) as s:
+        rows = {rid: repo.get_run(s, rid) for rid in sorted(run_ids)}
+        run_warnings = {rid: runs_view.run_warnings(row) for rid, row in rows.items()}
+        run_names = {rid: row.name or rid for rid, row in rows.items()}
+    shown_how = {compare_sets.OLDEST: OLDEST_SWEEP, compare_sets.CHOSEN: "chosen"}[how]
+    ctx.update(
+        sweep_base=base_id,
+        sweep_base_how="saved baseline" if base_note is not None else shown_how,
+        sweep_labels={sm["id"]: sm["label"] for sm in summaries},
+        sweep_results=results,
+        sweep_verdict=combine_verdicts([r["verdict"] for r in results]),
+        sweep_flagged=_flagged_steps(results, run_warnings),
+        run_warnings=run_warnings,
+        run_names=run_names,
+    )
     return ctx
 
 
-def sweep_figures(summaries: list[dict[str, Any]]) -> dict[str, str]:
+def _flagged_steps(
+    results: list[dict[str, Any]], warnings: dict[str, list[runs_view.TrustWarning]]
+) -> list[dict[str, Any]]:
+    """Each step run with a trust warning, once: its id, sweep and load (for the banner)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for st in r["steps"]:
+            for role in ("baseline", "candidate"):
+                rid = st[role]
+                if warnings.get(rid) and rid not in out:
+                    out[rid] = {"run_id": rid, "sweep": r[role], "load": st["load"], "role": role}
+    return list(out.values())
+
+
+def sweep_figures(
+    summaries: list[dict[str, Any]], *, baseline: str | None = None
+) -> dict[str, str]:
+    """The sweep charts; ``baseline``: the id of the sweep the others are compared to (its
+    legend entries say "(baseline)")."""
     slos = summaries[0].get("slos_ms") or {}
     out = {
         f"sweep_{key}": _json(
             fc.sweep_latency_figure(
-                summaries, key, title=f"{label} vs throughput", slo_ms=slos.get(SLO_KEYS[key])
+                summaries, key, title=f"{label} vs throughput", slo_ms=slos.get(SLO_KEYS[key]),
+                baseline=baseline,
             )
         )
         for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E"))
-    }
-    out["sweep_tput"] = _json(fc.sweep_throughput_figure(summaries, title="throughput vs load"))
+    }  # fmt: skip
+    out["sweep_tput"] = _json(
+        fc.sweep_throughput_figure(summaries, title="throughput vs load", baseline=baseline)
+    )
     for key, label in (("ttft_ms", "TTFT"), ("e2el_ms", "E2E")):
         out[f"sweep_load_{key}"] = _json(
             fc.sweep_latency_load_figure(
-                summaries, key, title=f"{label} vs offered load", slo_ms=slos.get(SLO_KEYS[key])
+                summaries, key, title=f"{label} vs offered load",
+                slo_ms=slos.get(SLO_KEYS[key]), baseline=baseline,
             )
-        )
+        )  # fmt: skip
     return out
