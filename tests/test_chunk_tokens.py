@@ -9,13 +9,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from app.client.tokenizer import (
-    WORDS,
-    BuiltinTokenizer,
-    ChunkTokens,
-    HFTokenizer,
-    tokens_per_chunk,
-)
+from app.client.chunk_tokens import ChunkTokens
+from app.client.tokenizer import WORDS, BuiltinTokenizer, HFTokenizer, tokens_per_chunk
 from tests.test_datasets import hf_tokenizer  # noqa: F401  (a fixture)
 
 PIECES = [*WORDS[:40], " ", "  ", "\n", "\n\n", "\t", ".", ",", "!?", "12", "345", "é", "日本",

@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from app.client.chunk_tokens import ChunkTokens
 from app.client.events import Classifier, cached_prompt_tokens
 from app.client.raw_stream import RawStream
 from app.client.spec import TokenCounting
-from app.client.tokenizer import BuiltinTokenizer, ChunkTokens, HFTokenizer
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
 from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus
 
 RECORD_STEP_EVENTS = 16  # events classified per resumable piece of record_steps
