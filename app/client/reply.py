@@ -113,7 +113,7 @@ class ReplyText:
                 self._give_up()
 
     def _dechunk(self, buf: bytearray, pos: int) -> bytes:
-        """The chunk data in ``buf[pos:]``, by ``app.client.http_stream.dechunk_steps``'s
+        """The chunk data in ``buf[pos:]``, by ``app.client.raw_stream.dechunk_steps``'s
         rules a piece at a time; a framing error gives up."""
         n = len(buf)
         out: list[bytearray] = []
