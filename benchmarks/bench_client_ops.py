@@ -40,11 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.client.clocks import ClockMap
 from app.client.datasets.conversations import Turn
-from app.client.http_stream import (
-    ClockMap,
-    RawStream,
-    StreamRequest,
+from app.client.http_request import (
     build_request,
     finish_request,
     parse_target,
@@ -52,6 +50,8 @@ from app.client.http_stream import (
     request_head,
     request_headers,
 )
+from app.client.http_stream import StreamRequest
+from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.reply import ReplyText
 from app.client.sessions import History, _NextTurn, body_template, dumps, reply_text

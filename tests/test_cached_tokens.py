@@ -19,7 +19,7 @@ from app.analysis.prefix_cache import responses_prefix_cache
 from app.analysis.turns import CSV_COLUMNS, flat_rows, turn_table
 from app.cli.render import prefix_cache_line
 from app.client.events import cached_prompt_tokens, classify
-from app.client.http_stream import RawStream
+from app.client.raw_stream import RawStream
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
 from app.domain import RequestRecord, RequestStatus, RunStatus, trace_from_records

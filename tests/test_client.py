@@ -23,15 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.client.http_stream import (
-    ClockMap,
-    RawStream,
-    StreamRequest,
-    kernel_stamps_supported,
-    parse_target,
-    request_body,
-    request_headers,
-)
+from app.client.clocks import ClockMap, kernel_stamps_supported
+from app.client.http_request import parse_target, request_body, request_headers
+from app.client.http_stream import StreamRequest
+from app.client.raw_stream import RawStream
 from app.client.runner import LoadResult, Progress, run_load, run_load_sync
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
@@ -750,33 +745,39 @@ def _chunked(raw: bytes, sizes: list[int]) -> bytes:
     return out + b"0\r\nX-Trailer: y\r\n\r\n"
 
 
-Dechunked = tuple[bytes, list[int], list[int], bool, str | None]
+Dechunked = tuple[bytes, list[int], bool, str | None]
 
 
-def dechunked(enc: bytes, step_chunks: int = 64) -> Dechunked:
-    """``dechunk_steps`` run to its end, as ``RawStream.finalize_steps`` runs it."""
-    from app.client.http_stream import dechunk_steps
+def dechunked(enc: bytes, step_chunks: int = 64, read_end: tuple[int, ...] = ()) -> Dechunked:
+    """``dechunk_steps`` run to its end, as ``RawStream.finalize_steps`` runs it (on a copy:
+    it decodes in place)."""
+    from app.client.raw_stream import dechunk_steps
 
-    steps = dechunk_steps(enc, 0, step_chunks)
+    steps = dechunk_steps(bytearray(enc), 0, read_end, step_chunks)
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            payload, avail, fin, error = done.value
+            return payload, list(avail), fin, error
 
 
-def test_chunked_decoding_maps_every_chunk() -> None:
-    """The payload, and where each chunk's data starts in the payload and on the wire, for
-    chunks of many sizes with extensions and a trailer; in pieces of any size, the same."""
+def test_chunked_decoding_maps_every_read() -> None:
+    """The payload, and how much of it had arrived by the end of each read, for chunks of
+    many sizes with extensions and a trailer and reads ending anywhere (in chunk data, in
+    framing); in pieces of any size, the same. Independent check: a read's share is the
+    payload of the body cut where that read ended."""
     raw = (FIXTURES / "transformers-serve-chat.sse").read_bytes()
     enc = _chunked(raw, [1, 7, 300, 64, 1000])
-    payload, seg_p, seg_r, done, error = dechunked(enc)
+    reads = tuple(sorted({*range(40), *range(40, len(enc), 97), len(enc) - 3, len(enc)}))
+    payload, avail, done, error = dechunked(enc, read_end=reads)
     assert payload == raw and done and error is None
-    for p0, r0 in zip(seg_p, seg_r, strict=True):  # each segment's first bytes, both sides
-        assert enc[r0 : r0 + 1] == raw[p0 : p0 + 1]
-    assert seg_p[:3] == [0, 1, 8] and len(seg_p) == len(seg_r)
+    assert len(avail) == len(reads)
+    for end, got in zip(reads, avail, strict=True):
+        assert got == len(dechunked(enc[:end])[0]), end
+    assert avail[-1] == len(raw)
     for step in (1, 2, 5):
-        assert dechunked(enc, step) == (payload, seg_p, seg_r, done, error)
+        assert dechunked(enc, step, reads) == (payload, avail, done, error)
 
 
 def test_chunked_body_cut_anywhere_is_a_prefix() -> None:
@@ -786,18 +787,18 @@ def test_chunked_body_cut_anywhere_is_a_prefix() -> None:
     enc = _chunked(raw, [13, 200, 1])
     terminal = enc.rindex(b"0\r\n")
     for cut in range(len(enc) + 1):
-        payload, _, _, done, error = dechunked(enc[:cut])
+        payload, _, done, error = dechunked(enc[:cut])
         assert error is None and raw.startswith(payload), f"cut at {cut}"
         assert done == (cut >= terminal + 3), f"cut at {cut}"
 
 
 def test_chunked_decoder_errors() -> None:
-    _, _, _, _, error = dechunked(b"zz\r\nhello\r\n")
+    _, _, _, error = dechunked(b"zz\r\nhello\r\n")
     assert error is not None and "bad chunk size" in error
-    payload, _, _, done, error = dechunked(b"5\r\nhelloXX")
+    payload, _, done, error = dechunked(b"5\r\nhelloXX")
     assert payload == b"hello" and not done  # what came before the error is kept
     assert error is not None and "missing CRLF" in error
-    _, _, _, _, error = dechunked(b"f" * 2000)
+    _, _, _, error = dechunked(b"f" * 2000)
     assert error is not None and "line too long" in error
 
 

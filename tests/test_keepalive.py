@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from app.client import connpool
-from app.client.http_stream import kernel_stamps_supported
+from app.client.clocks import kernel_stamps_supported
 from app.client.runner import LoadResult, run_load_sync
 from app.client.spec import RunSpec
 from app.domain import ClockSource, RequestRecord, RequestStatus

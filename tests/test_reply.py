@@ -12,10 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.client.http_stream import (
-    ClockMap,
-    RawStream,
-    StreamRequest,
+from app.client.clocks import ClockMap
+from app.client.http_request import (
     build_request,
     finish_request,
     parse_target,
@@ -23,6 +21,8 @@ from app.client.http_stream import (
     request_head,
     request_headers,
 )
+from app.client.http_stream import StreamRequest
+from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.reply import UNSURE, ReplyText
 from app.client.sessions import History, body_template, dumps, reply_text

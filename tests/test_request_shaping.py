@@ -16,7 +16,7 @@ from app.analysis.metrics import compute_metrics
 from app.api.app import create_app  # noqa: F401  (the web package's import order)
 from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
 from app.client.execute import NO_STREAM_NOTE, execute
-from app.client.http_stream import request_body
+from app.client.http_request import request_body
 from app.client.runner import run_load
 from app.client.shapes import ramp_rates, schedule_for
 from app.client.spec import RunSpec

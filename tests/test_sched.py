@@ -243,7 +243,7 @@ def test_cpu_wait_accounting_by_hand() -> None:
     """Cumulative run_delay 1.0, 1.2, 3.7, 3.7 ms at start and three ticks: per-tick waits
     0.2, 2.5 and 0 ms, 2.7 ms in all; the 2.5 ms tick (>= 1 ms) is noted."""
     from app.client import runner
-    from app.client.http_stream import parse_target
+    from app.client.http_request import parse_target
     from app.client.tokenizer import BuiltinTokenizer
 
     spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=1)

@@ -24,15 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.client.http_stream import (
-    ClockMap,
-    RawStream,
-    StreamRequest,
-    kernel_stamps_supported,
-    parse_target,
-    request_body,
-    request_headers,
-)
+from app.client.clocks import ClockMap, kernel_stamps_supported
+from app.client.http_request import parse_target, request_body, request_headers
+from app.client.http_stream import StreamRequest
+from app.client.raw_stream import RawStream
 from app.client.runner import run_load_sync
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer

@@ -369,8 +369,10 @@ def test_a_replay_reuses_its_connection_and_never_sends_early(tmp_path: Path) ->
 
 
 def test_a_connection_taken_ahead_goes_back_when_the_request_does_not_start() -> None:
+    from app.client.clocks import ClockMap
     from app.client.connpool import Conn, ConnPool
-    from app.client.http_stream import ClockMap, StreamRequest, parse_target
+    from app.client.http_request import parse_target
+    from app.client.http_stream import StreamRequest
 
     pool = ConnPool(keep_alive=True, bound=4)
     a, b = socket.socketpair()

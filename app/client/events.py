@@ -19,6 +19,8 @@ from app.domain import EventKind
 
 DONE = b"[DONE]"
 _SNIPPET = 200
+MESSAGE_CHARS = 160  # of a target's error message, at most this much is kept
+_CODE_CHARS = 40
 _INT64_MAX = 2**63 - 1
 # decodes one JSON string literal (C accelerated); not in the typing stubs
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
@@ -40,11 +42,14 @@ def snippet(raw: bytes | str, limit: int = _SNIPPET) -> str:
     return s if len(s) <= limit else s[:limit] + "..."
 
 
-def http_error_text(status: int | None, content_type: str | None, body: bytes) -> str:
+def http_error_text(
+    status: int | None, content_type: str | None, body: bytes, *, cut: bool = False
+) -> str:
     """A request error for an HTTP error answer. The message of an OpenAI-style JSON error
     (``{"error": {"message": ...}}``, ``{"error": "..."}``, ``{"message"|"detail": "..."}``)
-    is kept; any other body (an HTML page, another service's answer) only by its type and
-    size: a run must not be a way to read what other services say."""
+    is kept, its first ``MESSAGE_CHARS`` characters; any other body (an HTML page, another
+    service's answer) only by its type and size (``cut``: the body went on past ``body``):
+    a run must not be a way to read what other services say."""
     msg: str | None = None
     try:
         obj = json.loads(body) if body[:1] in (b"{", b" ", b"\n") else None
@@ -62,18 +67,24 @@ def http_error_text(status: int | None, content_type: str | None, body: bytes) -
                     msg = obj[key]
                     break
     if msg is not None:
-        return f"HTTP {status}: {snippet(msg)}"
+        return f"HTTP {status}: {snippet(msg, MESSAGE_CHARS)}"
     kind = (content_type or "no content type").split(";")[0].strip()[:60]
-    return f"HTTP {status} ({kind}, {len(body):,} bytes; not shown: not a JSON error)"
+    size = f"{len(body):,}{'+' if cut else ''}"
+    return f"HTTP {status} ({kind}, {size} bytes; not shown: not a JSON error)"
 
 
 def _error_message(err: object) -> str:
+    """An error object in the stream: its message (and code), bounded; nothing else of it."""
     if isinstance(err, dict):
         msg = err.get("message")
         code = err.get("code") or err.get("type")
-        text = msg if isinstance(msg, str) else json.dumps(err)[:_SNIPPET]
-        return f"server error in stream: {text}" + (f" ({code})" if code else "")
-    return f"server error in stream: {snippet(str(err))}"
+        text = snippet(msg, MESSAGE_CHARS) if isinstance(msg, str) else "(no message)"
+        if isinstance(code, str | int) and not isinstance(code, bool):
+            text += f" ({snippet(str(code), _CODE_CHARS)})"
+        return f"server error in stream: {text}"
+    if isinstance(err, str | int | float):
+        return f"server error in stream: {snippet(str(err), MESSAGE_CHARS)}"
+    return "server error in stream: (no message)"
 
 
 def _count(v: object) -> int | None:
@@ -112,12 +123,16 @@ def classify(data: bytes | None) -> Classified:
     stripped = data.strip()
     if not stripped:
         return _OTHER
+    # a data line that is not stream JSON is named by its size, not quoted: a run must not
+    # be a way to read another service's event stream
     try:
         obj = json.loads(stripped)
-    except ValueError:
-        return Classified(EventKind.OTHER, "", None, f"non-JSON data line: {snippet(data)}")
+    except (ValueError, RecursionError):
+        why = f"non-JSON data line ({len(data):,} bytes; not shown)"
+        return Classified(EventKind.OTHER, "", None, why)
     if not isinstance(obj, dict):
-        return Classified(EventKind.OTHER, "", None, f"unexpected data line: {snippet(data)}")
+        why = f"unexpected data line (JSON {type(obj).__name__}, {len(data):,} bytes; not shown)"
+        return Classified(EventKind.OTHER, "", None, why)
     if obj.get("error"):
         return Classified(EventKind.OTHER, "", None, _error_message(obj["error"]))
     usage_obj = obj.get("usage")

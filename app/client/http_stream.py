@@ -28,11 +28,14 @@ before the request is due). The read callback does as little as possible: one
 ``bytearray`` and of ``(stamp, user stamp, end offset)`` to three int lists, then a cheap end
 check: the response head is parsed once (status, chunked / Content-Length / until-close); the
 end is the terminal chunk at the tail (``\r\n0\r\n\r\n``; with trailers, the server's close),
-the byte count, EOF, or a complete ``data: [DONE]`` line near the tail. A raw byte cap
-(``max_response_bytes``) bounds memory. No chunk decoding, SSE splitting or JSON happens there.
+the byte count, EOF, or a complete ``data: [DONE]`` line near the tail. Two integer compares
+bound memory (``app.client.limits``): the response's bytes (``max_response_bytes``; a JSON
+answer's: ``max_event_bytes``; an error status's body: ``ERROR_BODY_BYTES``) and the run's
+``BufferBudget`` (``max_buffered_bytes``), which each read is added to. No chunk decoding,
+SSE splitting or JSON happens there.
 
-``RawStream.finalize()`` (run by ``StreamRequest.run()``, or by the runner between I/O rounds)
-decodes the body, splits the SSE events (max event size checked there) and maps each event's
+``RawStream.finalize()`` (``app.client.raw_stream``; run by ``StreamRequest.run()``, or by the
+runner between I/O rounds) decodes the body, splits the SSE events and maps each event's
 last byte back to the read that delivered it: an event gets that read's stamp, the same
 semantics as decoding in the callback, at a fraction of the per-read cost.
 
@@ -44,20 +47,22 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import os
 import re
 import socket
 import ssl
-import struct
-import sys
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
+from app.client.clocks import (
+    ANCBUF,
+    SCM_TIMESTAMPNS,
+    SO_TIMESTAMPNS,
+    TIMESPEC,
+    ClockMap,
+    kernel_stamps_supported,
+)
 from app.client.connpool import (
     Conn,
     ConnPool,
@@ -69,248 +74,35 @@ from app.client.connpool import (
     tx_stamps_supported,
 )
 from app.client.eventloop import StampingSelector, stamping_selector
-from app.client.events import Classified, http_error_text
-from app.client.sse import DEFAULT_MAX_EVENT_BYTES, split_events, trailing_event
+from app.client.http_request import Target, build_request, default_ssl_context, is_json_type
+from app.client.limits import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_RESPONSE_EVENTS,
+    ERROR_BODY_BYTES,
+    READ_COST,
+    BufferBudget,
+)
+from app.client.raw_stream import (
+    END_BODY,
+    END_CAP,
+    END_DONE,
+    END_EOF,
+    MODE_CHUNKED,
+    MODE_CLOSE,
+    MODE_HEAD,
+    MODE_LENGTH,
+    RawStream,
+)
 from app.domain import ClockSource, RequestStatus
 
-SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
-SCM_TIMESTAMPNS: int = getattr(socket, "SCM_TIMESTAMPNS", SO_TIMESTAMPNS)
-_TIMESPEC = struct.Struct("@qq")  # struct timespec on 64-bit Linux
-_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
-_ERROR_BODY_CAP = 2048
-_DONE = b"[DONE]"
 _SOL_SOCKET = socket.SOL_SOCKET
-USER_AGENT = "tokentrace/0.1"
-
-
-# --------------------------------------------------------------------------- clocks
-
-
-def sample_clock_offset(tries: int = 7) -> int:
-    """``CLOCK_REALTIME - CLOCK_MONOTONIC`` in ns, from the tightest of a few bracketed reads."""
-    best_gap = -1
-    offset = 0
-    for _ in range(tries):
-        a = time.monotonic_ns()
-        r = time.time_ns()
-        b = time.monotonic_ns()
-        if best_gap < 0 or b - a < best_gap:
-            best_gap = b - a
-            offset = r - (a + b) // 2
-    return offset
-
-
-@dataclass(slots=True)
-class ClockMap:
-    """Maps kernel ``CLOCK_REALTIME`` stamps onto ``time.monotonic_ns()``.
-
-    ``offset_ns`` is the current ``realtime - monotonic``; ``resample()`` updates it and
-    tracks how far it moved since the first sample (``max_drift_ns``).
-    """
-
-    offset_ns: int = field(default_factory=sample_clock_offset)
-    initial_offset_ns: int = 0
-    max_drift_ns: int = 0
-    samples: int = 1
-
-    def __post_init__(self) -> None:
-        self.initial_offset_ns = self.offset_ns
-        keep_kernel_stamps_on()
-
-    def resample(self) -> int:
-        self.offset_ns = sample_clock_offset()
-        self.samples += 1
-        drift = abs(self.offset_ns - self.initial_offset_ns)
-        self.max_drift_ns = max(self.max_drift_ns, drift)
-        return self.offset_ns
-
-    def to_monotonic(self, realtime_ns: int) -> int:
-        return realtime_ns - self.offset_ns
-
-
-def kernel_stamps_supported() -> bool:
-    return sys.platform.startswith("linux") and _ANCBUF > 0
-
-
-_stamp_keeper: socket.socket | None = None
-
-
-def keep_kernel_stamps_on() -> None:
-    """Hold one socket with ``SO_TIMESTAMPNS`` open for the process's lifetime.
-
-    Linux turns receive timestamping on system-wide only while some socket wants it, and it
-    does so asynchronously (a deferred static-key switch): the first segments a fresh socket
-    receives right after ``setsockopt`` can come without a stamp. Turning it on early (at
-    clock setup, before any request), waiting until a datagram to itself comes back stamped
-    (at most ~0.5 s), and keeping it on avoids that race.
-    """
-    global _stamp_keeper
-    if _stamp_keeper is not None or not kernel_stamps_supported():
-        return
-    try:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        s.bind(("127.0.0.1", 0))
-        s.settimeout(0.05)
-        deadline = time.monotonic() + 0.5
-        while True:
-            s.sendto(b"t", s.getsockname())
-            _data, anc, _flags, _addr = s.recvmsg(16, _ANCBUF)
-            if any(lvl == socket.SOL_SOCKET and typ == SCM_TIMESTAMPNS for lvl, typ, _ in anc):
-                break
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)  # the switch is done by a kernel worker: give it time
-    except OSError:
-        return
-    _stamp_keeper = s
-
-
-# --------------------------------------------------------------------------- requests
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    scheme: str
-    host: str
-    port: int
-    base_path: str  # without trailing slash; "" or e.g. "/v1"
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "https"
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.tls else 80
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == default else f"{host}:{self.port}"
-
-    def path_for(self, endpoint: str) -> str:
-        tail = "/chat/completions" if endpoint == "chat" else "/completions"
-        base = self.base_path if self.base_path.endswith("/v1") else self.base_path + "/v1"
-        return base + tail
-
-
-_default_contexts: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
-
-
-def default_ssl_context() -> ssl.SSLContext:
-    """``ssl.create_default_context()`` (verification on), made once and shared: loading the
-    trust store takes milliseconds, too long to do per request. Keyed by ``SSL_CERT_FILE`` /
-    ``SSL_CERT_DIR``, which OpenSSL reads when the context is made."""
-    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
-    ctx = _default_contexts.get(key)
-    if ctx is None:
-        ctx = _default_contexts[key] = ssl.create_default_context()
-    return ctx
-
-
-def parse_target(base_url: str) -> Target:
-    u = urlsplit(base_url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"unsupported target URL {base_url!r}")
-    port = u.port or (443 if u.scheme == "https" else 80)
-    return Target(u.scheme, u.hostname, port, u.path.rstrip("/"))
-
-
-def request_body(
-    *,
-    endpoint: str,
-    model: str,
-    prompt: str | None,
-    messages: list[dict[str, Any]] | None,
-    output_len: int,
-    ignore_eos: bool,
-    extra_body: Mapping[str, object] | None = None,
-    stream: bool = True,
-) -> bytes:
-    body: dict[str, Any] = {"model": model}
-    if endpoint == "chat":
-        body["messages"] = (
-            messages if messages is not None else [{"role": "user", "content": prompt or ""}]
-        )
-    else:
-        if prompt is None:
-            raise ValueError("the completions endpoint needs a text prompt, not messages")
-        body["prompt"] = prompt
-    body["max_tokens"] = output_len
-    body["stream"] = stream
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    if ignore_eos:
-        body["ignore_eos"] = True
-        body["min_tokens"] = output_len
-    if extra_body:
-        body.update(extra_body)
-    return json.dumps(body, separators=(",", ":")).encode()
-
-
-def is_json_type(content_type: str | None) -> bool:
-    """A JSON response (``application/json``, ``application/<x>+json``), not an SSE stream."""
-    if content_type is None:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (
-        media.startswith("application/") and media.endswith("+json")
-    )
-
-
-def request_headers(
-    target: Target,
-    request_id: str,
-    api_key: str | None,
-    *,
-    keep_alive: bool = True,
-    extra: Mapping[str, str] | None = None,
-    stream: bool = True,
-) -> list[tuple[str, str]]:
-    """The request's headers; ``extra`` (the run's ``headers``) after the client's own, an
-    ``Accept`` or ``User-Agent`` there replacing the client's."""
-    headers = [
-        ("Host", target.host_header),
-        ("User-Agent", USER_AGENT),
-        ("Content-Type", "application/json"),
-        ("Accept", "text/event-stream" if stream else "application/json"),
-        ("Connection", "keep-alive" if keep_alive else "close"),
-        ("X-Request-Id", request_id),
-    ]
-    if extra:
-        own = {k.lower() for k in extra}
-        headers = [(k, v) for k, v in headers if k.lower() not in own]
-        headers.extend(extra.items())
-    if api_key:
-        headers.append(("Authorization", f"Bearer {api_key}"))
-    return headers
-
-
-# --------------------------------------------------------------------------- bodies
-
-
-class BodyError(ValueError):
-    """The response body's framing is broken."""
-
 
 # --------------------------------------------------------------------------- one stream
 
-_MODE_HEAD = 0  # still reading the response head
-_MODE_CHUNKED = 1
-_MODE_LENGTH = 2  # Content-Length (or an empty body: 204/304, HEAD)
-_MODE_CLOSE = 3  # read until the server closes
-MODE_HEAD, MODE_CHUNKED, MODE_LENGTH = _MODE_HEAD, _MODE_CHUNKED, _MODE_LENGTH  # RawStream.mode
 _LAST_CHUNK = b"\r\n0\r\n\r\n"
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _MAX_HEAD_BYTES = 64 * 1024
-DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
-FINALIZE_STEP_EVENTS = 64  # events stamped per resumable piece of RawStream.finalize_steps
-
-# How the capture ended (RawStream._end), decided in the read callback; ``finalize`` turns it
-# into status and error once the body has been decoded.
-_END_NONE = 0  # cut off: timeout, abort, read error (status and error already final)
-_END_BODY = 1  # the body ended normally (terminal chunk, byte count, or close)
-_END_DONE = 2  # a "data: [DONE]" event ended the stream
-_END_EOF = 3  # the server closed the connection before the body ended
-_END_CAP = 4  # the response outgrew the client's byte cap
 
 
 def _done_at(buf: bytearray, j: int, body_start: int) -> int:
@@ -333,84 +125,19 @@ def _done_at(buf: bytearray, j: int, body_start: int) -> int:
     return -1
 
 
-def dechunk_steps(
-    buf: bytes | bytearray, start: int, step_chunks: int = 64
-) -> Generator[None, None, tuple[bytes, list[int], list[int], bool, str | None]]:
-    """Decode a chunked body from ``buf[start:]``, in resumable pieces: yields every
-    ``step_chunks`` chunks (``buf`` must not change meanwhile).
-
-    Returns ``(payload, seg_payload, seg_raw, done, error)``: the payload bytes; where each
-    chunk's data starts, in the payload and in ``buf`` (to map payload offsets back to the
-    raw stream); whether the terminal chunk was reached; a framing error, if any (the
-    payload before it is kept). An incomplete last chunk is not an error.
-    """
-    mv = memoryview(buf)
-    n = len(buf)
-    pos = start
-    parts: list[memoryview] = []  # views into buf, joined (copied) once at the end
-    seg_p: list[int] = []
-    seg_r: list[int] = []
-    plen = 0
-    find = buf.find
-    error: str | None = None
-    done = False
-    try:
-        while pos < n:
-            if len(parts) % step_chunks == step_chunks - 1:
-                yield
-            i = find(b"\n", pos)
-            if i < 0:
-                if n - pos > 1024:
-                    error = "chunked body: chunk-size line too long"
-                break
-            line = buf[pos:i]
-            if b";" in line:
-                line = line.split(b";", 1)[0]
-            line = line.strip()
-            try:
-                size = int(line, 16)
-            except ValueError:
-                error = f"chunked body: bad chunk size {bytes(line[:40])!r}"
-                break
-            if size < 0:
-                error = "chunked body: negative chunk size"
-                break
-            pos = i + 1
-            if size == 0:
-                done = True
-                break
-            end = pos + size
-            seg_p.append(plen)
-            seg_r.append(pos)
-            if end > n:  # cut off inside this chunk's data
-                parts.append(mv[pos:n])
-                break
-            parts.append(mv[pos:end])
-            plen += size
-            if n - end < 2:
-                break
-            if buf[end] != 13 or buf[end + 1] != 10:
-                error = "chunked body: missing CRLF after chunk data"
-                break
-            pos = end + 2
-        payload = b"".join(parts)
-    finally:
-        parts.clear()
-        mv.release()
-    return payload, seg_p, seg_r, done, error
-
-
 def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
     """Status code and (lower-cased) headers of one response head; ValueError if malformed."""
     lines = head.split(b"\n")
     status_line = lines[0].rstrip(b"\r")
     parts = status_line.split(b" ", 2)
+    # what a target sent is not quoted: a run must not read another service's banners
+    bad = f"bad status line ({len(status_line):,} bytes, not HTTP/1.x; not shown)"
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3:
-        raise ValueError(f"bad status line {status_line[:60]!r}")
+        raise ValueError(bad)
     try:
         status = int(parts[1])
     except ValueError:
-        raise ValueError(f"bad status line {status_line[:60]!r}") from None
+        raise ValueError(bad) from None
     headers: dict[bytes, bytes] = {}
     for ln in lines[1:]:
         ln = ln.rstrip(b"\r")
@@ -418,7 +145,7 @@ def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
             continue
         name, sep, value = ln.partition(b":")
         if not sep or not name or name != name.strip():
-            raise ValueError(f"bad header line {ln[:60]!r}")
+            raise ValueError(f"bad header line ({len(ln):,} bytes; not shown)")
         key = name.lower()
         v = value.strip()
         if key in headers and key in (b"transfer-encoding",):
@@ -428,193 +155,6 @@ def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
         else:
             headers[key] = v
     return status, headers
-
-
-@dataclass(slots=True)
-class RawStream:
-    """What one request observed, before classification. Times: absolute monotonic ns.
-
-    The read callback only fills the capture (``buf``: the raw response bytes; per read its
-    stamp, user-space stamp and end offset in ``buf``); ``finalize()`` decodes the body,
-    splits the SSE events and fills ``ev_*``, each event stamped by the read in which its
-    last byte arrived. ``StreamRequest.run()`` finalizes unless told not to.
-    """
-
-    request_id: str
-    t0_ns: int = 0
-    end_ns: int = 0
-    done_ns: int | None = None
-    status: RequestStatus = RequestStatus.OK
-    error: str | None = None
-    http_status: int | None = None
-    clock: ClockSource = ClockSource.USERSPACE
-    ev_t: list[int] = field(default_factory=list)  # stamp per SSE event (kernel or user)
-    ev_user_t: list[int] = field(default_factory=list)  # user-space stamp of the same read
-    ev_bytes: list[int] = field(default_factory=list)
-    ev_data: list[bytes | None] = field(default_factory=list)
-    kernel_reads: int = 0
-    user_reads: int = 0
-    body_bytes: int = 0
-    # ---- capture (filled by the read callback, consumed by finalize)
-    buf: bytearray = field(default_factory=bytearray, repr=False)
-    read_t: list[int] = field(default_factory=list, repr=False)
-    read_user_t: list[int] = field(default_factory=list, repr=False)
-    read_end: list[int] = field(default_factory=list, repr=False)
-    body_start: int = -1  # offset of the body in buf, once the head is parsed
-    body_end: int = -1  # Content-Length bodies: where the body ends in buf
-    mode: int = _MODE_HEAD
-    end_kind: int = _END_NONE
-    end_stamp: int = 0
-    count_events: bool = False  # append "(N events received)" to the error on finalize
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
-    finalized: bool = False
-    # ---- phases (SPEC 1b), absolute monotonic ns; 0 where the phase did not happen
-    io_start_ns: int = 0  # the request's I/O began (a connection taken or being opened)
-    connect_start_ns: int = 0
-    connect_end_ns: int = 0
-    tls_end_ns: int = 0
-    sent_end_ns: int = 0  # the request's last byte left (transmit stamp or after the send)
-    head_ns: int = 0  # stamp of the read that completed the response head
-    send_clock: ClockSource = ClockSource.USERSPACE  # where t0 came from
-    sent_any: bool = False  # some of the request's bytes reached the kernel
-    conn_id: int = 0
-    conn_reused: bool = False
-    retries: int = 0
-    keep_alive: bool = False  # the connection stayed open for the next request
-    read_to_close: bool = False  # the response was framed by the server closing
-    server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
-    content_type: str | None = None
-    # the first events' classification, already done while the stream arrived (a session's
-    # ``app.client.reply.ReplyText``): the record uses it for those events
-    ev_classified: list[Classified] | None = field(default=None, repr=False)
-
-    def finalize(self) -> RawStream:
-        """Decode the captured body into events (idempotent); never raises."""
-        for _ in self.finalize_steps():
-            pass
-        return self
-
-    def finalize_steps(self) -> Iterator[None]:
-        """``finalize`` in resumable pieces: it yields between pieces (body decoding, SSE
-        splitting, every ``FINALIZE_STEP_EVENTS`` events stamped) so a caller can serve I/O
-        in between. The stream is final once the iterator is exhausted."""
-        if self.finalized:
-            return
-        self.finalized = True
-        try:
-            yield from self._finalize()
-        except Exception as e:  # a bug here must not lose the request
-            self.status = RequestStatus.ERROR
-            self.error = f"client failed to decode the stream: {e!r}"
-        self.buf = bytearray()
-        self.read_t = []
-        self.read_user_t = []
-        self.read_end = []
-
-    def _finalize(self) -> Iterator[None]:
-        end = self.end_kind
-        if self.mode == _MODE_HEAD:
-            if self.count_events:
-                self.error = f"{self.error} (0 events received)"
-            return
-        buf = self.buf
-        bs = self.body_start
-        mode = self.mode
-        seg_p: list[int] = [0]
-        seg_r: list[int] = [bs]
-        body_error: str | None = None
-        complete = end in (_END_BODY, _END_DONE)
-        if mode == _MODE_CHUNKED:
-            payload, seg_p, seg_r, chunk_done, body_error = yield from dechunk_steps(buf, bs)
-            if chunk_done:
-                complete = complete or end == _END_EOF  # terminal chunk with trailers
-        elif mode == _MODE_LENGTH:
-            stop = min(len(buf), self.body_end)
-            payload = bytes(buf[bs:stop])
-            complete = complete or stop == self.body_end
-        else:
-            payload = bytes(buf[bs:])
-            complete = complete or end == _END_EOF
-        self.body_bytes = len(payload)
-        yield
-        if self.http_status != 200:
-            if complete and self.status is RequestStatus.OK:
-                self.status = RequestStatus.ERROR
-                self.error = http_error_text(
-                    self.http_status, self.content_type, payload[:_ERROR_BODY_CAP]
-                )
-            elif self.count_events:
-                self.error = f"{self.error} (0 events received)"
-            return
-        ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
-        if complete and self.status is RequestStatus.OK and is_json_type(self.content_type):
-            # a non-streaming answer (stream false): the whole body is one event, received
-            # when the body ended (its first token then arrives with the last: TTFT = E2E)
-            ev_t.append(self.end_stamp)
-            ev_u.append(self.end_stamp)
-            ev_b.append(len(payload))
-            ev_d.append(payload)
-            self.done_ns = self.end_stamp
-            return
-        rt, ru, re_ = self.read_t, self.read_user_t, self.read_end
-        nseg = len(seg_p)
-        s = 0  # current chunk segment
-        k = 0  # current read
-        nreads = len(re_)
-        done_i = -1
-        # LF-only payloads are split a piece at a time; one using CR is split whole
-        step = 0 if b"\r" in payload else FINALIZE_STEP_EVENTS
-        rest = 0
-        while done_i < 0:  # split and stamp the events, a resumable piece at a time
-            events, rest, sse_error = split_events(
-                payload, self.max_event_bytes, start=rest, limit=step
-            )
-            for data, nbytes, e in events:
-                last = e - 1  # payload offset of the event's last byte
-                while s + 1 < nseg and seg_p[s + 1] <= last:
-                    s += 1
-                raw_pos = seg_r[s] + (last - seg_p[s])
-                while k + 1 < nreads and re_[k] <= raw_pos:
-                    k += 1
-                ev_t.append(rt[k])
-                ev_u.append(ru[k])
-                ev_b.append(nbytes)
-                ev_d.append(data)
-                if data == _DONE:
-                    done_i = len(ev_t) - 1
-                    break
-            if not step or sse_error is not None or len(events) < step:
-                break
-            yield
-        if done_i >= 0:
-            self.done_ns = ev_t[done_i]
-            if self.status is RequestStatus.OK or end in (_END_EOF, _END_CAP):
-                self.status, self.error = RequestStatus.OK, None
-            return
-        error = body_error or sse_error
-        if error is None and end == _END_CAP:
-            error = f"response larger than {len(buf)} bytes (client cap)"
-        if error is not None:
-            self.status, self.error = RequestStatus.ERROR, error
-            return
-        if end == _END_DONE:  # a "[DONE]" look-alike that was not an event: cut short
-            self.status = RequestStatus.ERROR
-            self.error = f"stream cut short at a false [DONE] marker ({len(ev_t)} events received)"
-            return
-        if complete and self.status is RequestStatus.OK:
-            ev = trailing_event(payload[rest:])
-            if ev is not None:
-                ev_t.append(self.end_stamp)
-                ev_u.append(self.end_stamp)
-                ev_b.append(ev[1])
-                ev_d.append(ev[0])
-            self.done_ns = self.end_stamp
-            return
-        if end == _END_EOF:
-            self.status = RequestStatus.ERROR
-            self.error = f"connection closed mid-stream ({len(ev_t)} events received)"
-        elif self.count_events:
-            self.error = f"{self.error} ({len(ev_t)} events received)"
 
 
 _tls = threading.local()
@@ -629,27 +169,6 @@ def _read_buffer(size: int) -> list[memoryview]:
     if b is None:
         b = bufs[size] = [memoryview(bytearray(size))]
     return b
-
-
-def request_head(path: str, headers: list[tuple[str, str]]) -> bytes:
-    """The request line and ``headers``, each line ending in CRLF: everything before the
-    ``Content-Length`` line (``finish_request`` adds it and the body)."""
-    lines = [f"POST {path} HTTP/1.1"]
-    for k, v in headers:
-        if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
-            raise ValueError(f"invalid header {k!r}")
-        lines.append(f"{k}: {v}")
-    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
-
-
-def finish_request(head: bytes, body: bytes) -> bytes:
-    """``head`` (``request_head``) + ``Content-Length`` + the blank line + ``body``."""
-    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
-
-
-def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
-    """The HTTP/1.1 request bytes (fixed and simple: no h11 needed)."""
-    return finish_request(request_head(path, headers), body)
 
 
 DONE_GRACE_S = 0.5  # keep-alive: how long after "[DONE]" the body's own end may take
@@ -688,6 +207,7 @@ class StreamRequest:
         "_anc",
         "_app_end",
         "_app_start",
+        "_budget",
         "_clock",
         "_conn",
         "_done",
@@ -735,6 +255,8 @@ class StreamRequest:
         kernel_stamps: bool = True,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_response_events: int = DEFAULT_MAX_RESPONSE_EVENTS,
+        budget: BufferBudget | None = None,
         bufsize: int = 65536,
         request_bytes: bytes | None = None,
         ssl_context: ssl.SSLContext | None = None,
@@ -751,9 +273,10 @@ class StreamRequest:
         self._clock = clock
         self._kernel = kernel_stamps and kernel_stamps_supported()
         self._tx = self._kernel and tx_stamps_supported()
-        self._anc = _ANCBUF if self._kernel else 0
+        self._anc = ANCBUF if self._kernel else 0
         self._rbuf = _read_buffer(bufsize)
         self._max_bytes = max_response_bytes
+        self._budget = budget  # the run's: every read of this stream is counted in it
         self._req_bytes = (
             request_bytes if request_bytes is not None else build_request(path, headers, body)
         )
@@ -763,7 +286,12 @@ class StreamRequest:
         self._sent = 0  # bytes of this request handed to the socket (plain HTTP)
         self._app_start = 0  # connection byte offset of the request's first byte
         self._app_end = 0  # ... just past its last byte (TLS: ciphertext offsets)
-        self.raw = RawStream(request_id=request_id, max_event_bytes=max_event_bytes)
+        self.raw = RawStream(
+            request_id=request_id,
+            max_event_bytes=max_event_bytes,
+            max_events=max_response_events,
+            budget=budget,
+        )
         self._finished = False
         self._conn: Conn | None = None
         self._reader_fd = -1
@@ -792,7 +320,7 @@ class StreamRequest:
         msg = f"request timeout after {self._timeout_s:g} s, "
         if conn is not None and conn.ssl is not None and not self._hs_done:
             msg += "during the TLS handshake"
-        elif r.mode == _MODE_HEAD:
+        elif r.mode == MODE_HEAD:
             msg += "waiting for the response headers"
         else:
             msg += "streaming"
@@ -832,10 +360,10 @@ class StreamRequest:
         r.end_stamp = stamp
         r.keep_alive = (
             self._keep_alive
-            and kind == _END_BODY
-            and r.mode in (_MODE_CHUNKED, _MODE_LENGTH)
+            and kind == END_BODY
+            and r.mode in (MODE_CHUNKED, MODE_LENGTH)
             and not r.server_close
-            and (r.mode != _MODE_LENGTH or len(r.buf) == r.body_end)
+            and (r.mode != MODE_LENGTH or len(r.buf) == r.body_end)
         )
         self._finish(RequestStatus.OK, None, stamp)
         reply = self._reply
@@ -1058,9 +586,8 @@ class StreamRequest:
         r.retries += 1
         if self._reply is not None:
             self._reply.reset()
-        r.buf = bytearray()
-        r.read_t, r.read_user_t, r.read_end = [], [], []
-        r.mode, r.body_start, r.body_end = _MODE_HEAD, -1, -1
+        r.drop_capture()
+        r.mode, r.body_start, r.body_end = MODE_HEAD, -1, -1
         r.kernel_reads = r.user_reads = 0
         r.head_ns = r.sent_end_ns = 0
         r.sent_any = r.server_close = r.read_to_close = False
@@ -1231,7 +758,7 @@ class StreamRequest:
         stamp = sel.ready_ns if sel is not None and 0 < sel.ready_ns <= t_user else t_user
         for level, typ, cdata in anc:
             if level == _SOL_SOCKET and typ == SCM_TIMESTAMPNS:
-                sec, nsec = _TIMESPEC.unpack_from(cdata)
+                sec, nsec = TIMESPEC.unpack_from(cdata)
                 k = sec * 1_000_000_000 + nsec - self._clock.offset_ns
                 stamp = k if k < t_user else t_user
         return stamp
@@ -1365,39 +892,57 @@ class StreamRequest:
         r.read_t.append(stamp)
         r.read_user_t.append(t_user)
         r.read_end.append(total)
+        b = self._budget
+        if b is not None:
+            b.used += n + READ_COST
         mode = r.mode
-        if mode == _MODE_HEAD:
+        if mode == MODE_HEAD:
             self._on_head(stamp)
             mode = r.mode
-            if mode == _MODE_HEAD or self._finished:
+            if mode == MODE_HEAD or self._finished:
                 return
-        if mode == _MODE_CHUNKED:
+        if mode == MODE_CHUNKED:
             if buf.endswith(_LAST_CHUNK):
-                self._end(_END_BODY, stamp)
+                self._end(END_BODY, stamp)
                 return
-        elif mode == _MODE_LENGTH and total >= r.body_end:
-            self._end(_END_BODY, stamp)
+        elif mode == MODE_LENGTH and total >= r.body_end:
+            self._end(END_BODY, stamp)
             return
         if not self._done_seen:
             bs = r.body_start
             j = buf.find(b"[DONE]", max(bs, old - 12))
             if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
                 self._done_seen = True
-                if self._keep_alive and mode == _MODE_CHUNKED and not r.server_close:
+                if self._keep_alive and mode == MODE_CHUNKED and not r.server_close:
                     # the connection is reused only once the body's own end is read
                     self._done_stamp = stamp
                     assert self._loop is not None
                     self._done_timer = self._loop.call_later(self._done_grace_s, self._done_late)
                 else:
-                    self._end(_END_DONE, stamp)
+                    self._end(END_DONE, stamp)
                     return
-        if total > self._max_bytes:
-            self._end(_END_CAP, stamp)
+        if total > self._max_bytes or (b is not None and b.used > b.limit):
+            self._cap(stamp)
+
+    def _cap(self, stamp: int) -> None:
+        """The response went past a client limit (``app.client.limits``): it ends here, and
+        ``finalize`` fails it naming the limit (the events before the cut are kept)."""
+        r = self.raw
+        if len(r.buf) > self._max_bytes:
+            if r.http_status == 200 and is_json_type(r.content_type):
+                r.cap_reason = (
+                    f"JSON answer larger than {r.max_event_bytes:,} bytes (max_event_bytes)"
+                )
+            else:
+                r.cap_reason = f"response exceeded {self._max_bytes:,} bytes (max_response_bytes)"
+        elif self._budget is not None:
+            r.cap_reason = self._budget.reason
+        self._end(END_CAP, stamp)
 
     def _done_late(self) -> None:
         """``[DONE]`` came but the body never ended: the stream is complete, the connection
         is not reused."""
-        self._end(_END_DONE, self._done_stamp)
+        self._end(END_DONE, self._done_stamp)
 
     def _on_head(self, stamp: int) -> None:
         """Parse the final response head once it is complete (1xx heads are skipped)."""
@@ -1425,6 +970,11 @@ class StreamRequest:
             r.head_ns = stamp
             ctype = headers.get(b"content-type")
             r.content_type = ctype.decode("latin-1") if ctype is not None else None
+            # of an error answer only its message is kept; a JSON answer is one event
+            if status != 200:
+                self._max_bytes = min(self._max_bytes, pos + ERROR_BODY_BYTES)
+            elif is_json_type(r.content_type):
+                self._max_bytes = min(self._max_bytes, pos + r.max_event_bytes)
             conn_hdr = headers.get(b"connection", b"").lower()
             http10 = bytes(buf[head_pos : head_pos + 8]) == b"HTTP/1.0"
             if b"close" in conn_hdr or (http10 and b"keep-alive" not in conn_hdr):
@@ -1432,9 +982,9 @@ class StreamRequest:
             te = headers.get(b"transfer-encoding", b"").lower()
             cl = headers.get(b"content-length")
             if status in (204, 304):
-                r.mode, r.body_end = _MODE_LENGTH, pos
+                r.mode, r.body_end = MODE_LENGTH, pos
             elif b"chunked" in te:
-                r.mode = _MODE_CHUNKED
+                r.mode = MODE_CHUNKED
             elif cl is not None:
                 try:
                     length = int(cl)
@@ -1443,26 +993,26 @@ class StreamRequest:
                 except ValueError:
                     self._finish(
                         RequestStatus.ERROR,
-                        f"HTTP protocol error: bad Content-Length {cl[:40]!r}",
+                        "HTTP protocol error: bad Content-Length (not shown)",
                         stamp,
                     )
                     return
-                r.mode, r.body_end = _MODE_LENGTH, pos + length
+                r.mode, r.body_end = MODE_LENGTH, pos + length
             else:
-                r.mode = _MODE_CLOSE
+                r.mode = MODE_CLOSE
                 r.read_to_close = True
             return
 
     def _on_eof(self, stamp: int) -> None:
         r = self.raw
-        if r.mode == _MODE_HEAD:
+        if r.mode == MODE_HEAD:
             self._finish(
                 RequestStatus.ERROR, "server closed the connection without a response", stamp
             )
-        elif r.mode == _MODE_CLOSE:
-            self._end(_END_BODY, stamp)
+        elif r.mode == MODE_CLOSE:
+            self._end(END_BODY, stamp)
         else:  # finalize decides: a chunked body may have ended with trailers
-            r.end_kind = _END_EOF
+            r.end_kind = END_EOF
             r.end_stamp = stamp
             self._finish(RequestStatus.OK, None, stamp)
 

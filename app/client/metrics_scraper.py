@@ -7,7 +7,14 @@ request has ended, takes one more scrape first: a server updates its counters wh
 ends, so without it the run's last wave would be missing from every counter. The scraper
 stops by itself, saying why, when the target has no ``/metrics`` (404), answers something
 that is not the text format, or cannot be reached before any scrape succeeded; later
-failures are counted, not hidden.
+failures are counted, not hidden (the last one's reason kept).
+
+A target's ``/metrics`` is bounded like its other answers: at most ``MAX_SCRAPE_BYTES`` read,
+in ``timeout_s`` in all (``app.client.bounded_get``), an endless body ends that scrape with
+a reason. The text is parsed a block of lines at a time and only the wanted series are
+kept, at most ``MAX_SERIES`` of them, each with at most ``MAX_LABELS`` labels of at most
+``MAX_LABEL_CHARS`` characters: what a benchmark reads, not whatever an internal service
+exposes.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from app.client.bounded_get import get_bounded
 from app.protocol.prometheus import (
     PrometheusFormatError,
+    Sample,
     Series,
     add_scrape,
     parse_text,
@@ -28,6 +37,11 @@ from app.protocol.prometheus import (
 
 PERIOD_S = 1.0
 TIMEOUT_S = 2.0
+MAX_SCRAPE_BYTES = 16 << 20
+PARSE_BLOCK_CHARS = 256 << 10  # text parsed at once, about (whole lines)
+MAX_SERIES = 128  # series (name + label set) kept per run; new ones past it are dropped
+MAX_LABELS = 16
+MAX_LABEL_CHARS = 128  # a label's name or value
 
 
 @dataclass(slots=True)
@@ -36,16 +50,23 @@ class ScrapeResult:
     status: str  # "ok", or why scraping stopped / never started
     scrapes: int = 0
     failures: int = 0
+    last_failure: str | None = None  # why the last failed scrape failed
+    dropped_samples: int = 0  # a new series past MAX_SERIES, or labels past the bounds
     series: list[Series] = field(default_factory=list)  # times on time.monotonic_ns()
 
     def summary(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "url": self.url,
             "status": self.status,
             "scrapes": self.scrapes,
             "failed_scrapes": self.failures,
             "series": sorted({s.name for s in self.series}),
         }
+        if self.last_failure is not None:
+            out["last_failure"] = self.last_failure
+        if self.dropped_samples:
+            out["dropped_samples"] = self.dropped_samples
+        return out
 
 
 class MetricsScraper:
@@ -91,36 +112,79 @@ class MetricsScraper:
             if self._final:
                 self._scrape_once(client)
 
+    def _failed(self, why: str) -> bool:
+        """A failed scrape: counted; before any success it stops scraping (False)."""
+        res = self._result
+        res.failures += 1
+        res.last_failure = why
+        if res.scrapes == 0:
+            res.status = why
+            return False
+        return True
+
     def _scrape_once(self, client: httpx.Client) -> bool:
         """One scrape; False when scraping should stop."""
         res = self._result
         try:
-            resp = client.get(self.url)
+            ans = get_bounded(
+                client, self.url, max_bytes=MAX_SCRAPE_BYTES, deadline_s=self.timeout_s
+            )
         except httpx.HTTPError as e:
-            res.failures += 1
-            if res.scrapes == 0:
-                res.status = f"could not reach {self.url}: {type(e).__name__}"
-                return False
-            return True
+            return self._failed(f"could not reach {self.url}: {type(e).__name__}")
         t_ns = time.monotonic_ns()
-        if resp.status_code == 404:
+        if ans.status == 404:
             res.status = "no /metrics (HTTP 404)" if res.scrapes == 0 else "/metrics went away"
             return False
-        if resp.status_code != 200:
-            res.failures += 1
-            if res.scrapes == 0:
-                res.status = f"/metrics answered HTTP {resp.status_code}"
-                return False
-            return True
+        if ans.status != 200:
+            return self._failed(f"/metrics answered HTTP {ans.status}")
+        if ans.body is None:
+            return self._failed(f"/metrics not read: {ans.error}")
         try:
-            samples, kinds = parse_text(resp.text)
+            samples, kinds = parse_blocks(ans.body.decode("utf-8", "replace"), self.names)
         except PrometheusFormatError:  # its content is not kept: it may be anything's page
-            kind = resp.headers.get("content-type", "no content type").split(";")[0][:60]
-            res.status = f"/metrics is not Prometheus text ({kind}, {len(resp.content):,} bytes)"
+            res.status = (
+                f"/metrics is not Prometheus text ({ans.content_type}, {len(ans.body):,} bytes)"
+            )
             return False
-        add_scrape(self._series, t_ns, select(samples, self.names), kinds)
+        add_scrape(self._series, t_ns, self._bounded(samples), kinds)
         res.scrapes += 1
         return True
+
+    def _bounded(self, samples: list[Sample]) -> list[Sample]:
+        """The samples whose series may be kept: known ones, or new ones while fewer than
+        ``MAX_SERIES`` are, with labels within the bounds."""
+        out: list[Sample] = []
+        new: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for s in samples:
+            key = (s.name, s.labels)
+            if key not in self._series and key not in new:
+                if (
+                    len(self._series) + len(new) >= MAX_SERIES
+                    or len(s.labels) > MAX_LABELS
+                    or any(max(len(k), len(v)) > MAX_LABEL_CHARS for k, v in s.labels)
+                ):
+                    self._result.dropped_samples += 1
+                    continue
+                new.add(key)
+            out.append(s)
+        return out
+
+
+def parse_blocks(text: str, names: frozenset[str]) -> tuple[list[Sample], dict[str, str]]:
+    """``parse_text`` a block of whole lines at a time (the text format is line by line),
+    keeping only the samples named in ``names``: the parser's objects for a big answer
+    never exist all at once. Raises ``PrometheusFormatError`` as ``parse_text`` does."""
+    samples: list[Sample] = []
+    kinds: dict[str, str] = {}
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + PARSE_BLOCK_CHARS)
+        end = len(text) if end < 0 else end + 1
+        block_samples, block_kinds = parse_text(text[start:end])
+        samples += select(block_samples, names)
+        kinds.update(block_kinds)
+        start = end
+    return samples, kinds
 
 
 def to_run_axis(series: list[Series], start_mono_ns: int) -> list[Series]:

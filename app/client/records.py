@@ -2,8 +2,9 @@
 
 Token counting (SPEC 1: network chunks are not tokens):
 
-* the tokenizer count: ``tokens_per_chunk`` over the texts of the token-bearing events
-  (content and reasoning), tokenizing the whole text once;
+* the tokenizer count: ``ChunkTokens`` over the texts of the token-bearing events (content
+  and reasoning), as ``tokens_per_chunk`` tokenizing the whole text once, a window at a time
+  for a very long text (memory: one int per event, not a list per token);
 * the server count: ``usage.completion_tokens`` when the stream carried a usage object.
 
 With ``token_counting`` "auto" or "usage" and a usage count present: if it equals the number
@@ -22,15 +23,17 @@ tokenizer never saw); ``tokenizer_input_tokens`` keeps the client's.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 
+from app.client.chunk_tokens import ChunkTokens
 from app.client.events import Classifier, cached_prompt_tokens
-from app.client.http_stream import RawStream
+from app.client.raw_stream import RawStream
 from app.client.spec import TokenCounting
-from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, tokens_per_chunk
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
 from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus
 
 RECORD_STEP_EVENTS = 16  # events classified per resumable piece of record_steps
@@ -67,9 +70,10 @@ def record_steps(
     yield from raw.finalize_steps()  # nothing to do when already decoded
     yield
     n = len(raw.ev_t)
-    kind_list: list[int] = []
-    texts: list[str] = []
-    token_idx: list[int] = []
+    kind_list = bytearray()  # one EventKind per event
+    chunk_tokens = ChunkTokens(tokenizer)  # the token events' texts, counted as they come
+    add_text = chunk_tokens.add
+    token_idx = array("q")
     usage: dict[str, Any] | None = None
     usage_data: bytes | None = None  # the event that carried ``usage``
     stream_error: str | None = None
@@ -87,12 +91,12 @@ def record_steps(
         if ev_error is not None and stream_error is None:
             stream_error = ev_error
         if kind in TOKEN_KINDS:
-            texts.append(text)
+            add_text(text)
             token_idx.append(i)
-    kinds = np.array(kind_list, np.int8)
+    kinds = np.frombuffer(kind_list, np.int8) if kind_list else np.zeros(0, np.int8)
 
     yield
-    counts = tokens_per_chunk(tokenizer, texts)
+    counts = chunk_tokens.finish()
     tok_total = sum(counts)
     usage_ct = _int_or_none(usage, "completion_tokens")
     ev_tokens = np.zeros(n, np.int32)
@@ -102,12 +106,12 @@ def record_steps(
         source = "usage"
         output_tokens = usage_ct
         if usage_ct == len(token_idx):
-            counts = [1] * len(token_idx)
+            counts = array("i", [1]) * len(token_idx)
     else:
         source = "tokenizer"
         output_tokens = tok_total
     if token_idx:
-        ev_tokens[np.asarray(token_idx, np.int64)] = np.asarray(counts, np.int32)
+        ev_tokens[np.frombuffer(token_idx, np.int64)] = np.frombuffer(counts, np.intc)
 
     status = raw.status
     error = raw.error

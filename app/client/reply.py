@@ -24,13 +24,8 @@ from collections.abc import Callable
 from typing import Final
 
 from app.client.events import Classified, Classifier
-from app.client.http_stream import (
-    MODE_CHUNKED,
-    MODE_HEAD,
-    MODE_LENGTH,
-    RawStream,
-    is_json_type,
-)
+from app.client.http_request import is_json_type
+from app.client.raw_stream import MODE_CHUNKED, MODE_HEAD, MODE_LENGTH, RawStream
 from app.client.sse import event_data
 from app.domain import TOKEN_KINDS, EventKind, RequestStatus
 
@@ -114,9 +109,11 @@ class ReplyText:
             self._pos = max(pos, end)
         if data and not self._stopped:
             self._events(data, raw.max_event_bytes)
+            if len(self.classified) > raw.max_events:  # ``finalize`` fails such a stream
+                self._give_up()
 
     def _dechunk(self, buf: bytearray, pos: int) -> bytes:
-        """The chunk data in ``buf[pos:]``, by ``app.client.http_stream.dechunk_steps``'s
+        """The chunk data in ``buf[pos:]``, by ``app.client.raw_stream.dechunk_steps``'s
         rules a piece at a time; a framing error gives up."""
         n = len(buf)
         out: list[bytearray] = []

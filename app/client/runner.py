@@ -38,22 +38,19 @@ from typing import Any
 import numpy as np
 
 from app.client import eventloop
+from app.client.clocks import ClockMap, kernel_stamps_supported
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
-from app.client.http_stream import (
-    ClockMap,
-    RawStream,
-    ReplyFeed,
-    StreamRequest,
+from app.client.http_request import (
     Target,
     build_request,
-    kernel_stamps_supported,
     parse_target,
     request_body,
     request_headers,
-    reserve_fds,
-    resolve,
 )
+from app.client.http_stream import ReplyFeed, StreamRequest, reserve_fds, resolve
+from app.client.limits import BufferBudget
+from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
 from app.client.sessions import (
@@ -211,6 +208,7 @@ class _Run:
         self.release_times: deque[int] = deque()  # when each slot was given back (FIFO)
         self.pool_waits = 0  # measured requests of a rate-driven run that waited for a slot
         self.pool = ConnPool(keep_alive=spec.connection_mode == "keep-alive", bound=self.slots)
+        self.budget = BufferBudget(spec.limits.max_buffered_bytes)  # every capture counts in it
         self.addr: tuple[int, tuple[object, ...]] | None = None
         self.resolve_error: str | None = None
         self.records: list[RequestRecord] = []
@@ -384,6 +382,7 @@ class _Run:
         if self.addr is None:
             return None
         family, addr = self.addr
+        lim = self.spec.limits
         return StreamRequest(
             self.target,
             addr,
@@ -398,6 +397,10 @@ class _Run:
             request_bytes=req,
             pool=self.pool,
             reply=reply,
+            max_event_bytes=lim.max_event_bytes,
+            max_response_bytes=lim.max_response_bytes,
+            max_response_events=lim.max_response_events,
+            budget=self.budget,
         )
 
     def begin(self, sr: StreamRequest | None, rid: str) -> StreamRequest | RawStream:

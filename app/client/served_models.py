@@ -1,19 +1,28 @@
 """Which models the target serves: ``GET /v1/models`` once at the start of a run (short
 timeout), recorded in the run's load statistics (``served_models``), with a validity warning
 when the requested model is not among them. A failed fetch is noted, never fatal: many
-servers answer any model name, and some have no ``/v1/models``."""
+servers answer any model name, and some have no ``/v1/models``.
+
+The answer is bounded like every answer of a target (``app.client.bounded_get``): at most
+``MAX_BYTES`` in ``TIMEOUT_S``, and at most ``MAX_IDS`` ids of at most ``MAX_ID_CHARS``
+characters are kept (a model id is what a benchmark needs, not a list from any service)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from app.client.bounded_get import get_bounded
 from app.client.spec import RunSpec
 
 TIMEOUT_S = 2.0
 STATS_KEY = "served_models"
+MAX_BYTES = 1 << 20
+MAX_IDS = 64
+MAX_ID_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +53,7 @@ def parse_models(body: Any) -> list[str]:
             name = m.get("model") or m.get("name")
             if name is not None and str(name) not in ids:
                 ids.append(str(name))
-    return ids
+    return [i[:MAX_ID_CHARS] for i in ids[:MAX_IDS]]
 
 
 def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
@@ -52,14 +61,17 @@ def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
     url = models_url(spec.base_url)
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s, trust_env=False)
+        with httpx.Client(headers=headers, timeout=timeout_s, trust_env=False) as client:
+            ans = get_bounded(client, url, max_bytes=MAX_BYTES, deadline_s=timeout_s)
     except httpx.HTTPError as e:
         return ServedModels(url, None, f"{type(e).__name__}")
-    if resp.status_code != 200:
-        return ServedModels(url, None, f"HTTP {resp.status_code}")
+    if ans.status != 200:
+        return ServedModels(url, None, f"HTTP {ans.status}")
+    if ans.body is None:
+        return ServedModels(url, None, f"not read: {ans.error}")
     try:
-        return ServedModels(url, parse_models(resp.json()))
-    except ValueError as e:
+        return ServedModels(url, parse_models(json.loads(ans.body)))
+    except (ValueError, RecursionError) as e:
         return ServedModels(url, None, f"not a model list ({e})")
 
 

@@ -31,16 +31,15 @@ from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Prompt, Workload
 from app.client.datasets.conversations import Conversation, Sessions, Turn, build_sessions
 from app.client.events import Classifier
-from app.client.http_stream import (
-    RawStream,
-    ReplyFeed,
-    StreamRequest,
+from app.client.http_request import (
     Target,
     finish_request,
     request_body,
     request_head,
     request_headers,
 )
+from app.client.http_stream import ReplyFeed, StreamRequest
+from app.client.raw_stream import RawStream
 from app.client.reply import UNSURE, ReplyText
 from app.client.spec import RunSpec
 from app.domain import TOKEN_KINDS, EventKind, RequestStatus

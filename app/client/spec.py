@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.client.datasets import DATASETS, dataset_type, parse_options
 from app.client.datasets.base import MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS, WorkloadParams
+from app.client.limits import ClientLimits
 from app.domain import MAX_JSON_DEPTH, json_depth
 
 SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
@@ -215,6 +216,8 @@ class RunSpec(BaseModel):
     scrape_metrics: bool = True
     metrics_url: str | None = Field(None, description="default: base_url + /metrics")
     metrics_series: list[str] = Field(default_factory=list, description="extra series names")
+    # how much of the target's answers the client may hold (app.client.limits)
+    limits: ClientLimits = Field(default_factory=ClientLimits)
 
     @field_validator("base_url")
     @classmethod

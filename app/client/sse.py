@@ -8,15 +8,17 @@ event on the wire, separator included. Lines may end in ``\\n``, ``\\r\\n`` or `
 
 The hot path (LF-only streams, the common case) is a ``bytes.find`` per event. Streams using
 ``\\r`` take a line-by-line path. An event larger than ``max_event_bytes`` is an error (the
-events before it kept), so a broken server cannot make one event of the whole body.
+events before it kept), so a broken server cannot make one event of the whole body. Both
+paths split in resumable pieces of at most ``limit`` events, so the events of a huge body
+never sit in one list.
 """
 
 from __future__ import annotations
 
+from app.client.limits import DEFAULT_MAX_EVENT_BYTES
+
 SSEEvent = tuple[bytes | None, int]
 SSEEventAt = tuple[bytes | None, int, int]  # (data, nbytes, end offset in the buffer)
-
-DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 
 def _data_of_lf(block: bytes) -> bytes | None:
@@ -48,6 +50,7 @@ def split_events(
     *,
     start: int = 0,
     limit: int = 0,
+    cr: bool | None = None,
 ) -> tuple[list[SSEEventAt], int, str | None]:
     """Split a whole buffer at once: ``(events, rest, error)``.
 
@@ -58,11 +61,13 @@ def split_events(
 
     ``limit`` > 0 returns after at most that many events, ``rest`` then being where the next
     call (``start=rest``) resumes: splitting in such pieces gives the same events as one call.
-    This is for LF-only buffers (only the first call, ``start=0``, looks for ``\r``): a buffer
-    using ``\r`` is always split whole, ``limit`` ignored.
+    ``cr`` says whether the buffer uses ``\r`` anywhere (line by line then); None: look
+    (a resuming call must pass what the first one found).
     """
-    if not start and b"\r" in buf:
-        return _split_lines(buf, max_event_bytes)
+    if cr is None:
+        cr = b"\r" in buf
+    if cr:
+        return _split_lines(buf, max_event_bytes, start, limit)
     out: list[SSEEventAt] = []
     find = buf.find
     append = out.append
@@ -86,12 +91,15 @@ def _too_large_open(max_event_bytes: int) -> str:
     return f"SSE event larger than {max_event_bytes} bytes without an event separator"
 
 
-def _split_lines(buf: bytes, max_event_bytes: int) -> tuple[list[SSEEventAt], int, str | None]:
-    """General path: lines ending in CR, LF or CRLF."""
+def _split_lines(
+    buf: bytes, max_event_bytes: int, start: int = 0, limit: int = 0
+) -> tuple[list[SSEEventAt], int, str | None]:
+    """General path: lines ending in CR, LF or CRLF (from ``start``, at most ``limit``
+    events when > 0)."""
     out: list[SSEEventAt] = []
     n = len(buf)
-    ev_start = 0
-    pos = 0
+    ev_start = start
+    pos = start
     lines: list[bytes] = []
     while pos < n:
         lf = buf.find(b"\n", pos)
@@ -114,6 +122,8 @@ def _split_lines(buf: bytes, max_event_bytes: int) -> tuple[list[SSEEventAt], in
             out.append((_data_of_lines(lines), pos - ev_start, pos))
             lines = []
             ev_start = pos
+            if len(out) == limit:
+                return out, pos, None
         else:
             pass  # blank line with no event: stays part of the next event's bytes
     if n - ev_start > max_event_bytes:

@@ -3,6 +3,7 @@ Plotly figure dicts out."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -58,7 +59,7 @@ def server_metrics_figure_of(
             reason = f"server metrics: {status}"
         return fg.empty_figure(title, reason)
     data: list[dict[str, Any]] = []
-    color = iter(COLORS * 4)
+    color = itertools.cycle(COLORS)  # as many series as a run keeps (up to 128)
     sent = np.where(trace.sent_ns >= 0, trace.sent_ns / NS_PER_S, np.nan)
     end = np.where(trace.end_ns >= 0, trace.end_ns / NS_PER_S, np.nan)
     horizon = max(

@@ -1,0 +1,156 @@
+"""What the client sends: the target (``parse_target``), a request's JSON body
+(``request_body``), its headers (``request_headers``) and its bytes, formatted once before
+the request is due (``build_request``; ``request_head`` + ``finish_request`` for a body known
+later). ``is_json_type`` tells a JSON answer from an event stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+USER_AGENT = "tokentrace/0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    base_path: str  # without trailing slash; "" or e.g. "/v1"
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.tls else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def path_for(self, endpoint: str) -> str:
+        tail = "/chat/completions" if endpoint == "chat" else "/completions"
+        base = self.base_path if self.base_path.endswith("/v1") else self.base_path + "/v1"
+        return base + tail
+
+
+_default_contexts: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """``ssl.create_default_context()`` (verification on), made once and shared: loading the
+    trust store takes milliseconds, too long to do per request. Keyed by ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR``, which OpenSSL reads when the context is made."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    ctx = _default_contexts.get(key)
+    if ctx is None:
+        ctx = _default_contexts[key] = ssl.create_default_context()
+    return ctx
+
+
+def parse_target(base_url: str) -> Target:
+    u = urlsplit(base_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"unsupported target URL {base_url!r}")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return Target(u.scheme, u.hostname, port, u.path.rstrip("/"))
+
+
+def request_body(
+    *,
+    endpoint: str,
+    model: str,
+    prompt: str | None,
+    messages: list[dict[str, Any]] | None,
+    output_len: int,
+    ignore_eos: bool,
+    extra_body: Mapping[str, object] | None = None,
+    stream: bool = True,
+) -> bytes:
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "chat":
+        body["messages"] = (
+            messages if messages is not None else [{"role": "user", "content": prompt or ""}]
+        )
+    else:
+        if prompt is None:
+            raise ValueError("the completions endpoint needs a text prompt, not messages")
+        body["prompt"] = prompt
+    body["max_tokens"] = output_len
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = output_len
+    if extra_body:
+        body.update(extra_body)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """A JSON response (``application/json``, ``application/<x>+json``), not an SSE stream."""
+    if content_type is None:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def request_headers(
+    target: Target,
+    request_id: str,
+    api_key: str | None,
+    *,
+    keep_alive: bool = True,
+    extra: Mapping[str, str] | None = None,
+    stream: bool = True,
+) -> list[tuple[str, str]]:
+    """The request's headers; ``extra`` (the run's ``headers``) after the client's own, an
+    ``Accept`` or ``User-Agent`` there replacing the client's."""
+    headers = [
+        ("Host", target.host_header),
+        ("User-Agent", USER_AGENT),
+        ("Content-Type", "application/json"),
+        ("Accept", "text/event-stream" if stream else "application/json"),
+        ("Connection", "keep-alive" if keep_alive else "close"),
+        ("X-Request-Id", request_id),
+    ]
+    if extra:
+        own = {k.lower() for k in extra}
+        headers = [(k, v) for k, v in headers if k.lower() not in own]
+        headers.extend(extra.items())
+    if api_key:
+        headers.append(("Authorization", f"Bearer {api_key}"))
+    return headers
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def request_head(path: str, headers: list[tuple[str, str]]) -> bytes:
+    """The request line and ``headers``, each line ending in CRLF: everything before the
+    ``Content-Length`` line (``finish_request`` adds it and the body)."""
+    lines = [f"POST {path} HTTP/1.1"]
+    for k, v in headers:
+        if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
+            raise ValueError(f"invalid header {k!r}")
+        lines.append(f"{k}: {v}")
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
+def finish_request(head: bytes, body: bytes) -> bytes:
+    """``head`` (``request_head``) + ``Content-Length`` + the blank line + ``body``."""
+    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+
+
+def build_request(path: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """The HTTP/1.1 request bytes (fixed and simple: no h11 needed)."""
+    return finish_request(request_head(path, headers), body)
