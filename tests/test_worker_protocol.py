@@ -286,3 +286,56 @@ def test_capabilities_without_and_with_nvml() -> None:
         raise RuntimeError("NVML Shared Library Not Found")
 
     assert capabilities.gpus(SimpleNamespace(nvmlInit=broken)) == []
+
+
+def test_a_cut_still_being_spooled_is_waited_for_before_completing(
+    sim: SimulatorThread, tmp_path: Path
+) -> None:
+    """The cutter has taken the last records and is still writing their batch to the spool
+    when the load ends: the completion waits for that batch (it is numbered, written and sent)
+    instead of declaring a batch that was not spooled yet and losing the job."""
+    import threading
+
+    from app.domain import RequestRecord, RequestStatus
+    from app.worker.job import JobOptions, JobRun
+
+    fake = FakeServer()
+    job = fake.add_job(spec(sim, num_prompts=4))
+    leased = fake.lease_job(job)
+    js = Spool(tmp_path / "state").open_job(leased)
+    in_write, release = threading.Event(), threading.Event()
+    write = js.write
+
+    def slow_write(batch: ResultBatch) -> None:
+        in_write.set()
+        release.wait(5)
+        write(batch)
+
+    js.write = slow_write  # type: ignore[method-assign]
+
+    async def main() -> Any:
+        async with WorkerClient("http://fake", "tok", transport=fake.transport) as c:
+            jr = JobRun(c, js, JobOptions(backoff_initial_s=0.01), asyncio.Event())
+            jr.uploader.start()
+            for i in range(4):
+                jr.records.append(
+                    RequestRecord(
+                        index=i, scheduled_ns=0, sent_ns=1, end_ns=2, status=RequestStatus.OK
+                    )
+                )
+            cutter = asyncio.create_task(jr.cut())  # as the cutter task does
+            await asyncio.to_thread(in_write.wait, 5)
+            assert not jr.records  # taken, not yet spooled
+            ending = asyncio.create_task(jr.cut_all())
+            await asyncio.sleep(0.05)
+            assert not ending.done()  # waits for the cut in flight
+            release.set()
+            await asyncio.gather(cutter, ending)
+            outcome = await jr.complete("succeeded", None)
+            await jr.uploader.close()
+            return outcome
+
+    outcome = asyncio.run(main())
+    assert outcome.status == "succeeded"
+    assert sorted(job.requests) == [0, 1, 2, 3]
+    assert job.completion is not None and job.completion.total_batches == 1

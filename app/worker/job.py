@@ -137,6 +137,9 @@ class JobRun:
         )
         self.uploader.on_refused = self.stop_load  # no use measuring what can't be stored
         self.records: deque[RequestRecord] = deque()  # appended by the load thread
+        # one cut at a time: records taken are numbered and spooled before the next cut, and
+        # ``cut_all`` (the completion's) waits for a cut still being spooled
+        self._cutting = asyncio.Lock()
         self.progress: Progress | None = None  # replaced by the load thread
         self.cancelled = False
         self.stopping = False
@@ -265,15 +268,21 @@ class JobRun:
         return p
 
     async def cut(self) -> None:
+        async with self._cutting:
+            await self._cut()
+
+    async def _cut(self) -> None:
         n = min(len(self.records), self.opts.batch_max_requests)
         if n:  # spooled even when the job is lost or refused: kept, never dropped
-            await self.uploader.add(
-                [self.records.popleft() for _ in range(n)], run_id=self.step_run
-            )
+            batch = [self.records.popleft() for _ in range(n)]
+            # shielded: a cancelled cutter still spools what it took
+            await asyncio.shield(self.uploader.add(batch, run_id=self.step_run))
 
     async def cut_all(self) -> None:
-        while self.records:
-            await self.cut()
+        """Every record still held, spooled; after any cut in flight has been."""
+        async with self._cutting:
+            while self.records:
+                await self._cut()
 
     async def cutter(self) -> None:
         last = time.monotonic()
