@@ -76,6 +76,11 @@ def _runs_context(
             b = compare_repo.current_baseline(s, baseline)
         if b is None or b.run_id is None:
             raise Invalid(f"no run baseline named {baseline!r}", loc=("query", "baseline"))
+        if wanted and all(w == b.run_id for w in wanted):
+            raise Invalid(
+                f"baseline {baseline!r} is run {b.run_id}, the run given: pick another",
+                loc=("query", "baseline"),
+            )
         wanted = [b.run_id, *[w for w in wanted if w != b.run_id]]
         base_note = f"baseline {baseline!r} version {b.version}"
         base = b.run_id
@@ -138,6 +143,7 @@ async def compare_page(
     if variable is not None and variable not in KEY_FIELDS:
         variable = None
     wanted, sweep_ids = _split(ids), _split(sweeps)
+    status_code = 200
     try:
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
@@ -150,9 +156,14 @@ async def compare_page(
                 )
             )
     except (Invalid, Conflict) as e:
-        ctx = {"missing": [], "result": None, "error": e.detail}
+        field = str(e.loc[-1]) if e.loc else None
+        named = field is None or e.detail.startswith(f"{field}:")
+        detail = e.detail if named else f"{field}: {e.detail}"
+        ctx = {"missing": [], "result": None, "error": detail}
+        status_code = e.status_code
     with session_scope(sessions_of(request)) as s:
-        baselines = [b.name for b in compare_repo.list_baselines(s)]
+        # a run comparison's baseline picker: the saved baselines that point at a run
+        baselines = [b.name for b in compare_repo.list_baselines(s) if b.run_id is not None]
     ctx.update(
         nav="runs",
         ids=wanted,
@@ -166,7 +177,7 @@ async def compare_page(
         key_fields=KEY_FIELDS,
         metric_labels=CDF_METRICS,
     )
-    return render(request, "compare.html", ctx, principal=principal)
+    return render(request, "compare.html", ctx, principal=principal, status_code=status_code)
 
 
 def _sweeps_context(
