@@ -143,7 +143,7 @@ def _delete_page(
         if sweep is None:
             raise HTTPException(404, f"no sweep with id {sweep_id!r}")
         what = sweep_svc.contents(s, sweep_id)
-        info = {"id": sweep.id, "name": sweep.name, "status": sweep.status}
+        info = {"id": sweep.id, "name": sweep.name, "status": sweep.status, "job": sweep.job_id}
     return render(
         request,
         "sweep_delete.html",
