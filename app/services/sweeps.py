@@ -209,6 +209,8 @@ MAX_NOTE = 100_000  # characters, as a run's note
 def set_tags(session: Session, sweep_id: str, tags: list[str]) -> list[str]:
     """Replace a sweep's tags by the run tags' rule (each 1 to 100 characters, trimmed,
     de-duplicated); 404 when there is no such sweep, 422 naming a bad tag."""
+    if any("\x00" in t for t in tags):
+        raise Invalid("tags: a tag must not contain a NUL byte", loc=("body", "tags"))
     try:
         return compare_repo.set_sweep_tags(session, sweep_id, tags)
     except KeyError:
@@ -222,6 +224,8 @@ def set_note(session: Session, sweep_id: str, note: str | None) -> None:
     clean = (note or "").strip()
     if len(clean) > MAX_NOTE:
         raise Invalid(f"note: at most {MAX_NOTE:,} characters", loc=("body", "note"))
+    if "\x00" in clean:
+        raise Invalid("note: must not contain a NUL byte", loc=("body", "note"))
     try:
         compare_repo.set_sweep_note(session, sweep_id, clean or None)
     except KeyError:

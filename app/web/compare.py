@@ -20,6 +20,7 @@ from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.web import runs_view
 from app.web.context import read_gate, render, sessions_of
+from app.web.pickers import valid_id
 from app.web.runs_page import report_warnings
 
 router = APIRouter(include_in_schema=False)
@@ -37,6 +38,14 @@ def _json(fig: dict[str, Any]) -> str:
 
 def _split(ids: list[str] | None) -> list[str]:
     return [i.strip() for raw in ids or [] for i in raw.split(",") if i.strip()]
+
+
+def _check_ids(ids: list[str], field: str) -> None:
+    """Run or sweep ids as this server makes them (no NUL byte, no megabyte reaches a
+    query); 422 naming ``field`` otherwise."""
+    bad = [i for i in ids if not valid_id(i)]
+    if bad:
+        raise Invalid(f"{field}: not an id: {bad[0][:40]!r}", loc=("query", field))
 
 
 def _label(run: dict[str, Any]) -> str:
@@ -145,6 +154,11 @@ async def compare_page(
     wanted, sweep_ids = _split(ids), _split(sweeps)
     status_code = 200
     try:
+        _check_ids(wanted, "ids")
+        _check_ids(sweep_ids, "sweeps")
+        _check_ids([base] if base else [], "base")
+        if baseline is not None and (len(baseline) > 255 or "\x00" in baseline):
+            raise Invalid("baseline: not a baseline name", loc=("query", "baseline"))
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
                 lambda: _sweeps_context(request, sweep_ids, threshold_pct, alpha, variable)

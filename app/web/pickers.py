@@ -4,6 +4,7 @@ and only those the page can use (a run without a concurrency gives no batch poin
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -12,10 +13,24 @@ from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.models import Run
 
+ID = re.compile(r"[0-9A-Za-z_-]{1,64}")  # what run and sweep ids are made of, and their bound
 SCANNED = 300  # newest runs looked at
 LISTED = 100  # offered at most
 SWEEPS_SCANNED = 100
 FINISHED = ("succeeded", "partial")
+
+
+def valid_id(value: str) -> bool:
+    """A run or sweep id as this server makes them: letters, digits, ``_`` and ``-``, at
+    most 64 (a NUL byte or a megabyte of text never reaches a query)."""
+    return ID.fullmatch(value) is not None
+
+
+def bad_ids(values: list[str], field: str) -> tuple[list[str], list[str]]:
+    """The well-formed ids, and a message naming ``field`` for each other one."""
+    good = [v for v in values if valid_id(v)]
+    errors = [f"{field}: not an id: {v[:40]!r}" for v in values if not valid_id(v)]
+    return good, errors
 
 
 def gives_batch_point(run: Run) -> bool:

@@ -26,7 +26,7 @@ from app.web.context import read_gate, render, sessions_of
 
 router = APIRouter(include_in_schema=False)
 
-
+MAX_PICKED = 100  # runs (and sweeps) one Roofline or throughput-vs-batch page takes
 
 
 def _js(fig: dict[str, Any]) -> str:
@@ -93,7 +93,9 @@ def roofline_page(
     principal, redirect = read_gate(request)
     if redirect is not None:
         return redirect
-    run = [r for r in run or [] if r] or None  # the picker's "(none)" is blank
+    errors: list[str] = []
+    picked, errors = pickers.bad_ids([r for r in run or [] if r][:MAX_PICKED], "run")
+    run = picked or None  # the picker's "(none)" is blank
     adhoc = None
     if model and run:
         ann = svc.Annotation(
@@ -105,7 +107,6 @@ def roofline_page(
             compute_dtype=dtype,
         )
         adhoc = (run[0], ann)
-    errors: list[str] = []
     with session_scope(sessions_of(request)) as s:
         try:
             d = svc.roofline_data(
@@ -149,9 +150,6 @@ def roofline_page(
     )
 
 
-MAX_PICKED = 100  # runs (and sweeps) one throughput-vs-batch page plots
-
-
 @router.get("/throughput")
 def throughput_page(
     request: Request,
@@ -167,8 +165,9 @@ def throughput_page(
         return redirect
     errors: list[str] = []
     notes: list[str] = []
-    picked_runs = [r for r in run or [] if r][:MAX_PICKED]
-    picked_sweeps = [w for w in sweep or [] if w][:MAX_PICKED]
+    picked_runs, bad_runs = pickers.bad_ids([r for r in run or [] if r][:MAX_PICKED], "run")
+    picked_sweeps, bad_sweeps = pickers.bad_ids([w for w in sweep or [] if w][:MAX_PICKED], "sweep")
+    errors += bad_sweeps + bad_runs
     with session_scope(sessions_of(request)) as s:
         run_ids = list(picked_runs)
         for sid in picked_sweeps:

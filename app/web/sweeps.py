@@ -20,6 +20,7 @@ from app.storage.jsonsafe import json_safe
 from app.web import runs_view
 from app.web.compare import sweep_figures
 from app.web.context import read_gate, render, sessions_of
+from app.web.pickers import valid_id
 from app.web.sweeps_launch import sweep_live
 
 router = APIRouter(include_in_schema=False)
@@ -98,6 +99,8 @@ async def render_sweep_page(
     (``slo_ttft``/``slo_tpot``/``slo_e2el``, ms) replace the sweep's own for max goodput;
     a bad one is named beside its field (422). ``errors``/``values``: a refused action
     form's messages and what was typed."""
+    if not valid_id(sweep_id):
+        raise HTTPException(404, f"no sweep with id {sweep_id[:40]!r}")
     query = dict(request.query_params.items())
     slos, slo_errors = runs_view.parse_slos(query)
     try:

@@ -25,6 +25,7 @@ from app.storage import compare_repo
 from app.storage.db import session_scope
 from app.web.context import csrf_ok, principal_of, reads_allowed, render, sessions_of
 from app.web.launch import CSRF_REFUSED, form_values
+from app.web.pickers import valid_id
 from app.web.runs_actions import DELETE_CONFIRM, parse_tags
 from app.web.sweeps import render_sweep_page
 
@@ -54,6 +55,8 @@ async def _act(
     ``field`` and the error's status."""
     principal = principal_of(request)
     values = await form_values(request)
+    if not valid_id(sweep_id):
+        raise HTTPException(404, f"no sweep with id {sweep_id[:40]!r}")
     shown = {k: v for k, v in values.items() if k in ("tags", "note", "baseline_name")}
     refused = _refusal(request, principal, values)
     errors: dict[str, str] | None = None
@@ -138,6 +141,8 @@ def _delete_page(
     error: str | None = None,
     status_code: int = 200,
 ) -> Response:
+    if not valid_id(sweep_id):
+        raise HTTPException(404, f"no sweep with id {sweep_id[:40]!r}")
     with session_scope(sessions_of(request)) as s:
         sweep = compare_repo.find_sweep(s, sweep_id)
         if sweep is None:
@@ -173,6 +178,8 @@ def delete_confirm(request: Request, sweep_id: str) -> Response:
 async def delete_sweep(request: Request, sweep_id: str) -> Response:
     principal = principal_of(request)
     values = await form_values(request)
+    if not valid_id(sweep_id):
+        raise HTTPException(404, f"no sweep with id {sweep_id[:40]!r}")
     refused = _refusal(request, principal, values)
     if refused is not None:
         return _delete_page(request, principal, sweep_id, refused[0], refused[1])
