@@ -50,15 +50,20 @@
     var v = parseFloat(raw);
     return isNaN(v) ? null : v;
   }
+  // Each sortable header holds a <button> (templates/runs.html): focusable, Enter and Space
+  // press it; the sorted column says so with aria-sort (the others have none).
   function makeSortable(table) {
     var heads = table.querySelectorAll("th[data-sort]");
     heads.forEach(function (th) {
-      th.addEventListener("click", function () {
+      var btn = th.querySelector("button.sort");
+      if (!btn) return;
+      btn.addEventListener("click", function () {
         var col = Array.prototype.indexOf.call(th.parentNode.children, th);
         var numeric = th.dataset.sort === "num";
         var asc = !th.classList.contains("asc");
-        heads.forEach(function (h) { h.classList.remove("asc", "desc"); });
+        heads.forEach(function (h) { h.classList.remove("asc", "desc"); h.removeAttribute("aria-sort"); });
         th.classList.add(asc ? "asc" : "desc");
+        th.setAttribute("aria-sort", asc ? "ascending" : "descending");
         var body = table.tBodies[0];
         var rows = Array.prototype.slice.call(body.rows).filter(function (r) { return r.cells.length > col; });
         rows.sort(function (a, b) {
@@ -83,12 +88,16 @@
   function compareSelection(form) {
     var btn = document.getElementById("compare-btn");
     var count = document.getElementById("compare-count");
+    var withBaseline = form.dataset.baselines === "1"; // one run vs a saved baseline
     function update() {
       var n = form.querySelectorAll("input.pick:checked").length;
       var base = form.querySelector("input.base-pick:checked");
-      btn.disabled = n < 2;
-      count.textContent = n ? n + " selected" : "select two or more runs";
-      if (base) {
+      btn.disabled = n < (withBaseline ? 1 : 2);
+      count.textContent = n ? n + " selected" : "select two or more runs" +
+        (withBaseline ? ", or one to compare with a saved baseline" : "");
+      if (n === 1 && withBaseline) {
+        count.textContent += ": the next page picks the saved baseline";
+      } else if (base) {
         var row = base.closest("tr");
         var link = row && row.querySelector("td a");
         count.textContent += ", baseline: " + (link ? link.textContent : base.value);
@@ -359,4 +368,41 @@
     if (probe) followProbe(probe);
     tickAges();
   });
+})();
+
+// --- keyboard and large tables (issue 24) ---
+// A table wider than its .scroll box scrolls inside the box, never past the page: the box
+// then takes keyboard focus (arrow keys scroll it), is named for screen readers after its
+// section's heading, and shows an edge shadow (style.css .scroll.overflowing).
+(function () {
+  "use strict";
+  function heading(box) {
+    var section = box.closest("section");
+    var h = (section && section.querySelector("h2, h1")) || document.querySelector("main h1");
+    return h ? h.textContent.replace(/\s+/g, " ").trim() : "table";
+  }
+  function mark(box) {
+    var over = box.scrollWidth > box.clientWidth + 1;
+    box.classList.toggle("overflowing", over);
+    if (over) {
+      box.tabIndex = 0;
+      box.setAttribute("role", "region");
+      box.setAttribute("aria-label", heading(box) + " (scrolls sideways)");
+    } else if (box.getAttribute("role") === "region") {
+      box.removeAttribute("tabindex");
+      box.removeAttribute("role");
+      box.removeAttribute("aria-label");
+    }
+  }
+  function markAll() { document.querySelectorAll(".scroll").forEach(mark); }
+  document.addEventListener("DOMContentLoaded", function () {
+    markAll();
+    var pending = null;
+    window.addEventListener("resize", function () {
+      if (pending) clearTimeout(pending);
+      pending = setTimeout(markAll, 100);
+    });
+  });
+  window.TT = window.TT || {};
+  window.TT.markScrollBoxes = markAll;
 })();

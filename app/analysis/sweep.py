@@ -211,7 +211,7 @@ def max_goodput(
         note = "; skipped untrusted steps: " + ", ".join(parts)
     if not slos_ms:
         return MaxGoodput(
-            None, None, None, "no SLO set: give --goodput to find max goodput" + note, skipped
+            None, None, None, "no SLO set: give goodput SLOs to find max goodput" + note, skipped
         )
     ok = [
         (i, s)

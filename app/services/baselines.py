@@ -45,6 +45,8 @@ def check_name(name: str) -> str:
     clean = name.strip()
     if not clean or len(clean) > MAX_NAME:
         raise Invalid(f"name must have 1 to {MAX_NAME} characters", loc=("body", "name"))
+    if "\x00" in clean:
+        raise Invalid("name must not contain a NUL byte", loc=("body", "name"))
     return clean
 
 

@@ -31,8 +31,9 @@ from app.client.sweep_plan import (
 from app.domain import RunStatus
 from app.services import hardware, run_summaries
 from app.services import runs as run_svc
-from app.services.errors import NotFound
+from app.services.errors import Conflict, Invalid, NotFound
 from app.storage import compare_repo
+from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 
@@ -117,9 +118,13 @@ def execute_sweep(
     return SweepOutcome(sweep_id, sweep_summary(sessions, sweep_id))
 
 
-def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, Any]:
+def sweep_summary(
+    sessions: sessionmaker[Session], sweep_id: str, *, slos_ms: dict[str, float] | None = None
+) -> dict[str, Any]:
     """The sweep, its steps (from each step run's report), max goodput and diagnosis. A
-    finished step is read from its stored run summary (no event decoded)."""
+    finished step is read from its stored run summary (no event decoded). ``slos_ms`` (p99
+    limits by ``ttft``/``tpot``/``e2el``) replace the sweep's own goodput SLOs for max
+    goodput (``{}``: none); None keeps the spec's."""
     with session_scope(sessions) as s:
         sweep = compare_repo.find_sweep(s, sweep_id)
         if sweep is None:
@@ -135,6 +140,8 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             "created_at": sweep.created_at.isoformat(),
             "finished_at": sweep.finished_at.isoformat() if sweep.finished_at else None,
             "job_id": sweep.job_id,
+            "tags": list(sweep.tags or []),
+            "note": sweep.note,
         }
         rows = [
             (st.step_idx, st.run_id, st.load, st.load_kind, st.role, st.attempt)
@@ -170,7 +177,7 @@ def sweep_summary(sessions: sessionmaker[Session], sweep_id: str) -> dict[str, A
             if issues:
                 untrusted[len(steps)] = issues
             steps.append(summ)
-    slos = dict((info["spec"] or {}).get("goodput") or {})
+    slos = dict((info["spec"] or {}).get("goodput") or {}) if slos_ms is None else dict(slos_ms)
     best = max_goodput(steps, slos, untrusted=untrusted)
     info.update(
         steps=out_steps,
@@ -200,3 +207,83 @@ def _roofline_notes(
         floor_ms, device = known[0]
     note = diagnosis.decode_memory_bound(lowest.latency("tpot_ms", "p50"), floor_ms, device=device)
     return [] if note is None else [note]
+
+
+# ------------------------------------------------------------------ tags, note, delete
+
+MAX_NOTE = 100_000  # characters, as a run's note
+
+
+def set_tags(session: Session, sweep_id: str, tags: list[str]) -> list[str]:
+    """Replace a sweep's tags by the run tags' rule (each 1 to 100 characters, trimmed,
+    de-duplicated); 404 when there is no such sweep, 422 naming a bad tag."""
+    if any("\x00" in t for t in tags):
+        raise Invalid("tags: a tag must not contain a NUL byte", loc=("body", "tags"))
+    try:
+        return compare_repo.set_sweep_tags(session, sweep_id, tags)
+    except KeyError:
+        raise NotFound(f"no sweep with id {sweep_id!r}") from None
+    except (ValueError, TypeError) as e:
+        raise Invalid(f"tags: {e}", loc=("body", "tags")) from None
+
+
+def set_note(session: Session, sweep_id: str, note: str | None) -> None:
+    """Replace a sweep's note (blank or None clears it); 422 over ``MAX_NOTE`` characters."""
+    clean = (note or "").strip()
+    if len(clean) > MAX_NOTE:
+        raise Invalid(f"note: at most {MAX_NOTE:,} characters", loc=("body", "note"))
+    if "\x00" in clean:
+        raise Invalid("note: must not contain a NUL byte", loc=("body", "note"))
+    try:
+        compare_repo.set_sweep_note(session, sweep_id, clean or None)
+    except KeyError:
+        raise NotFound(f"no sweep with id {sweep_id!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepContents:
+    """What deleting a sweep removes, for its confirmation page."""
+
+    sweep_id: str
+    run_ids: list[str]  # its steps' runs (probe steps included)
+    n_requests: int  # stored requests of those runs
+    baselines: list[str]  # current baseline names pointing at the sweep or one of its runs
+
+
+def contents(session: Session, sweep_id: str) -> SweepContents:
+    if compare_repo.find_sweep(session, sweep_id) is None:
+        raise NotFound(f"no sweep with id {sweep_id!r}")
+    run_ids = [st.run_id for st in compare_repo.sweep_steps(session, sweep_id)]
+    ids = set(run_ids)
+    names = [
+        b.name
+        for b in compare_repo.list_baselines(session)
+        if b.sweep_id == sweep_id or (b.run_id is not None and b.run_id in ids)
+    ]
+    n = sum(repo.count_requests(session, rid) for rid in run_ids)
+    return SweepContents(sweep_id, run_ids, n, names)
+
+
+def delete_sweep(session: Session, sweep_id: str) -> SweepContents:
+    """Delete a sweep with its steps' runs (their requests and events) and its job; what
+    it removed. 409 while a worker runs it (cancel it first); a queued sweep's job is
+    cancelled first, so that no worker leases it meanwhile. Baselines that pointed at the
+    sweep or its runs are kept, pointing at nothing (their history says so)."""
+    sweep = compare_repo.find_sweep(session, sweep_id)
+    if sweep is None:
+        raise NotFound(f"no sweep with id {sweep_id!r}")
+    job = job_repo.get_job(session, sweep.job_id) if sweep.job_id else None
+    if job is not None and job.state in job_repo.ACTIVE_STATES:
+        raise Conflict(f"sweep {sweep_id!r} is {job.state} on a worker: cancel it first")
+    if (
+        job is not None
+        and job.state == "queued"
+        and not job_repo.transition(session, job.id, from_states=("queued",), state="cancelled")
+    ):
+        raise Conflict(f"sweep {sweep_id!r} was just leased by a worker: cancel it first")
+    gone = contents(session, sweep_id)
+    for run_id in gone.run_ids:
+        job_repo.delete_jobs_of_run(session, run_id)
+        repo.delete_run(session, run_id)
+    compare_repo.delete_sweep(session, sweep_id)
+    return gone

@@ -10,8 +10,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.storage.jsonsafe import json_safe
-from app.storage.models import JobBatch, utcnow
+from app.storage.models import Job, JobBatch, utcnow
 from app.storage.models_compare import Baseline, Sweep, SweepStep
+from app.storage.repository import _normalize_tags  # the one rule for run and sweep tags
 
 
 class PinnedError(Exception):
@@ -65,6 +66,40 @@ def update_sweep(session: Session, sweep_id: str, **changes: Any) -> None:
     if bad:
         raise ValueError(f"cannot update sweep fields {sorted(bad)}")
     session.execute(update(Sweep).where(Sweep.id == sweep_id).values(**changes))
+
+
+def set_sweep_tags(session: Session, sweep_id: str, tags: list[str]) -> list[str]:
+    """Replace a sweep's tags (trimmed, de-duplicated, order kept, as a run's); returns
+    them. ValueError/TypeError naming a bad tag; KeyError when there is no such sweep."""
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise KeyError(sweep_id)
+    sweep.tags = _normalize_tags(tags)
+    session.flush()
+    return list(sweep.tags)
+
+
+def set_sweep_note(session: Session, sweep_id: str, note: str | None) -> None:
+    """Replace a sweep's free-text note (``None`` clears it); KeyError when there is none."""
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise KeyError(sweep_id)
+    sweep.note = note
+    session.flush()
+
+
+def delete_sweep(session: Session, sweep_id: str) -> bool:
+    """Delete a sweep row and its job (the job's batches and telemetry go by cascade; its
+    steps' runs are the caller's to delete first). False when there was no such sweep."""
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        return False
+    job = session.get(Job, sweep.job_id) if sweep.job_id else None
+    if job is not None:
+        session.delete(job)
+    session.delete(sweep)
+    session.flush()
+    return True
 
 
 def add_step(

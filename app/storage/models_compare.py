@@ -1,4 +1,4 @@
-"""Tables for sweeps and baselines (migrations 0004, 0007).
+"""Tables for sweeps and baselines (migrations 0004, 0007, 0016).
 
 ``sweeps``: one sweep (the same workload at several loads); ``sweep_steps`` links each step
 to its run (a normal run with all its events), with the job attempt that made that run and,
@@ -43,6 +43,8 @@ class Sweep(Base):
     loads: Mapped[list[float]] = mapped_column(JSON, default=list)  # planned loads
     stop_reason: Mapped[str | None] = mapped_column(TargetText())  # may quote the target
     job_id: Mapped[str | None] = mapped_column(String(32))
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")  # 0016
+    note: Mapped[str | None] = mapped_column(Text)  # 0016
 
     __table_args__ = (Index("ix_sweeps_created_at", "created_at"),)
 

@@ -26,6 +26,7 @@ from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.web import runs_view
 from app.web.context import read_gate, render, sessions_of
+from app.web.pickers import valid_id
 from app.web.runs_page import report_warnings
 
 router = APIRouter(include_in_schema=False)
@@ -54,6 +55,14 @@ def _check_count(ids: list[str], what: str) -> None:
             "compare again",
             loc=("query", "ids" if what == "runs" else "sweeps"),
         )
+
+
+def _check_ids(ids: list[str], field: str) -> None:
+    """Run or sweep ids as this server makes them (no NUL byte, no megabyte reaches a
+    query); 422 naming ``field`` otherwise."""
+    bad = [i for i in ids if not valid_id(i)]
+    if bad:
+        raise Invalid(f"{field}: not an id: {bad[0][:40]!r}", loc=("query", field))
 
 
 def _label(run: dict[str, Any]) -> str:
@@ -93,6 +102,11 @@ def _runs_context(
             b = compare_repo.current_baseline(s, baseline)
         if b is None or b.run_id is None:
             raise Invalid(f"no run baseline named {baseline!r}", loc=("query", "baseline"))
+        if wanted and all(w == b.run_id for w in wanted):
+            raise Invalid(
+                f"baseline {baseline!r} is run {b.run_id}, the run given: pick another",
+                loc=("query", "baseline"),
+            )
         wanted = [b.run_id, *[w for w in wanted if w != b.run_id]]
         base_note = f"baseline {baseline!r} version {b.version}"
         base = b.run_id
@@ -154,8 +168,13 @@ async def compare_page(
     if variable is not None and variable not in KEY_FIELDS:
         variable = None
     wanted, sweep_ids = _split(ids), _split(sweeps)
-    status = 200
+    status_code = 200
     try:
+        _check_ids(wanted, "ids")
+        _check_ids(sweep_ids, "sweeps")
+        _check_ids([base] if base else [], "base")
+        if baseline is not None and (len(baseline) > 255 or "\x00" in baseline):
+            raise Invalid("baseline: not a baseline name", loc=("query", "baseline"))
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
                 lambda: _sweeps_context(
@@ -169,10 +188,19 @@ async def compare_page(
                 )
             )
     except (Invalid, Conflict) as e:
-        ctx = {"missing": [], "result": None, "error": e.detail}
-        status = e.status_code
+        field = str(e.loc[-1]) if e.loc else None
+        named = field is None or e.detail.startswith(f"{field}:")
+        detail = e.detail if named else f"{field}: {e.detail}"
+        ctx = {"missing": [], "result": None, "error": detail}
+        status_code = e.status_code
     with session_scope(sessions_of(request)) as s:
-        baselines = [b.name for b in compare_repo.list_baselines(s)]
+        # the baseline picker: the saved baselines that point at a sweep (comparing sweeps)
+        # or at a run
+        baselines = [
+            b.name
+            for b in compare_repo.list_baselines(s)
+            if (b.sweep_id if sweep_ids else b.run_id) is not None
+        ]
     ctx.update(
         nav="runs",
         ids=wanted,
@@ -186,7 +214,7 @@ async def compare_page(
         key_fields=KEY_FIELDS,
         metric_labels=CDF_METRICS,
     )
-    return render(request, "compare.html", ctx, principal=principal, status_code=status)
+    return render(request, "compare.html", ctx, principal=principal, status_code=status_code)
 
 
 def _sweeps_context(

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request, Response
 from fastapi.responses import RedirectResponse
@@ -92,6 +94,45 @@ def fmt_dt(v: Any) -> Markup | str:
     return Markup('<time datetime="{}" title="{}">{}</time>').format(iso, text, text)
 
 
+_IP_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9.]+)(:\d+)?$")
+
+
+def _host_markup(netloc: str) -> Markup:
+    """A host that breaks only after a dot of a DNS name, never inside a label, an IP
+    address or before its port: each label is a ``nowrap`` span."""
+    if _IP_HOST.match(netloc):
+        return Markup('<span class="host ip">{}</span>').format(netloc)
+    labels = Markup(".<wbr>").join(Markup("<span>{}</span>").format(x) for x in netloc.split("."))
+    return Markup('<span class="host">{}</span>').format(labels)
+
+
+def fmt_url(v: Any) -> Markup | str:
+    """A URL for a narrow cell: it may break after ``//``, after a dot of the host name and
+    before each path ``/`` or the ``?``; never inside a host label, an IP address or a
+    port (``_host_markup``); the whole URL is the title. Text that is not an absolute URL
+    shows as it is; an em dash for none."""
+    if v is None or v == "":
+        return "—"
+    text = str(v)
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text
+    if not parts.scheme or not parts.netloc:
+        return text
+    first, *more = parts.path.split("/")
+    rest = Markup("{}").format(first)
+    for seg in more:
+        rest += Markup("<wbr>/{}").format(seg)
+    if parts.query:
+        rest += Markup("<wbr>?{}").format(parts.query)
+    if parts.fragment:
+        rest += Markup("#{}").format(parts.fragment)
+    return Markup('<span class="url" title="{}">{}://<wbr>{}{}</span>').format(
+        text, parts.scheme, _host_markup(parts.netloc), rest
+    )
+
+
 def make_templates() -> Jinja2Templates:
     env = Environment(
         loader=FileSystemLoader(str(asset_dir("templates"))),
@@ -103,6 +144,7 @@ def make_templates() -> Jinja2Templates:
     env.filters["ms"] = fmt_ms
     env.filters["pct"] = fmt_pct
     env.filters["dt"] = fmt_dt
+    env.filters["url"] = fmt_url
     env.globals["version"] = __version__
     env.globals["static_url"] = static_url  # hashed /static URLs (app.web.assets)
     env.globals["metric_label"] = metric  # names and units (app.analysis.metric_defs)

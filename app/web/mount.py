@@ -15,6 +15,7 @@ from app.web import (
     runs_exports,
     runs_live,
     sweeps,
+    sweeps_actions,
     sweeps_launch,
     workers,
 )
@@ -47,6 +48,7 @@ def mount(app: FastAPI) -> None:
     app.include_router(runs_live.router)  # a running run's live figures
     app.include_router(launch.router)
     app.include_router(sweeps_launch.router)  # sweep form, live sweep state, cancel
+    app.include_router(sweeps_actions.router)  # a sweep's forms: tags, note, baseline, delete
     app.include_router(probes.router)
     app.include_router(probes_launch.router)  # probe form
     app.include_router(workers.router)  # workers and the queue

@@ -19,12 +19,14 @@ from app.figures import probes as pf
 from app.figures.scriptjson import plotly_json
 from app.services import probes as svc
 from app.services.errors import ServiceError
+from app.storage import probes as probe_repo
 from app.storage.db import session_scope
+from app.web import pickers
 from app.web.context import read_gate, render, sessions_of
 
 router = APIRouter(include_in_schema=False)
 
-
+MAX_PICKED = 100  # runs (and sweeps) one Roofline or throughput-vs-batch page takes
 
 
 def _js(fig: dict[str, Any]) -> str:
@@ -91,6 +93,9 @@ def roofline_page(
     principal, redirect = read_gate(request)
     if redirect is not None:
         return redirect
+    errors: list[str] = []
+    picked, errors = pickers.bad_ids([r for r in run or [] if r][:MAX_PICKED], "run")
+    run = picked or None  # the picker's "(none)" is blank
     adhoc = None
     if model and run:
         ann = svc.Annotation(
@@ -102,7 +107,6 @@ def roofline_page(
             compute_dtype=dtype,
         )
         adhoc = (run[0], ann)
-    errors: list[str] = []
     with session_scope(sessions_of(request)) as s:
         try:
             d = svc.roofline_data(
@@ -113,6 +117,15 @@ def roofline_page(
                 raise HTTPException(404, e.detail) from None
             errors.append(e.detail)
             d = svc.roofline_data(s, device_name=device or None)
+        choices = pickers.roofline_runs(s)
+        placed = {rp.run_id for rp in d["operating_points"]}
+        unplaced = [r for r in run or [] if r not in placed]
+        known = {r.id for r in probe_repo.runs_by_id(s, unplaced)}
+    for rid in unplaced:
+        if rid not in known:
+            errors.append(f"run: no run with id {rid[:64]!r}")
+        elif not model:
+            errors.append(f"model: run {rid[:64]!r} has no annotation: pick the model it served")
     ops = [(rp.label, op) for rp in d["operating_points"] for op in rp.points]
     notes = [f"{rp.label}: {n}" for rp in d["operating_points"] for n in rp.notes]
     fig = pf.roofline_figure(d["measured"], d["datasheets"], d["probe_points"], ops)
@@ -130,8 +143,10 @@ def roofline_page(
             "presets": DEVICE_PRESETS,
             "query": dict(request.query_params),
             "spread_limit": SPREAD_LIMIT,
+            "run_choices": choices,
         },
         principal=principal,
+        status_code=422 if errors else 200,
     )
 
 
@@ -140,14 +155,43 @@ def throughput_page(
     request: Request,
     probe: Annotated[list[str] | None, Query()] = None,
     run: Annotated[list[str] | None, Query()] = None,
+    sweep: Annotated[list[str] | None, Query()] = None,
 ) -> Response:
-    """batch_scaling probes (``probe``, or the newest) and runs of a concurrency sweep."""
+    """batch_scaling probes (``probe``, or the newest) and runs at several concurrencies:
+    picked one by one (``run``) or a concurrency sweep's steps (``sweep``). An unknown id
+    is named (422); a picked run that records no concurrency or throughput is noted."""
     principal, redirect = read_gate(request)
     if redirect is not None:
         return redirect
+    errors: list[str] = []
+    notes: list[str] = []
+    picked_runs, bad_runs = pickers.bad_ids([r for r in run or [] if r][:MAX_PICKED], "run")
+    picked_sweeps, bad_sweeps = pickers.bad_ids([w for w in sweep or [] if w][:MAX_PICKED], "sweep")
+    errors += bad_sweeps + bad_runs
     with session_scope(sessions_of(request)) as s:
-        d = svc.scaling_data(s, probe, run)
+        run_ids = list(picked_runs)
+        for sid in picked_sweeps:
+            steps = pickers.sweep_step_runs(s, sid)
+            if steps is None:
+                errors.append(f"sweep: no sweep with id {sid[:64]!r}")
+            else:
+                run_ids += [r for r in steps if r not in run_ids]
+        found = {r.id: r for r in probe_repo.runs_by_id(s, picked_runs)}
+        for rid in picked_runs:
+            row = found.get(rid)
+            if row is None:
+                errors.append(f"run: no run with id {rid[:64]!r}")
+            elif not pickers.gives_batch_point(row):
+                notes.append(
+                    f"run {row.name or rid}: not plotted, it records no max_concurrency "
+                    "or no output throughput"
+                )
+        d = svc.scaling_data(s, probe, run_ids[:MAX_PICKED])
         ceil = svc.roofline_data(s, device_name=None)
+        choices = {
+            "runs": pickers.batch_runs(s),
+            "sweeps": pickers.concurrency_sweeps(s),
+        }
     balance = None
     dev = next((x["device_name"] for x in d["series"] if x.get("device_name")), None)
     c = (ceil["measured"] or {}).get("ceilings") or {}
@@ -159,8 +203,19 @@ def throughput_page(
     return render(
         request,
         "throughput.html",
-        {"nav": "probes", "d": d, "figures": figs, "balance": balance},
+        {
+            "nav": "probes",
+            "d": d,
+            "figures": figs,
+            "balance": balance,
+            "choices": choices,
+            "picked_runs": set(picked_runs),
+            "picked_sweeps": set(picked_sweeps),
+            "errors": errors,
+            "notes": notes,
+        },
         principal=principal,
+        status_code=422 if errors else 200,
     )
 
 

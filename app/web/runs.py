@@ -54,6 +54,7 @@ def runs_page(request: Request) -> Response:
         rows = [runs_view.run_row(r, jobs.get(r.id)) for r in runs]
         sweep_of = compare_repo.sweep_ids_of_runs(s, [r.id for r in runs])
         sources = repo.run_sources(s)
+        run_baselines = any(b.run_id is not None for b in compare_repo.list_baselines(s))
     pages = max(1, -(-matching // run_list.PAGE_SIZE))
     return render(
         request,
@@ -78,6 +79,7 @@ def runs_page(request: Request) -> Response:
             "deleted": request.query_params.get("deleted"),
             "statuses": [s.value for s in RunStatus],
             "sources": sources,
+            "run_baselines": run_baselines,  # one ticked run compares with a saved baseline
         },
         principal=principal,
         status_code=422 if q.errors else 200,
@@ -124,7 +126,8 @@ def run_progress(request: Request, run_id: str) -> JSONResponse:
 def requests_page(
     request: Request, run_id: str, offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0
 ) -> Response:
-    """The run's requests, 100 a page, sorted and filtered in SQL (``request_query``)."""
+    """The run's requests, 100 a page, sorted and filtered in SQL (``request_query``);
+    ``page`` (the pager's jump form, 1 to the last page) sets the offset."""
     principal, redirect = read_gate(request)
     if redirect is not None:
         return redirect
@@ -135,8 +138,13 @@ def requests_page(
             raise HTTPException(404, f"no run with id {run_id!r}")
         total = repo.count_requests(s, run_id)
         matching = request_table.count_rows(s, run_id, table.query)
+        pages = request_query.pager(0, REQUESTS_PAGE, matching).pages
+        jump, page_error = request_query.parse_page(request.query_params.get("page"), pages)
+        if jump is not None:
+            offset = (jump - 1) * REQUESTS_PAGE
         items = request_table.table_rows(s, run_id, table.query, limit=REQUESTS_PAGE, offset=offset)
         name = row.name
+    errors = dict(table.errors) | ({"page": page_error} if page_error else {})
     return render(
         request,
         "requests.html",
@@ -149,13 +157,15 @@ def requests_page(
             "matching": matching,
             "offset": offset,
             "page": REQUESTS_PAGE,
+            "pager": request_query.pager(offset, REQUESTS_PAGE, matching),
             "table": table,
+            "table_errors": errors,
             "sorts": request_table.SORT_COLUMNS,
             "statuses": request_query.STATUSES,
             "range_labels": request_query.RANGE_LABELS,
         },
         principal=principal,
-        status_code=422 if table.errors else 200,
+        status_code=422 if errors else 200,
     )
 
 

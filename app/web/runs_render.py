@@ -14,6 +14,7 @@ from app.services import runs as run_svc
 from app.services.auth import Principal
 from app.services.run_summaries import PROFILE_NAMES
 from app.storage import compare_repo
+from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.web import runs_view
 from app.web.context import render, sessions_of
@@ -42,6 +43,19 @@ def baselines_of_run(s: Session, run_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def compare_baselines(s: Session, run_id: str) -> list[dict[str, Any]]:
+    """The saved baselines this run can be compared with: the current versions that point
+    at another run that still exists, by name, with that run's name."""
+    out = []
+    for b in compare_repo.list_baselines(s):
+        if b.run_id is None or b.run_id == run_id:
+            continue
+        row = repo.find_run(s, b.run_id)
+        if row is not None:
+            out.append({"name": b.name, "version": b.version, "run": row.name or row.id})
+    return out
+
+
 def actions_context(
     request: Request,
     principal: Principal | None,
@@ -55,6 +69,7 @@ def actions_context(
     run_id = str(run["id"])
     with session_scope(sessions_of(request)) as s:
         baselines = baselines_of_run(s, run_id)
+        others = compare_baselines(s, run_id)
     shown = {
         "tags": ", ".join(run.get("tags") or []),
         "note": str(run.get("note") or ""),
@@ -66,6 +81,7 @@ def actions_context(
         "action_values": shown,
         "done": DONE_TEXT.get(request.query_params.get("done") or ""),
         "run_baselines": baselines,
+        "compare_baselines": others,
         "cancellable": str(run.get("status")) in runs_view.ACTIVE_RUN_STATES,
     }
 

@@ -1,6 +1,7 @@
 """The requests table's query string: sort column and direction, status filter and ranges
 (``ttft_min``/``ttft_max`` ms, ``e2e_*``, ``tpot_*``, ``output_tokens_*``); messages name a
-bad field. The same parameters travel to a request page for its previous/next links."""
+bad field. The same parameters travel to a request page for its previous/next links. And
+its pager: page numbers around the current one, first, last, and a page to jump to."""
 
 from __future__ import annotations
 
@@ -84,3 +85,56 @@ def parse(raw: dict[str, str]) -> ParsedTable:
             ranges.append((name, ends[0], ends[1]))
     query = TableQuery(sort=sort, desc=direction == "desc", status=status, ranges=tuple(ranges))
     return ParsedTable(query, params, values, errors)
+
+
+# ------------------------------------------------------------------------------ pager
+
+PAGER_WIDTH = 2  # page links each side of the current page
+
+
+@dataclass(frozen=True, slots=True)
+class Pager:
+    page: int  # 1-based, the page the offset falls in
+    pages: int  # at least 1
+    size: int
+    window: list[int | None]  # page numbers to link, None where some are left out
+
+    def offset_of(self, page: int) -> int:
+        return (page - 1) * self.size
+
+
+def page_window(page: int, pages: int, width: int = PAGER_WIDTH) -> list[int | None]:
+    """1, the pages within ``width`` of ``page``, and ``pages``, in order; None marks a gap
+    of two or more pages (a gap of one is shown as that page)."""
+    wanted = {1, pages, *range(max(1, page - width), min(pages, page + width) + 1)}
+    out: list[int | None] = []
+    prev = 0
+    for p in sorted(wanted):
+        if p - prev == 2:
+            out.append(p - 1)
+        elif p - prev > 2:
+            out.append(None)
+        out.append(p)
+        prev = p
+    return out
+
+
+def pager(offset: int, size: int, matching: int) -> Pager:
+    pages = max(1, -(-matching // size))
+    page = min(pages, offset // size + 1)
+    return Pager(page, pages, size, page_window(page, pages))
+
+
+def parse_page(raw: str | None, pages: int) -> tuple[int | None, str | None]:
+    """``page`` from the jump form: (the page, None), (None, None) when blank, or (None, a
+    message naming the field) when it is not a whole number from 1 to ``pages``."""
+    text = (raw or "").strip()
+    if not text:
+        return None, None
+    try:
+        page = int(text)
+    except ValueError:
+        page = 0
+    if not 1 <= page <= pages:
+        return None, f"page: a whole number from 1 to {pages:,}, got {text[:40]!r}"
+    return page, None
