@@ -37,25 +37,22 @@ def test_hostile_ids_are_4xx(db_url: str) -> None:
                 ("/compare", {"ids": "r1", "base": bad}),
             ):
                 r = c.get(path, params=params)
-                assert r.status_code in (200, 404, 422), (path, params, r.status_code)
+                assert r.status_code in (200, 400, 404, 422), (path, params, r.status_code)
             for sub in ("", "/delete"):
                 r = c.get(f"/sweeps/{quote(bad)}{sub}")
-                assert r.status_code in (404, 422), (sub, r.status_code)
+                assert r.status_code in (400, 404, 422), (sub, r.status_code)
             for action in ("tags", "note", "baseline", "baseline-pin", "delete"):
                 body = {"csrf": csrf_of(c, "/sweeps"), "confirm": "delete", "name": bad}
                 r = c.post(f"/sweeps/{quote(bad)}/{action}", data=body, headers=origin)
-                assert r.status_code in (404, 422), (action, r.status_code)
+                assert r.status_code in (400, 404, 422), (action, r.status_code)
         # free text with a NUL byte on a real sweep: named beside its field, nothing saved
         with session_scope(sessions) as s:
             sweep_id = compare_repo.create_sweep(s, spec={}, mode="rates", loads=[1.0])
-        for action, field, err in (
-            ("tags", "tags", "err-tags"),
-            ("note", "note", "err-note"),
-            ("baseline", "baseline_name", "err-baseline_name"),
-        ):
+        for action, field in (("tags", "tags"), ("note", "note"), ("baseline", "baseline_name")):
             body = {"csrf": csrf_of(c, "/sweeps"), field: "a\x00b"}
             r = c.post(f"/sweeps/{sweep_id}/{action}", data=body, headers=origin)
-            assert r.status_code == 422 and f'id="{err}"' in r.text, (action, r.status_code)
+            # refused where the form is read (app.protocol.nul), naming the field
+            assert r.status_code == 422 and f"{field}:" in r.text, (action, r.status_code)
             assert "NUL" in r.text
         with session_scope(sessions) as s:
             row = compare_repo.find_sweep(s, sweep_id)
