@@ -367,7 +367,7 @@ class _Chain:
             return
         try:
             self.add_reply(reply)
-            self.early = self.send(raw.end_ns)
+            self.early = self.send(raw.wire_end_ns)
         except Exception as e:  # raised again in the session's task
             self.error = e
 
@@ -419,7 +419,7 @@ async def _session(
                 reply = reply_text(raw)
             if not isinstance(reply, str):
                 return  # the failed turn's record carries the error; the session ends
-            due_ns = raw.end_ns + think_ns
+            due_ns = raw.wire_end_ns + think_ns
             chain.add_reply(reply)
     finally:
         released.append(time.monotonic_ns())
