@@ -229,6 +229,12 @@ def _check_views(client: TestClient, url: str, run_id: str) -> None:
     q50, q99 = np.percentile(queued, [50, 99])
     assert f"queue wait {q50:.3f}/{q99:.3f}" in text
 
+    # the REST API's request rows: the same send lags and queue waits
+    api = client.get(f"/api/v1/runs/{run_id}/requests", params={"limit": 100}).json()
+    items = sorted((i for i in api["items"] if not i["warmup"]), key=lambda i: i["index"])
+    assert [i["send_lag_ms"] for i in items] == [r["send_lag_ms"] for r in rows]
+    assert [i["queued_ms"] for i in items] == [r["queued_ms"] for r in rows]
+
     # the request page of the longest wait: its queue wait and send lag, in ms
     late = rows[int(np.argmax(queued))]
     html = client.get(f"/runs/{run_id}/requests/{late['idx']}").text
