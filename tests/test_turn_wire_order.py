@@ -253,7 +253,5 @@ def test_a_body_that_never_ends_is_closed_before_the_next_turn(
     assert first.done_ns is not None and first.end_ns == first.done_ns
     assert second.scheduled_ns >= first.done_ns + DONE_GRACE_S * 1e9
     assert second.sent_ns is not None and second.sent_ns >= second.scheduled_ns
+    # on a new connection: the client closed the first one, its response unfinished
     assert second.conn_reused is False and tl.connections == 2
-    # the server had not ended the first response when the second request came, on a new
-    # connection: the client had closed the first one
-    assert tl.first_byte["g-s0-t2"] < tl.end_written.get("g-s0-t1", tl.first_byte["g-s0-t2"] + 1)
