@@ -255,3 +255,17 @@ def test_a_body_that_never_ends_is_closed_before_the_next_turn(
     assert second.sent_ns is not None and second.sent_ns >= second.scheduled_ns
     # on a new connection: the client closed the first one, its response unfinished
     assert second.conn_reused is False and tl.connections == 2
+
+
+def test_a_timeout_after_done_keeps_the_complete_stream(server: Any) -> None:
+    """The request timeout (0.3 s) comes while the body's end is awaited after "[DONE]": the
+    stream was complete, so the request is OK (ended at its "[DONE]"), not a timeout."""
+    url, _ = server("chunked-late")
+    spec = RunSpec(
+        base_url=url, model="m", input_len=8, output_len=3, num_prompts=1,
+        request_timeout_s=0.3, scrape_metrics=False,
+    )  # fmt: skip
+    res = run(run_load(spec, run_tag="t"))
+    (rec,) = res.records
+    assert rec.status is RequestStatus.OK, rec.error
+    assert rec.output_tokens == 3 and rec.end_ns == rec.done_ns

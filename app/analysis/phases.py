@@ -93,13 +93,12 @@ def send_lag_ns(
 
 def send_lag_ms_of_row(r: dict[str, object]) -> float | None:
     """``send_lag_ns`` of one stored request (``*_ns`` columns), in ms."""
-    sent, sched, queued = r.get("sent_ns"), r.get("scheduled_ns"), r.get("queued_ns")
-    connect, tls = r.get("connect_ns"), r.get("tls_ns")
-    if not isinstance(sched, int) or not all(
-        v is None or isinstance(v, int) for v in (sent, queued, connect, tls)
-    ):
+    sched = r.get("scheduled_ns")
+    rest = [r.get(k) for k in ("sent_ns", "queued_ns", "connect_ns", "tls_ns")]
+    ints = [v if isinstance(v, int) else None for v in rest]
+    if not isinstance(sched, int) or ints != rest:
         return None
-    lag = send_lag_ns(sent, sched, queued, connect, tls)  # type: ignore[arg-type]
+    lag = send_lag_ns(ints[0], sched, ints[1], ints[2], ints[3])
     return None if lag is None else lag / 1e6
 
 

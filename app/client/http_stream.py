@@ -315,7 +315,7 @@ class StreamRequest:
         self._finish(status, reason, time.monotonic_ns())
 
     def _on_timeout(self) -> None:
-        if self._done_seen:  # the stream is complete, only its body's end is missing
+        if self._done_seen and not self._finished:  # complete but for its body's end
             self._done_late()
             return
         r = self.raw
