@@ -37,8 +37,10 @@ def _run_with_hostile_errors(api: Api) -> str:
         w = WireRequest.from_record(record(i, ok=False)).model_dump(mode="json")
         w["error"] = text
         reqs.append(w)
-    # request 5 was sent 2 ms before it was scheduled: a negative send lag (a number)
+    # request 5 was sent 2 ms before it was scheduled, without a queue wait: a negative
+    # send lag (a number)
     reqs[5]["scheduled_ns"] = reqs[5]["sent_ns"] + 2_000_000
+    reqs[5]["queued_ns"] = 0
     body = {"lease_id": job["lease_id"], "batch_no": 0, "requests": reqs}
     assert api.post_job(out["job_id"], "results", body).json()["accepted"] == 6
     done = {"lease_id": job["lease_id"], "status": "succeeded", "total_batches": 1}

@@ -5,6 +5,7 @@ decoded while the stream arrives must be exactly what decoding the finished stre
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from typing import Any
@@ -44,20 +45,25 @@ def capture(response: bytes, cuts: list[int]) -> tuple[RawStream, ReplyText]:
     acc = ReplyText()
     t = 1_000
     prev = 0
-    for end in [*cuts, len(response)]:
-        if end <= prev:
-            continue
-        r = sr.raw
-        old = len(r.buf)
-        r.buf += response[prev:end]
-        t += 1_000
-        sr._took(old, end - prev, t, t)
-        acc.feed(r)
-        prev = end
-        if r.end_ns:  # the stream ended: the socket is no longer read
-            break
-    if not sr.raw.end_ns:  # the server closed the connection
-        sr._on_eof(t + 1)
+    # "[DONE]" before the body's end arms a timer on the stream's loop (never run here)
+    loop = sr._loop = asyncio.new_event_loop()
+    try:
+        for end in [*cuts, len(response)]:
+            if end <= prev:
+                continue
+            r = sr.raw
+            old = len(r.buf)
+            r.buf += response[prev:end]
+            t += 1_000
+            sr._took(old, end - prev, t, t)
+            acc.feed(r)
+            prev = end
+            if r.end_ns:  # the stream ended: the socket is no longer read
+                break
+        if not sr.raw.end_ns:  # the server closed the connection
+            sr._on_eof(t + 1)
+    finally:
+        loop.close()
     return sr.raw, acc
 
 

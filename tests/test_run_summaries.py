@@ -153,8 +153,8 @@ def test_stored_figures_equal_the_figures_from_the_events(stored: Stored) -> Non
         summary = run_summaries.fresh_summary(s, stored.run_id)
     assert summary is not None
     sched = np.arange(5, dtype=np.int64) * 100 * MS
-    sent = sched + MS
-    figs = run_figures(trace, scheduled_ns=sched, sent_sched_ns=sent, indexes=np.arange(5))
+    turns = np.full(5, -1, np.int64)  # single requests
+    figs = run_figures(trace, scheduled_ns=sched, turns=turns, indexes=np.arange(5))
     assert summary.figures == {k: plotly_json(f) for k, f in figs.figures.items()}
     ttft = json.loads(summary.figures["cdf_ttft"])["data"][0]["x"]
     assert sorted(ttft) == pytest.approx([20.0, 30.0, 40.0, 50.0])

@@ -89,7 +89,9 @@ def test_minmax_downsampling_keeps_spikes() -> None:
     keep = fg.minmax_keep(y, 400)
     assert len(keep) <= 400 and 12_345 in keep and 77_777 in keep
     assert keep[0] == 0 and keep[-1] == 99_999
-    fig = fg.send_lag_figure(np.arange(100_000.0), y, max_points=400)
+    fig = fg.scatter_figure(
+        np.arange(100_000.0), y, title="t", xtitle="x (s)", ytitle="y (ms)", max_points=400
+    )
     assert max(fig["data"][0]["y"]) == 500.0 and min(fig["data"][0]["y"]) == -3.0
     pos = np.tile(np.arange(1.0, 101.0), 1000)
     itl = np.full(pos.shape[0], 2.0)
@@ -149,7 +151,10 @@ def test_throughput_figure_has_both_axes() -> None:
 
 
 def test_scatter_figures_downsample_with_a_note() -> None:
-    fig = fg.send_lag_figure(np.arange(10_000.0), np.ones(10_000), max_points=1000)
+    fig = fg.scatter_figure(
+        np.arange(10_000.0), np.ones(10_000), title="t", xtitle="x (s)", ytitle="y (ms)",
+        max_points=1000,
+    )  # fmt: skip
     assert 990 <= fg.point_count(fig) <= 1000
     assert f"downsampled: {fg.point_count(fig):,} of 10,000 points" in _notes(fig)
     fig2 = fg.ttft_input_figure(np.array([10, -1, 30]), np.array([1.0, 2.0, np.nan]))
@@ -210,7 +215,7 @@ def test_run_figures_are_json_safe_and_complete() -> None:
     assert "phases" in keys
     for key, fig in plots.figures.items():
         json.dumps(fig, allow_nan=False)  # no NaN reaches the browser
-        if key != "send_lag":
+        if key not in ("send_lag", "queue_wait"):  # no schedule given
             assert fig["data"], key
     assert len(plots.figures["cdf_ttft"]["data"][0]["x"]) == 20
 
@@ -263,8 +268,8 @@ def test_every_axis_is_labelled_with_its_unit() -> None:
         r.conn_id, r.conn_reused, r.connect_ns, r.queued_ns = r.index + 1, False, 200_000, 0
     plots = run_figures(
         trace_from_records(recs),
-        scheduled_ns=np.arange(20, dtype=np.int64) * 1000,
-        sent_sched_ns=np.arange(20, dtype=np.int64) * 1000 + 7,
+        scheduled_ns=np.arange(20, dtype=np.int64) * 1000 - 7,
+        turns=np.full(20, -1, np.int64),
     )
     units = re.compile(r"\((ms|s|tokens|tok/s|count|%|0–1)\)")
     checked = 0

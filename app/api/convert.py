@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from app.analysis.phases import send_lag_ms_of_row
 from app.api.schemas import JobInfo, RequestRow, RunSummary, TokenInfo, WorkerInfo
 from app.protocol.wire import JobRequirements
 from app.services.job_rules import public_spec
@@ -81,6 +82,7 @@ def request_row(r: dict[str, Any]) -> RequestRow:
         sending_ms=_ms(r.get("sending_ns")),
         waiting_ms=_ms(r.get("waiting_ns")),
         first_token_ms=_ms(r.get("first_token_ns")),
+        send_lag_ms=send_lag_ms_of_row(r),
         conn_id=r.get("conn_id"),
         conn_reused=r.get("conn_reused"),
         retries=int(r.get("retries") or 0),

@@ -116,6 +116,9 @@ class RequestRow(BaseModel):
     sending_ms: float | None = None
     waiting_ms: float | None = None
     first_token_ms: float | None = None
+    # what the client added before the first byte (docs/metrics.md): sent - scheduled -
+    # queued - connect - tls; None where the queue wait was not recorded
+    send_lag_ms: float | None = None
     conn_id: int | None = None
     conn_reused: bool | None = None
     retries: int = 0

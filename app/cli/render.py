@@ -241,7 +241,7 @@ def _render_latencies(m: dict[str, Any], console: Console) -> None:
 
 
 PHASE_LABELS = (
-    ("queued", "queued"),
+    ("queued", "queue wait"),
     ("connect", "connect"),
     ("tls", "tls"),
     ("sending", "sending"),
@@ -251,7 +251,7 @@ PHASE_LABELS = (
 
 
 def phase_line(phases: dict[str, Any]) -> str:
-    """The run's phases as one line: "queued 0.00/0.01 · connect — · ..." ("" without)."""
+    """The run's phases as one line: "queue wait 0.000/0.010 · connect — · ..." ("" without)."""
     if not phases or "no_data" in phases:
         return ""
     parts = []

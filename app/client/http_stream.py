@@ -171,7 +171,7 @@ def _read_buffer(size: int) -> list[memoryview]:
     return b
 
 
-DONE_GRACE_S = 0.5  # keep-alive: how long after "[DONE]" the body's own end may take
+DONE_GRACE_S = 0.5  # how long after "[DONE]" the body's own end may take
 
 
 class ReplyFeed(Protocol):
@@ -315,6 +315,9 @@ class StreamRequest:
         self._finish(status, reason, time.monotonic_ns())
 
     def _on_timeout(self) -> None:
+        if self._done_seen and not self._finished:  # complete but for its body's end
+            self._done_late()
+            return
         r = self.raw
         conn = self._conn
         msg = f"request timeout after {self._timeout_s:g} s, "
@@ -912,15 +915,11 @@ class StreamRequest:
             bs = r.body_start
             j = buf.find(b"[DONE]", max(bs, old - 12))
             if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
-                self._done_seen = True
-                if self._keep_alive and mode == MODE_CHUNKED and not r.server_close:
-                    # the connection is reused only once the body's own end is read
-                    self._done_stamp = stamp
-                    assert self._loop is not None
-                    self._done_timer = self._loop.call_later(self._done_grace_s, self._done_late)
-                else:
-                    self._end(END_DONE, stamp)
-                    return
+                # the response ends where its body does, whatever the framing: what follows
+                # it (a session's next turn, a request on its connection) never overtakes it
+                self._done_seen, self._done_stamp = True, stamp
+                assert self._loop is not None
+                self._done_timer = self._loop.call_later(self._done_grace_s, self._done_late)
         if total > self._max_bytes or (b is not None and b.used > b.limit):
             self._cap(stamp)
 
@@ -940,8 +939,9 @@ class StreamRequest:
         self._end(END_CAP, stamp)
 
     def _done_late(self) -> None:
-        """``[DONE]`` came but the body never ended: the stream is complete, the connection
-        is not reused."""
+        """``[DONE]`` came but the body never ended: the stream is complete (it ended at
+        ``[DONE]``), its connection is closed unfinished now (``RawStream.wire_end_ns``)."""
+        self.raw.closed_unended_ns = time.monotonic_ns()
         self._end(END_DONE, self._done_stamp)
 
     def _on_head(self, stamp: int) -> None:

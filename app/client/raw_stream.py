@@ -176,12 +176,21 @@ class RawStream:
     conn_reused: bool = False
     retries: int = 0
     keep_alive: bool = False  # the connection stayed open for the next request
+    # a body that had not ended DONE_GRACE_S after "[DONE]": when its connection was closed
+    closed_unended_ns: int = 0
     read_to_close: bool = False  # the response was framed by the server closing
     server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
     content_type: str | None = None
     # the first events' classification, already done while the stream arrived (a session's
     # ``app.client.reply.ReplyText``): the record uses it for those events
     ev_classified: list[Classified] | None = field(default=None, repr=False)
+
+    @property
+    def wire_end_ns(self) -> int:
+        """When the response was over on the wire: where it ended (``end_ns``: its body's
+        last byte, or the server's close), or, when its body had not ended ``DONE_GRACE_S``
+        after "[DONE]", the moment the client closed its connection."""
+        return self.closed_unended_ns or self.end_ns
 
     def finalize(self) -> RawStream:
         """Decode the captured body into events (idempotent); never raises."""

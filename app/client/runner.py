@@ -5,12 +5,14 @@ broken streams become per-request records. It stops early, keeping what was meas
 ``spec.max_duration_s`` (a whole-run limit, warm-up included) or when ``stop`` is set:
 unsent requests are not sent (``counts["unsent"]``) and in-flight ones end as CANCELLED.
 
-Client health is measured alongside: send lag (actual send minus when the request was due:
-its scheduled time, or the moment a concurrency slot freed if it had to wait for one), and
-event-loop lag (a monitor task sleeping ~5 ms records how late it wakes). With an unlimited
-rate, the initial burst (every request due at t=0) is excluded from send lag and reported as a
-note: it has no schedule to fall behind. Either p99 above
-``spec.client_lag_bound_ms`` marks the run ``client_limited``. With kernel receive stamps
+Each request records its queue wait (``queued_ns``: from when it was due, its scheduled
+time, to when a concurrency slot and a connection were free). Client health is measured
+alongside: send lag (``app.analysis.phases.send_lags``: what the client added between that
+moment and the first byte leaving, connection setup apart), and event-loop lag (a monitor
+task sleeping ~5 ms records how late it wakes). With every request due at once (an unlimited
+rate), the initial burst is excluded from send lag and reported as a note: it has no
+schedule to fall behind. Either p99 above ``spec.client_lag_bound_ms`` marks the run
+``client_limited``. With kernel receive stamps
 ``read_delay`` (user-space stamp minus kernel stamp of the same read) shows how late the
 client read data it had already received: timings stay exact, but events that one read
 returns together share that read's stamp. ``cpu_wait`` (per monitor tick, from the thread's
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from app.analysis.phases import record_send_lags
 from app.client import eventloop
 from app.client.clocks import ClockMap, kernel_stamps_supported
 from app.client.connpool import ConnPool, raise_nofile_limit
@@ -155,7 +158,6 @@ def connection_budget(wanted: int) -> int:
 class _Timing:
     due_ns: int  # when the request could start: scheduled, or when its slot was free
     scheduled_ns: int  # when the load shape scheduled it (absolute)
-    fresh_slot: bool  # it took a slot no earlier request of its phase had used
 
 
 @dataclass(slots=True)
@@ -218,15 +220,11 @@ class _Run:
         self.sleepers: set[asyncio.Future[None]] = set()  # ``wait_until``s: ``halt`` wakes them
         self.holding = 0  # waits in their last stretch that asked post-processing to pause
         self.phase = "warmup"
-        # every measured request due at t = 0 (rate inf): their start is a burst, not lag
-        self.all_at_once = math.isinf(spec.request_rate)
         self.body_extra = spec.sampling_body()  # sampling parameters + extra_body
         self.measure_start_ns = 0
         self.sent_measured = 0
         self.sent_total = 0
         self.send_times: list[int] = []
-        self.send_lag: list[int] = []
-        self.burst_lag: list[int] = []
         self.loop_lag: list[int] = []
         self.cpu_wait = CpuWait()  # opened on the loop's thread: it measures that thread
         self.cpu_wait_ticks: list[int] = []
@@ -349,9 +347,8 @@ class _Run:
                 break
             # When the request could start: when it was due, or when the slot it took was
             # given back, if later (the k-th slot taken past the first ``slots`` is the k-th
-            # one given back). Only requests on a never-used slot can be the initial burst.
-            fresh_slot = self.slots_taken < self.slots
-            if fresh_slot:
+            # one given back): its queue wait is the difference.
+            if self.slots_taken < self.slots:
                 self.slots_taken += 1
                 due = scheduled
             else:
@@ -360,7 +357,7 @@ class _Run:
                 self.pool_waits += 1
             # started here, not in the task's first step a loop round later
             stream = self.begin(sr, rid)
-            task = asyncio.create_task(self.complete(it, stream, due, scheduled, fresh_slot))
+            task = asyncio.create_task(self.complete(it, stream, due, scheduled))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             self.sent_total += 1
@@ -441,7 +438,6 @@ class _Run:
         stream: StreamRequest | RawStream,
         due_ns: int,
         scheduled_ns: int,
-        fresh_slot: bool,
     ) -> RawStream:
         """Wait for a request ``begin`` started; queue it for post-processing."""
         try:
@@ -457,7 +453,7 @@ class _Run:
             self.end_slot()
         if not it.warmup:
             self.finished += 1
-        self.backlog.append((it, raw, _Timing(due_ns, scheduled_ns, fresh_slot)))
+        self.backlog.append((it, raw, _Timing(due_ns, scheduled_ns)))
         self.backlog_ready.set()
         return raw
 
@@ -480,14 +476,16 @@ class _Run:
         turn: int,
         stream: StreamRequest | RawStream,
         due_ns: int,
-        fresh_slot: bool,
+        scheduled_ns: int,
     ) -> Coroutine[Any, Any, RawStream]:
         """Count the sent turn ``stream`` on the slot the caller holds (``sem`` acquired);
-        await what it returns for the stream (its record is built in post-processing)."""
+        await what it returns for the stream (its record is built in post-processing).
+        ``scheduled_ns``: the session's arrival for its first turn (which may have waited
+        for a session slot until ``due_ns``), ``due_ns`` for a later one."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        it = _Item(index, prompt, False, due_ns - self.start_ns, session, turn)
-        return self.complete(it, stream, due_ns, due_ns, fresh_slot)
+        it = _Item(index, prompt, False, scheduled_ns - self.start_ns, session, turn)
+        return self.complete(it, stream, due_ns, scheduled_ns)
 
     async def postprocess(self) -> None:
         """Decode and classify finished streams in resumable pieces (~0.1 ms each: body
@@ -574,13 +572,6 @@ class _Run:
         if it.warmup:
             return
         if raw.t0_ns:
-            started = raw.io_start_ns or raw.t0_ns
-            lag = max(0, started - timing.due_ns)
-            # With an unlimited rate every request is due at once: how long the client takes
-            # to start that burst (the requests on a never-used slot) is reported apart: it
-            # offers no schedule to fall behind. Every other request's lag counts.
-            burst = self.all_at_once and timing.fresh_slot
-            (self.burst_lag if burst else self.send_lag).append(lag)
             self.send_times.append(raw.t0_ns)
         self.done += 1
         if rec.status is not RequestStatus.OK:
@@ -746,7 +737,6 @@ async def _run(
     r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
     r.on_record = on_record
     r.scheduling = scheduling
-    r.all_at_once = bool(np.all(schedule.times_ns == 0))
     if sessions is not None:  # the measured requests are the sessions' turns
         r.planned = sum(len(c.turns) for c in sessions.measured)
     try:
@@ -830,7 +820,10 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         rate = (len(st) - 1) / ((st[-1] - st[0]) / 1e9)
     elif len(st) >= 2:
         rate = math.inf
-    send_lag = LagStats.of_ns(r.send_lag)
+    # the initial burst's start is reported apart: it offers no schedule to fall behind
+    lags = record_send_lags(measured)
+    send_lag = LagStats.of_ns(lags.counted())
+    burst_lag = lags.in_burst()
     loop_lag = LagStats.of_ns(r.loop_lag)
     read_delay = LagStats.of_ns(
         np.concatenate(r.read_delay) if r.read_delay else np.zeros(0, np.int64)
@@ -841,10 +834,10 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         reasons.append(f"send lag p99 {send_lag.p99_ms:.2f} ms > {bound:g} ms")
     if loop_lag.p99_ms is not None and loop_lag.p99_ms > bound:
         reasons.append(f"event-loop lag p99 {loop_lag.p99_ms:.2f} ms > {bound:g} ms")
-    if len(r.burst_lag) > 1:
+    if burst_lag.size > 1:
         notes.append(
-            f"starting the initial burst of {len(r.burst_lag)} requests took "
-            f"{max(r.burst_lag) / 1e6:.1f} ms (TTFT counts from each request's own start)"
+            f"starting the initial burst of {burst_lag.size} requests took "
+            f"{burst_lag.max() / 1e6:.1f} ms (TTFT counts from each request's own start)"
         )
     if r.fd_capped:
         reasons.append(

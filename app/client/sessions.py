@@ -4,8 +4,10 @@ human turns in order, on the runner's event loop.
 * Turn k+1 carries the whole history: the session's system messages, every earlier human
   turn and, after each, the assistant reply **as the server streamed it** (the content
   events' text, reasoning left out), never the dataset's reply.
-* It is due when turn k's stream ended (``RawStream.end_ns``) plus ``turn_delay_ms``; the
-  runner's send lag then measures how late each next turn left against that.
+* It is due when turn k's response ended on the wire (``RawStream.wire_end_ns``) plus
+  ``turn_delay_ms``; the runner's send lag then measures how late each next turn left
+  against that. A session's first turn is due at the session's arrival; its wait for a
+  session slot is its queue wait.
 * ``max_concurrency`` counts active sessions: a session holds its slot from its first turn
   to its last; sessions start on the run's load shape (one arrival per session).
 * A turn that fails (HTTP error, broken stream, an error event, no token) ends its session,
@@ -89,7 +91,7 @@ class SessionHost(Protocol):
         turn: int,
         stream: StreamRequest | RawStream,
         due_ns: int,
-        fresh_slot: bool,
+        scheduled_ns: int,
     ) -> Coroutine[Any, Any, RawStream]: ...
 
 
@@ -162,13 +164,14 @@ async def drive_sessions(
         if host.halted:
             active.release()
             break
-        fresh = taken < host.slots
-        if fresh:
+        if taken < host.slots:
             taken += 1
             due = scheduled
         else:
             due = max(scheduled, released.popleft())
-        task = asyncio.create_task(_session(host, s, conv, due, fresh, index, active, released))
+        task = asyncio.create_task(
+            _session(host, s, conv, scheduled, due, index, active, released)
+        )
         host.tasks.add(task)
         task.add_done_callback(host.tasks.discard)
         burst += 1
@@ -367,7 +370,7 @@ class _Chain:
             return
         try:
             self.add_reply(reply)
-            self.early = self.send(raw.end_ns)
+            self.early = self.send(raw.wire_end_ns)
         except Exception as e:  # raised again in the session's task
             self.error = e
 
@@ -376,8 +379,8 @@ async def _session(
     host: SessionHost,
     s: int,
     conv: Conversation,
+    scheduled_ns: int,
     due_ns: int,
-    fresh: bool,
     index: Iterator[int],
     active: asyncio.Semaphore,
     released: deque[int],
@@ -403,9 +406,9 @@ async def _session(
             else:  # sent from the end of the reply before it: counted on a slot now
                 await host.sem.acquire()
             pending = host.track_turn(
-                sent.index, sent.prompt, s, sent.k, sent.stream, sent.due_ns, fresh
-            )
-            fresh = False
+                sent.index, sent.prompt, s, sent.k, sent.stream, sent.due_ns,
+                scheduled_ns if sent.k == 1 else sent.due_ns,
+            )  # fmt: skip
             try:  # while the reply streams: the next turn, all but the reply before it
                 chain.advance()
             finally:
@@ -419,7 +422,7 @@ async def _session(
                 reply = reply_text(raw)
             if not isinstance(reply, str):
                 return  # the failed turn's record carries the error; the session ends
-            due_ns = raw.end_ns + think_ns
+            due_ns = raw.wire_end_ns + think_ns
             chain.add_reply(reply)
     finally:
         released.append(time.monotonic_ns())

@@ -669,23 +669,6 @@ def ttft_input_figure(
     )
 
 
-def send_lag_figure(
-    scheduled_s: npt.ArrayLike, lag_ms: npt.ArrayLike, *, max_points: int = MAX_POINTS
-) -> Figure:
-    """How late each request was sent (sent - scheduled, ms) against its scheduled time."""
-    return scatter_figure(
-        scheduled_s,
-        lag_ms,
-        title="Send lag against schedule",
-        xtitle="scheduled time since run start (s)",
-        ytitle="send lag (ms)",
-        max_points=max_points,
-        no_data_reason="no request was sent",
-        color="#6a1b9a",
-        hover="scheduled %{x:.3f} s: %{y} ms late<extra></extra>",
-    )
-
-
 def request_events_figure(
     t_ms: npt.ArrayLike,
     kind: npt.ArrayLike,

@@ -27,7 +27,7 @@ from app.analysis.metrics import (
 )
 from app.domain import PerRequestMetrics, RunTrace
 from app.figures import common as fg
-from app.figures.phases import phase_breakdown_figure
+from app.figures.phases import phase_breakdown_figure, wait_figures
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -150,11 +150,12 @@ def run_figures(
     trace: RunTrace,
     *,
     scheduled_ns: I64 | None = None,
-    sent_sched_ns: I64 | None = None,
+    turns: I64 | None = None,
     indexes: I64 | None = None,
 ) -> RunPlots:
-    """All run-page figures. ``scheduled_ns`` / ``sent_sched_ns`` (aligned with the trace)
-    feed the send-lag plot; ``indexes`` are the requests' stored indexes for click-through."""
+    """All run-page figures. ``scheduled_ns`` and ``turns`` (aligned with the trace; turn
+    -1 for a single request) feed the send-lag and queue-wait plots; ``indexes`` are the
+    requests' stored indexes for click-through."""
     tokens = event_view(trace)
     prm = per_request_metrics(trace)
     figs: dict[str, dict[str, Any]] = {}
@@ -197,12 +198,5 @@ def run_figures(
         del pos, itl
     figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, prm.ttft_ns / NS_PER_MS)
     figs["phases"] = phase_breakdown_figure(trace, idx)
-    if scheduled_ns is not None and sent_sched_ns is not None and scheduled_ns.size:
-        sent_ok = sent_sched_ns >= 0
-        lag = np.where(sent_ok, (sent_sched_ns - scheduled_ns) / NS_PER_MS, np.nan)
-        figs["send_lag"] = fg.send_lag_figure(scheduled_ns / NS_PER_S, lag)
-    else:
-        figs["send_lag"] = fg.empty_figure(
-            "Send lag against schedule", "this run has no schedule (imported or empty)"
-        )
+    figs["send_lag"], figs["queue_wait"] = wait_figures(trace, scheduled_ns, turns)
     return RunPlots(figures=figs)

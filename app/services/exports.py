@@ -22,7 +22,7 @@ import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis import turns
-from app.analysis.phases import user_ttft_ms_of_row
+from app.analysis.phases import send_lag_ms_of_row, user_ttft_ms_of_row
 from app.domain import PHASES, EventKind
 from app.protocol.packing import unpack_many
 from app.services import run_turns
@@ -99,7 +99,7 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "scheduled_ms": _ms(sched),
         "sent_ms": _ms(sent),
         "end_ms": _ms(r.get("end_ns")),
-        "send_lag_ms": None if sent is None or sched is None else (sent - sched) / 1e6,
+        "send_lag_ms": send_lag_ms_of_row(r),
         "input_tokens": r.get("input_tokens"),
         "output_tokens": r.get("output_tokens"),
         "cached_prompt_tokens": r.get("cached_prompt_tokens"),

@@ -40,7 +40,8 @@ from app.storage.interop import ImportInfo
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-SUMMARY_VERSION = 2  # bump when what is stored (or how it is computed) changes
+SUMMARY_VERSION = 3  # bump when what is stored (or how it is computed) changes (3: send lag
+# without the queue wait, the queue-wait figure)
 PROFILE_NAMES = PROFILES  # the definition profiles the run page shows
 STORED_PROFILES = ALL_PROFILES  # every profile a summary holds (vllm-legacy too: the API)
 ITL_SAMPLE_MAX = SAMPLE_MAX  # ITL gaps kept for comparisons (a seeded subsample past it)
@@ -84,20 +85,21 @@ def summarize(
     trace: RunTrace,
     *,
     scheduled_ns: I64,
-    sent_sched_ns: I64,
+    turns: I64,
     indexes: I64,
     profiles: tuple[str, ...] = STORED_PROFILES,
     import_info: ImportInfo | None = None,
     itl_sample_max: int = ITL_SAMPLE_MAX,
 ) -> RunSummary:
-    """The page summary of ``trace`` (pure). ``scheduled_ns`` / ``sent_sched_ns`` /
-    ``indexes``: the schedule columns and stored indexes the figures use."""
+    """The page summary of ``trace`` (pure). ``scheduled_ns`` / ``turns`` / ``indexes``:
+    the schedule columns (``run_columns.schedule_columns``) and stored indexes the figures
+    use."""
     prm = per_request_metrics(trace)
     n = trace.n_requests
     plots = run_figures(
         trace,
         scheduled_ns=scheduled_ns if n else None,
-        sent_sched_ns=sent_sched_ns if n else None,
+        turns=turns if n else None,
         indexes=indexes if indexes.shape[0] == n else None,
     )
     imported = None
@@ -194,13 +196,13 @@ def compute_summary(
 ) -> RunSummary:
     """Decode the run's events once and summarize them (nothing stored)."""
     trace = repo.load_trace(s, run_id)
-    sched, sent = run_columns.schedule_columns(s, run_id)
+    sched, turns = run_columns.schedule_columns(s, run_id)
     indexes = run_columns.measured_indexes(s, run_id)
     info = interop_repo.get_import(s, run_id)
     return summarize(
         trace,
         scheduled_ns=sched,
-        sent_sched_ns=sent,
+        turns=turns,
         indexes=indexes,
         profiles=profiles,
         import_info=info,

@@ -17,18 +17,18 @@ I64 = npt.NDArray[np.int64]
 
 
 def schedule_columns(session: Session, run_id: str) -> tuple[I64, I64]:
-    """(scheduled_ns, sent_ns) of the run's measured requests, ordered by index like
-    ``load_trace``; sent_ns is -1 where the request was never sent."""
+    """(scheduled_ns, turn) of the run's measured requests, ordered by index like
+    ``load_trace``; turn is -1 for a single request (not a session's turn)."""
     t = Request.__table__
     stmt = (
-        select(t.c.scheduled_ns, t.c.sent_ns)
+        select(t.c.scheduled_ns, t.c.turn_idx)
         .where(t.c.run_id == run_id, t.c.warmup.is_(False))
         .order_by(t.c.idx)
     )
     rows = session.execute(stmt).all()
     sched = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-    sent = np.fromiter((-1 if r[1] is None else r[1] for r in rows), np.int64, len(rows))
-    return sched, sent
+    turn = np.fromiter((-1 if r[1] is None else r[1] for r in rows), np.int64, len(rows))
+    return sched, turn
 
 
 def measured_indexes(session: Session, run_id: str) -> I64:

@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.analysis.phases import user_ttft_ms_of_row
+from app.analysis.phases import send_lag_ms_of_row, user_ttft_ms_of_row
 from app.domain import PHASES, RunStatus
 from app.figures import common as fg
 from app.figures.scriptjson import plotly_json
@@ -170,7 +170,7 @@ def requests_page(
 
 
 PHASE_TEXT = {
-    "queued": ("queued", "due → a slot and a connection were free"),
+    "queued": ("queue wait", "due → a slot and a connection were free"),
     "connect": ("connect", "TCP connect (none on a reused connection)"),
     "tls": ("TLS", "TLS handshake"),
     "sending": ("sending", "first byte → last byte of the request left"),
@@ -232,6 +232,7 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "run_id": run_id,
             "r": summary,
             "phases": _phase_rows(summary),
+            "send_lag_ms": send_lag_ms_of_row(summary),
             "user_ttft_ms": user_ttft_ms_of_row(summary),
             "events": events,
             "n_events": n,

@@ -98,7 +98,8 @@ def figures_json(data: RunData) -> dict[str, str]:
     return {
         key: fig
         for key, fig in data.summary.figures.items()
-        if not (imported and key == "send_lag")  # an import has no schedule to lag behind
+        # an import has no schedule to lag behind, nor a queue to wait in
+        if not (imported and key in ("send_lag", "queue_wait"))
     }
 
 
