@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from app.protocol.live_metrics import snapshot
 from app.protocol.prometheus import (
     PrometheusFormatError,
     Series,
@@ -66,6 +67,7 @@ class MetricsScraper:
         self._stop = threading.Event()
         self._final = False
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+        self._latest: tuple[int, dict[str, float]] | None = None  # the live roles, last scrape
         self._result = ScrapeResult(url=url, status="ok")
         self._thread = threading.Thread(target=self._main, name="tokentrace-scrape", daemon=True)
 
@@ -118,9 +120,16 @@ class MetricsScraper:
             kind = resp.headers.get("content-type", "no content type").split(";")[0][:60]
             res.status = f"/metrics is not Prometheus text ({kind}, {len(resp.content):,} bytes)"
             return False
-        add_scrape(self._series, t_ns, select(samples, self.names), kinds)
+        chosen = select(samples, self.names)
+        add_scrape(self._series, t_ns, chosen, kinds)
+        self._latest = (t_ns, snapshot(chosen))  # one assignment: read whole by latest()
         res.scrapes += 1
         return True
+
+    def latest(self) -> tuple[int, dict[str, float]] | None:
+        """(monotonic ns, role -> value) of the last scrape (``live_metrics.snapshot``), or
+        None before the first: what a running run's page follows live."""
+        return self._latest
 
 
 def to_run_axis(series: list[Series], start_mono_ns: int) -> list[Series]:
