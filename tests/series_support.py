@@ -4,6 +4,7 @@ what was written."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,7 @@ def csv_text(ttfts_ms: list[float], *, input_tokens: int = 200, output_tokens: i
     for j, ttft in enumerate(ttfts_ms):
         st = 100.0 + j * 0.1
         first = st + ttft / 1000.0
-        lines.append(
-            f"r{j},{st:.6f},{first:.6f},{first + 0.5:.6f},{input_tokens},{output_tokens}"
-        )
+        lines.append(f"r{j},{st:.6f},{first:.6f},{first + 0.5:.6f},{input_tokens},{output_tokens}")
     return "\n".join(lines) + "\n"
 
 
@@ -36,7 +35,7 @@ def import_run(
     input_tokens: int = 200,
 ) -> str:
     """One imported run with these TTFTs; its id."""
-    f = tmp / f"{name}.csv"
+    f = tmp / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".csv")
     f.write_text(csv_text(ttfts_ms, input_tokens=input_tokens))
     return import_path(sessions, "csv", f, name=name)[0]
 

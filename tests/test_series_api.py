@@ -79,9 +79,10 @@ def test_flag_and_refuse_a_run_whose_key_differs(api: Api, tmp_path: Path) -> No
     assert made.json()["vary"] == ["engine_version"]
     base = [import_run(api.sessions, tmp_path, [100.0] * 4, name=f"s{i}") for i in range(2)]
     for rid in base:
-        assert api.client.post(f"{S}/strict/runs", json={"run_id": rid}, headers=h).json()[
-            "state"
-        ] == "member"
+        assert (
+            api.client.post(f"{S}/strict/runs", json={"run_id": rid}, headers=h).json()["state"]
+            == "member"
+        )
     other = import_run(api.sessions, tmp_path, [100.0] * 4, name="long", input_tokens=400)
     r = api.client.post(f"{S}/strict/runs", json={"run_id": other}, headers=h)
     assert r.status_code == 409, r.text
@@ -113,9 +114,7 @@ def test_move_out_and_a_run_created_with_a_series(api: Api, tmp_path: Path) -> N
     assert [(x["run_id"], x["state"]) for x in detail["runs"]] == [(created["run_id"], "pending")]
 
 
-@pytest.mark.parametrize(
-    "name", ["bad name", "a/b", "x" * 101, "", "nul\x00", "é", "semi;colon"]
-)
+@pytest.mark.parametrize("name", ["bad name", "a/b", "x" * 101, "", "nul\x00", "é", "semi;colon"])
 def test_bad_series_names_are_422(api: Api, name: str) -> None:
     h = api.h(api.run)
     r = api.client.post(S, json={"name": name}, headers=h)
