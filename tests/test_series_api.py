@@ -169,3 +169,30 @@ def test_gate_judges_a_run_against_its_series(api: Api, tmp_path: Path) -> None:
     assert r.status_code == 409 and "no verdict" in r.json()["detail"]
     r = api.client.get(f"{S}/gate/gate", params={"run_id": ids[-1], "allow_invalid": "true"})
     assert r.status_code == 200 and r.json()["caveats"]
+
+
+def test_a_sweep_queued_with_a_series(api: Api, tmp_path: Path) -> None:
+    h = api.h(api.run)
+    body = {"base_url": "http://127.0.0.1:9", "model": "m", "rates": [1, 2], "series": "sw"}
+    r = api.client.post("/api/v1/sweeps", json=body, headers=h)
+    assert r.status_code == 201, r.text
+    sweep_id = r.json()["sweep_id"]
+    assert api.client.get(f"{S}/sw").json()["runs"] == []  # its steps join as they finish
+    from app.services import series as series_svc
+    from app.storage import compare_repo
+
+    step_run = import_run(api.sessions, tmp_path, [20.0, 30.0], name="step0")
+    probe_run = import_run(api.sessions, tmp_path, [20.0, 30.0], name="probe")
+    with session_scope(api.sessions) as s:  # as the worker's step creation stores them
+        compare_repo.add_step(s, sweep_id, step_idx=0, run_id=step_run, load=1.0,
+                              load_kind="rate")  # fmt: skip
+        compare_repo.add_step(s, sweep_id, step_idx=1, run_id=probe_run, load=-1.0,
+                              load_kind="rate", role="probe")  # fmt: skip
+    assert series_svc.settle_run(api.sessions, step_run) is not None
+    assert series_svc.settle_run(api.sessions, probe_run) is None  # a probe is no step
+    runs = api.client.get(f"{S}/sw").json()["runs"]
+    assert [(x["run_id"], x["track"], x["sweep_id"]) for x in runs] == [
+        (step_run, "1 req/s", sweep_id)
+    ]
+    r = api.client.post("/api/v1/sweeps", json=body | {"series": "no good"}, headers=h)
+    assert r.status_code == 422

@@ -59,13 +59,13 @@ class ChangePoint:
         return {"index": self.index, "q": self.q, "p_value": self.p_value}
 
 
-def _ranks(x: F64) -> I64:
-    """Each value's rank in its row (0-based, ties in index order)."""
-    order = np.argsort(x, axis=1, kind="stable")
+def _sorted(x: F64) -> tuple[I64, F64]:
+    """Each value's rank in its row (0-based; ties in some order) and the row's values
+    sorted: one sort of ``x``."""
+    order = np.argsort(x, axis=1)
     ranks = np.empty_like(order)
-    rows = np.arange(x.shape[0])[:, None]
-    ranks[rows, order] = np.arange(x.shape[1])[None, :]
-    return ranks
+    np.put_along_axis(ranks, order, np.arange(x.shape[1])[None, :], axis=1)
+    return ranks, np.take_along_axis(x, order, axis=1)
 
 
 def earlier_abs_sums(x: npt.ArrayLike) -> F64:
@@ -73,18 +73,22 @@ def earlier_abs_sums(x: npt.ArrayLike) -> F64:
 
     ``sum_{i<t} (x_t - x_i)`` plus twice the sum of ``x_i - x_t`` over earlier ``x_i >
     x_t``; the latter from sibling index blocks of sizes 1, 2, 4 ...: for each ``t`` in a
-    right block, the count and sum of the left block's values ranked above it (sorted left
-    blocks, one ``searchsorted`` over all blocks and rows at once)."""
+    right block, the count and sum of the left block's values ranked above it (compared
+    directly in small blocks; in larger ones, sorted left blocks and one ``searchsorted``
+    over all blocks and rows at once)."""
     arr = np.atleast_2d(np.asarray(x, np.float64))
+    if arr.shape[1] == 0:
+        return np.zeros((arr.shape[0], 0))
+    ranks, by_rank = _sorted(arr)
+    return _earlier(arr, ranks, by_rank)
+
+
+def _earlier(arr: F64, ranks: I64, by_rank: F64) -> F64:
     rows, n = arr.shape
-    if n == 0:
-        return np.zeros((rows, 0))
     prefix = np.cumsum(arr, axis=1) - arr
     out: F64 = np.arange(n)[None, :] * arr - prefix
     if n == 1:
         return out
-    ranks = _ranks(arr)
-    by_rank = np.take_along_axis(arr, np.argsort(ranks, axis=1), axis=1)  # sorted values
     n2 = 1 << (n - 1).bit_length()
     pad = n2 - n
     r = np.pad(ranks, ((0, 0), (0, pad)), constant_values=n)  # pads: never "earlier"
@@ -118,17 +122,14 @@ def earlier_abs_sums(x: npt.ArrayLike) -> F64:
     return result
 
 
-def _abs_row_sums(x: F64) -> F64:
-    """``s[p, t] = sum_j |x[p, t] - x[p, j]|``: for the value of rank k among n sorted
-    values v, ``v_k (2k - n) - 2 sum_{j<k} v_j + sum v``."""
-    n = x.shape[1]
-    order = np.argsort(x, axis=1, kind="stable")
-    v = np.take_along_axis(x, order, axis=1)
+def _abs_row_sums(ranks: I64, v: F64) -> F64:
+    """``s[p, t] = sum_j |x[p, t] - x[p, j]|`` from each value's rank and the sorted values
+    ``v``: for rank k of n, ``v_k (2k - n) - 2 sum_{j<k} v_j + sum v``."""
+    n = v.shape[1]
     below = np.cumsum(v, axis=1) - v
     k = np.arange(n)[None, :]
     by_rank = v * (2 * k - n) - 2.0 * below + v.sum(axis=1, keepdims=True)
-    out = np.empty_like(x)
-    np.put_along_axis(out, order, by_rank, axis=1)
+    out: F64 = np.take_along_axis(by_rank, ranks, axis=1)
     return out
 
 
@@ -141,8 +142,9 @@ def q_values(x: npt.ArrayLike, *, min_size: int = DEFAULT_MIN_SIZE) -> F64:
     lo, hi = max(min_size, 2), n - max(min_size, 2)
     if hi < lo:
         return q
-    r = earlier_abs_sums(arr)
-    later = _abs_row_sums(arr) - r
+    ranks, v = _sorted(arr)
+    r = _earlier(arr, ranks, v)
+    later = _abs_row_sums(ranks, v) - r
     within_x = np.cumsum(r, axis=1) - r  # sum over pairs before tau
     within_y = np.cumsum(later[:, ::-1], axis=1)[:, ::-1]  # pairs at or after tau
     total = r.sum(axis=1, keepdims=True)

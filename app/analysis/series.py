@@ -91,6 +91,7 @@ class MetricRef:
 
 
 DEFAULT_REF = MetricRef("ttft_ms", "p99")
+DEFAULT_REF_CELL = (DEFAULT_REF.key, DEFAULT_REF.stat)
 
 
 def parse_metric(text: str) -> MetricRef:

@@ -16,6 +16,7 @@ trend), with the reason, as the series says (``on_mismatch``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -413,17 +414,34 @@ def load_view(
     limit: int = SHOW_LIMIT,
 ) -> SeriesView:
     """The series, its members (the newest ``limit``) and the trend of ``ref`` on
-    ``track`` (default: its first) with change points. Reads no run summary."""
+    ``track`` (default: its first) with change points. Reads no run summary, and of each
+    member only the point's cell of ``ref`` (the keys: of the runs at change points)."""
     with session_scope(sessions) as s:
         row = get(s, name)
         info = series_dict(row)
-        rows = series_repo.members(s, row.id, limit=limit)
+        rows = series_repo.members(s, row.id, limit=limit, cell=(ref.key, ref.stat))
     members = trend_members(rows)
     found = sa.tracks(members)
     chosen = track if track is not None else (found[0] if found else "")
     if track is not None and track not in found and found:
         raise Invalid(f"series {name!r} has no track {track!r}", loc=("query", "track"))
-    return SeriesView(info, rows, sa.trend(members, ref, track=chosen), found)
+    t = with_keys(sessions, sa.trend(members, ref, track=chosen))
+    return SeriesView(info, rows, t, found)
+
+
+def with_keys(sessions: sessionmaker[Session], t: sa.Trend) -> sa.Trend:
+    """The trend with each change point's changed comparability fields, from the stored
+    keys of the runs on either side (a trend read without keys)."""
+    if not t.changes:
+        return t
+    wanted = sorted({c.run_before for c in t.changes} | {c.run_after for c in t.changes})
+    with session_scope(sessions) as s:
+        keys = series_repo.keys_of(s, wanted)
+    changes = [
+        dataclasses.replace(c, fields=sa.key_changes(keys.get(c.run_before), keys.get(c.run_after)))
+        for c in t.changes
+    ]
+    return dataclasses.replace(t, changes=changes)
 
 
 def latest_verdict(view: SeriesView) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ run's finalize: settling only marks members to judge.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import json
@@ -236,16 +237,18 @@ def evaluate(sessions: sessionmaker[Session], series_id: str, base_url: str | No
             return 0
         name, baseline_run = row.name, row.baseline_run_id
         rule_rows = [
-            (r.id, sa.MetricRef(r.metric, r.stat), r.max_value, r.max_relative, r.change_points,
-             r.created_at)
+            (r.id, sa.MetricRef(r.metric, r.stat), r.max_value, r.max_relative,
+             r.change_points, r.created_at)
             for r in series_repo.alerts(s, series_id)
         ]  # fmt: skip
-        rows = series_repo.members(s, series_id)
-    fresh = {m.id for m in rows if not m.evaluated and m.state != "pending"}
-    settled = {m.run_id: m.settled_at or m.added_at for m in rows}
-    members = series_svc.trend_members(rows)
+        states = series_repo.members(s, series_id, cell=sa.DEFAULT_REF_CELL)
+    fresh = {m.id for m in states if not m.evaluated and m.state != "pending"}
+    settled = {m.run_id: m.settled_at or m.added_at for m in states}
     raised: list[dict[str, Any]] = []
     for rule_id, ref, max_value, max_rel, cps, created in rule_rows:
+        with session_scope(sessions) as s:
+            rows = series_repo.members(s, series_id, cell=(ref.key, ref.stat))
+        members = series_svc.trend_members(rows)
         for track in sa.tracks(members):
             t = sa.trend(members, ref, track=track)
             base = sa.baseline_value(t, baseline_run)
@@ -254,9 +257,12 @@ def evaluate(sessions: sessionmaker[Session], series_id: str, base_url: str | No
                 if not t.counted[i] or value is None or settled[m.run_id] <= created:
                     continue
                 why = sa.threshold_breaches(
-                    value, better=ref.better, absolute=max_value, relative=max_rel,
+                    value,
+                    better=ref.better,
+                    absolute=max_value,
+                    relative=max_rel,
                     baseline=base if m.run_id != baseline_run else None,
-                )  # fmt: skip
+                )
                 if why:
                     text = _threshold_text(name, ref, track, m, value, why)
                     facts = {"value": value, "reasons": why, "baseline": base}
@@ -266,9 +272,11 @@ def evaluate(sessions: sessionmaker[Session], series_id: str, base_url: str | No
                     )  # fmt: skip
             if not cps:
                 continue
+            fresh_changes = [c for c in t.changes if settled[c.run_after] > created]
+            if not fresh_changes:
+                continue
+            t = series_svc.with_keys(sessions, dataclasses.replace(t, changes=fresh_changes))
             for c in t.changes:
-                if settled[c.run_after] <= created:
-                    continue
                 label = t.runs[c.index].label
                 raised.append(_event(rule_id, series_id, name, ref, track, "change_point",
                                      c.run_after, _change_text(name, ref, track, c, label),

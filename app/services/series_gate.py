@@ -52,7 +52,7 @@ def gate(
             (sa.MetricRef(r.metric, r.stat), r.max_value, r.max_relative)
             for r in series_repo.alerts(s, row.id)
         ]
-        rows = series_repo.members(s, row.id)
+        series_id = row.id
     if state == "pending":
         raise Conflict(f"run {run_id!r} has not finished: judge it once it has")
     if state == "refused":
@@ -61,10 +61,11 @@ def gate(
     if caveats and not allow_invalid:
         more = f" (and {len(caveats) - 1} more)" if len(caveats) > 1 else ""
         raise Conflict(f"no verdict: {caveats[0]}{more}; allow_invalid judges it anyway")
-    members = series_svc.trend_members(rows)
     results = []
     for ref in refs:
-        t = sa.trend(members, ref, track=track)
+        with session_scope(sessions) as s:
+            rows = series_repo.members(s, series_id, cell=(ref.key, ref.stat))
+        t = sa.trend(series_svc.trend_members(rows), ref, track=track)
         idx = next(i for i, m in enumerate(t.runs) if m.run_id == run_id)
         value = (t.values[idx], t.lows[idx], t.highs[idx])
         base = sa.baseline_value(t, baseline_run)

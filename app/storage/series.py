@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -228,11 +228,23 @@ _MEMBER_COLUMNS = (
 )
 
 
-def members(session: Session, series_id: str, *, limit: int | None = None) -> list[MemberRow]:
+def members(
+    session: Session,
+    series_id: str,
+    *,
+    limit: int | None = None,
+    cell: tuple[str, str] | None = None,
+) -> list[MemberRow]:
     """The series' members in series order (their runs' creation, then id); ``limit``:
-    the newest that many, still oldest first."""
+    the newest that many, still oldest first. ``cell`` (metric, statistic): read only that
+    cell of each point (``{metric: {statistic: cell}}``) and no key: the JSON of a whole
+    point and key is most of a big series' read (``keys_of`` reads the keys needed)."""
+    cols: list[Any] = list(_MEMBER_COLUMNS)
+    if cell is not None:
+        cols[_MEMBER_COLUMNS.index(SeriesMember.key)] = null()
+        cols[_MEMBER_COLUMNS.index(SeriesMember.point)] = SeriesMember.point[cell[0]][cell[1]]
     stmt = (
-        select(*_MEMBER_COLUMNS)
+        select(*cols)
         .join(Run, Run.id == SeriesMember.run_id)
         .where(SeriesMember.series_id == series_id)
     )
@@ -244,12 +256,21 @@ def members(session: Session, series_id: str, *, limit: int | None = None) -> li
         rows = list(session.execute(stmt))
     out = []
     for r in rows:
+        point = r[9] if cell is None else {cell[0]: {cell[1]: r[9]}}
         m = MemberRow(
-            int(r[0]), r[1], r[2], str(r[3]), r[4], r[5] or "", r[6], r[7], r[8], r[9],
+            int(r[0]), r[1], r[2], str(r[3]), r[4], r[5] or "", r[6], r[7], r[8], point,
             bool(r[10]), list(r[11] or []), r[12], r[13], bool(r[14]), r[15],
         )  # fmt: skip
         out.append(m)
     return out
+
+
+def keys_of(session: Session, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+    """The stored comparability keys of these members' runs."""
+    if not run_ids:
+        return {}
+    stmt = select(SeriesMember.run_id, SeriesMember.key).where(SeriesMember.run_id.in_(run_ids))
+    return {str(r[0]): r[1] for r in session.execute(stmt)}
 
 
 def pending_runs(session: Session, *, limit: int = 200) -> list[str]:
