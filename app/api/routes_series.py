@@ -16,6 +16,7 @@ from app.protocol.nul import NoNul
 from app.services import series as series_svc
 from app.services import series_alerts, series_gate, series_view
 from app.services.errors import NotFound
+from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 
 router = APIRouter(prefix="/api/v1/series", tags=["series"])
@@ -122,15 +123,14 @@ def remove_run(
     name: SeriesName,
     run_id: Annotated[str, Path(max_length=32)],
     sessions: SessionsDep,
-    session: SessionDep,
     _: Runner,
 ) -> dict[str, Any]:
-    """Take a run out of the series."""
-    row = series_svc.get(session, name)
-    current = series_svc.series_of_run(session, run_id)
+    """Take a run out of the series (404 when it is not in it)."""
+    with session_scope(sessions) as s:
+        row = series_svc.get(s, name)
+        current = series_svc.series_of_run(s, run_id)
     if current is None or current["name"] != row.name:
         raise NotFound(f"run {run_id!r} is not in series {name!r}")
-    session.commit()
     return series_svc.move(sessions, run_id, None)
 
 
