@@ -144,3 +144,53 @@ def test_bench_and_sweep_join_a_series(
     assert sorted(r["run_id"] for r in shown["runs"]) == sorted(steps)
     assert {r["state"] for r in shown["runs"]} == {"member"}
     assert "sweep: rates 40, 80" in shown["key"]["load_shape"]
+
+
+@pytest.mark.slow
+def test_a_change_point_names_the_field_that_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twelve real runs against the simulator: six on engine 1.0 (TTFT ~5 ms), six on 2.0
+    (~30 ms); the series lets the engine version vary, so all count, and its change point
+    sits at the first 2.0 run and says the engine version changed."""
+    monkeypatch.setenv("TOKENTRACE_SECRET_KEY_FILE", str(tmp_path / "key"))
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    ids = []
+    for version, ttft in (("1.0", 5.0), ("2.0", 30.0)):
+        sim = start_simulator_thread(SimConfig(ttft_ms=ttft, itl_ms=1, seed=2))
+        try:
+            for _ in range(6):
+                args = ["bench", "--base-url", sim.base_url, "--model", "tokentrace-sim",
+                        "--num-prompts", "4", "--input-len", "8", "--output-len", "2",
+                        "--engine", "sim", "--engine-version", version, "--series", "eng",
+                        "--json", "--database-url", db]  # fmt: skip
+                assert main(args) == 0
+                ids.append(_json(capsys)["run_id"])
+        finally:
+            sim.stop()
+    assert main(["series", "show", "eng", "--metric", "ttft:p50", "--json",
+                 "--database-url", db]) == 0  # fmt: skip
+    t = _json(capsys)["trend"]
+    assert [p["state"] for p in t["points"]] == ["member"] * 12
+    (cp,) = t["change_points"]
+    assert (cp["index"], cp["run_before"], cp["run_after"]) == (6, ids[5], ids[6])
+    assert cp["kind"] == "regression" and cp["delta"] == pytest.approx(cp["after"] - cp["before"])
+    assert cp["changed_fields"] == [
+        {"field": "engine_version", "label": "engine version", "values": ["1.0", "2.0"]}
+    ]
+    # a run that cannot be trusted gets no verdict from the gate (exit 2, one line)
+    from app.domain import RunStatus
+    from app.services import series as series_svc
+    from app.services.runs import open_database
+    from app.storage import repository as repo
+    from app.storage.db import session_scope
+
+    sessions = open_database(db)
+    with session_scope(sessions) as s:
+        repo.finish_run(s, ids[-1], status=RunStatus.FAILED)
+    series_svc.settle_run(sessions, ids[-1])
+    assert main(["compare", ids[-1], "--series", "eng", "--database-url", db]) == 2
+    assert "no verdict" in _error_line(capsys)
+    assert main(["compare", ids[-1], "--series", "eng", "--allow-invalid",
+                 "--database-url", db]) in (0, 1)  # fmt: skip
+    assert "untrusted" in capsys.readouterr().out
