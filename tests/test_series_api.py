@@ -114,16 +114,19 @@ def test_move_out_and_a_run_created_with_a_series(api: Api, tmp_path: Path) -> N
     assert [(x["run_id"], x["state"]) for x in detail["runs"]] == [(created["run_id"], "pending")]
 
 
-@pytest.mark.parametrize("name", ["bad name", "a/b", "x" * 101, "", "nul\x00", "é", "semi;colon"])
-def test_bad_series_names_are_422(api: Api, name: str) -> None:
+BAD_NAMES = ["bad name", "a/b", "x" * 101, "", "nul\x00", "\u00e9", "semi;colon"]
+
+
+def test_bad_series_names_are_422(api: Api) -> None:
     h = api.h(api.run)
-    r = api.client.post(S, json={"name": name}, headers=h)
-    assert r.status_code == 422, r.text
-    assert r.json()["detail"][0]["loc"][-1] == "name"
-    r = api.client.post("/api/v1/runs", json={"base_url": "http://127.0.0.1:9", "model": "m",
-                                              "series": name}, headers=h)  # fmt: skip
-    assert r.status_code == 422, r.text
-    assert "series" in [str(x) for x in r.json()["detail"][0]["loc"]]
+    for name in BAD_NAMES:
+        r = api.client.post(S, json={"name": name}, headers=h)
+        assert r.status_code == 422, (name, r.text)
+        assert r.json()["detail"][0]["loc"][-1] == "name"
+        body = {"base_url": "http://127.0.0.1:9", "model": "m", "series": name}
+        r = api.client.post("/api/v1/runs", json=body, headers=h)
+        assert r.status_code == 422, (name, r.text)
+        assert "series" in [str(x) for x in r.json()["detail"][0]["loc"]]
     assert api.client.get("/api/v1/runs").json()["total"] == 0  # nothing was created
     assert api.client.get(S).json()["items"] == []
 
