@@ -129,6 +129,15 @@ class Settings(BaseSettings):
         70, ge=0, description="extra connections under load (pool_size + this >= 2 x 40 threads)"
     )
     db_pool_timeout_s: float = Field(30.0, gt=0, description="wait for a free connection")
+    # series alerts (app/services/series_alerts.py): webhooks delivered off the request path
+    alert_poll_s: float = Field(
+        5.0, gt=0, le=3600, description="how often the dashboard settles, judges and delivers"
+    )
+    alert_retry_s: float = Field(
+        10.0, gt=0, le=3600, description="first retry of a failed webhook; doubled each try"
+    )
+    alert_max_attempts: int = Field(6, ge=1, le=100, description="tries before a delivery fails")
+    alert_timeout_s: float = Field(5.0, gt=0, le=60, description="one webhook POST's time limit")
 
     @field_validator(
         "target_allowlist", "cors_origins", "dataset_dirs", "allowed_hosts", mode="before"

@@ -32,8 +32,14 @@ STREAM = _sse(
 
 
 class Listener:
-    def __init__(self) -> None:
+    """``fail_first``: the first that many POSTs are answered ``fail_status`` (a webhook
+    that fails, then recovers); every POST's body is kept (``bodies``)."""
+
+    def __init__(self, *, fail_first: int = 0, fail_status: int = 500) -> None:
         self.seen: list[Seen] = []
+        self.bodies: list[bytes] = []
+        self.fail_first = fail_first
+        self.fail_status = fail_status
         self._lock = threading.Lock()
         listener = self
 
@@ -64,8 +70,16 @@ class Listener:
                     self._answer("text/plain; version=0.0.4", b"# nothing here\n")
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self._record()
+                with listener._lock:
+                    listener.bodies.append(body)
+                    failing = len(listener.bodies) <= listener.fail_first
+                if failing:
+                    self.send_response(listener.fail_status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self._answer("text/event-stream", STREAM)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -88,6 +102,10 @@ class Listener:
     def requests(self) -> list[Seen]:
         with self._lock:
             return list(self.seen)
+
+    def posted(self) -> list[bytes]:
+        with self._lock:
+            return list(self.bodies)
 
     def bearers(self) -> set[str | None]:
         return {s.authorization for s in self.requests()}

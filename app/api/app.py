@@ -32,6 +32,7 @@ from app.api import (
     routes_jobs,
     routes_probes,
     routes_runs,
+    routes_series,
     routes_sweeps,
     routes_tokens,
     routes_workers,
@@ -41,7 +42,7 @@ from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
 from app.protocol.wire import JobKind
-from app.services import auth, targets
+from app.services import auth, series_alerts, targets
 from app.services import jobs as job_svc
 from app.services.errors import ServiceError
 from app.services.exports import ExportLimiter
@@ -64,6 +65,19 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
                 log.warning("lease of job %s expired: %s", e.job_id, e.outcome)
         except Exception:
             log.exception("lease sweep failed")
+
+
+async def _alerter(app: FastAPI, every_s: float) -> None:
+    """Series alerts off the request path: settle, judge, deliver (app.services.series_alerts)."""
+    settings: Settings = app.state.settings
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await anyio.to_thread.run_sync(
+                series_alerts.process, app.state.sessions, settings, app.state.secretbox
+            )
+        except Exception:
+            log.exception("series alert pass failed")
 
 
 def local_worker_kinds(settings: Settings, *, torch_installed: bool) -> list[JobKind]:
@@ -124,6 +138,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if moved:
         log.info("gave %d active lease(s) one more TTL after the restart", moved)
     sweeper = asyncio.create_task(_sweeper(app.state.sessions, settings.lease_ttl_s / 3))
+    alerter = asyncio.create_task(_alerter(app, settings.alert_poll_s))
     with session_scope(app.state.sessions) as s:  # a killed server's embedded worker token
         stale = auth.revoke_local_worker_tokens(s, settings.server_url())
     if stale:
@@ -134,9 +149,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         if worker is not None:
             await anyio.to_thread.run_sync(worker.stop)
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        for task in (sweeper, alerter):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         _revoke_local_token(app)
         engine.dispose()
 
@@ -202,6 +218,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_probes.router)
     app.include_router(routes_compare.router)
     app.include_router(routes_sweeps.router)  # sweeps on workers
+    app.include_router(routes_series.router)  # named series, trends, alerts, the gate
     app.include_router(routes_interop.router)  # imports, exports, server metrics
     app_metrics.install(app)  # /metrics (own registry) and /readyz
 

@@ -38,6 +38,7 @@ from app.api.schemas import (
 from app.domain import EventKind, RunStatus
 from app.services import bench_jobs, targets
 from app.services import jobs as job_svc
+from app.services import series as series_svc
 from app.services.errors import Invalid, NotFound
 from app.services.runs import RunNotFound, run_report
 from app.storage import browse
@@ -73,6 +74,8 @@ def create_run(
         max_attempts=settings.max_attempts,
         box=box,
     )
+    if body.series:  # pending in the series until it finishes
+        series_svc.join_run(session, body.series, run_id)
     return RunCreated(run_id=run_id, job_id=job_id)
 
 

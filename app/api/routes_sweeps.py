@@ -21,6 +21,7 @@ from app.api.schemas import RunCreate
 from app.client.datasets import dataset_type
 from app.client.sweep_plan import MAX_STEPS, SweepPlan
 from app.protocol.wire import MAX_SWEEP_STEPS, StepComplete, StepCompleted, StepCreate, StepCreated
+from app.services import series as series_svc
 from app.services import sweep_jobs, targets
 from app.services.errors import Invalid
 
@@ -99,7 +100,7 @@ class SweepCreate(RunCreate):
         data = self.model_dump(
             exclude={
                 "name", "requirements", "rates", "concurrencies", "auto", "auto_steps",
-                "min_ratio", "max_error_rate",
+                "min_ratio", "max_error_rate", "series",
             }
         )  # fmt: skip
         data["api_key"] = self.api_key
@@ -138,6 +139,8 @@ def create_sweep(
         name=body.name,
         max_attempts=settings.max_attempts,
     )
+    if body.series:  # its step runs join the series as they finish
+        series_svc.join_sweep(session, body.series, sweep_id)
     return SweepCreated(sweep_id=sweep_id, job_id=job_id)
 
 

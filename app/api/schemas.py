@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.analysis.series import NAME_RE as SERIES_NAME
 from app.client.spec import RunSpec
 from app.domain import RunStatus
 from app.protocol.nul import NoNul
@@ -20,9 +21,14 @@ class RunCreate(NoNul, RunSpec):
 
     name: str | None = Field(None, max_length=255)
     requirements: JobRequirements = Field(default_factory=JobRequirements)
+    series: str | None = Field(
+        None,
+        pattern=f"^{SERIES_NAME.pattern}$",
+        description="the named series the run (a sweep: its steps) joins, [A-Za-z0-9._-]{1,100}",
+    )
 
     def to_spec(self) -> RunSpec:
-        data = self.model_dump(exclude={"name", "requirements"})
+        data = self.model_dump(exclude={"name", "requirements", "series"})
         data["api_key"] = self.api_key
         return RunSpec.model_validate(data)
 

@@ -267,6 +267,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-flags", default=None, help="server flags, recorded for reproduction")
     p.add_argument("--tag", action="append", default=[], dest="tags")
     p.add_argument("--name", default=None, help="a name for the saved run")
+    p.add_argument(
+        "--series",
+        default=None,
+        metavar="NAME",
+        help="the named series the run (a sweep: its steps) joins, [A-Za-z0-9._-]{1,100}",
+    )
     p.add_argument("--no-save", action="store_true", help="do not save the run to the database")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--profile", default=None, help="also show: vllm | guidellm | aiperf")
@@ -425,6 +431,18 @@ def describe_validation_error(e: ValidationError, dataset: str | None = None) ->
     for name, flag in FLAG_FOR_FIELD.items():
         msg = re.sub(rf"\b{name}\b", flag, msg) if " " in msg else msg
     return f"{FLAG_FOR_FIELD.get(field, field or 'spec')}: {msg}"
+
+
+def check_series(name: str | None, flag: str = "--series") -> str | None:
+    """A series name given on the command line, checked (``UsageError``: exit 2)."""
+    if name is None:
+        return None
+    from app.analysis.series import check_name
+
+    try:
+        return check_name(name)
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def check_local_key(spec: RunSpec) -> None:

@@ -17,6 +17,7 @@ from app.cli.args import (
     UsageError,
     add_bench_arguments,
     check_local_key,
+    check_series,
     flagged,
     spec_from_args,
 )
@@ -59,6 +60,21 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     cmp_ = sub.add_parser("compare", help="compare runs with a baseline; exit 1 on a regression")
     cmp_.add_argument("runs", nargs="+", metavar="RUN", help="run ids (or one sweep id)")
     cmp_.add_argument("--baseline", default=None, help="baseline name (default: first RUN)")
+    cmp_.add_argument(
+        "--series",
+        default=None,
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="judge RUN against its series (NAME, or the run's own series) instead",
+    )
+    cmp_.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        help="with --series: the metrics judged (repeatable; default ttft:p99 tpot:p50 "
+        "e2el:p99 output_throughput)",
+    )
     cmp_.add_argument("--threshold-pct", type=float, default=5.0)
     cmp_.add_argument("--alpha", type=float, default=0.01)
     cmp_.add_argument("--variable", default=None, help="the key field under test")
@@ -209,6 +225,10 @@ def cmd_compare(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError("--threshold-pct must be a non-negative number")
     if not 0 < ns.alpha < 1:
         raise UsageError("--alpha must be in (0, 1)")
+    if ns.series is not None:
+        return cmd_series_gate(ns, console)
+    if ns.metric is not None:
+        raise UsageError("--metric: applies with --series")
     sessions = _sessions(ns.database_url)
     try:
         if ns.baseline is not None:
@@ -252,6 +272,52 @@ def cmd_compare(ns: argparse.Namespace, console: Console) -> int:
     return 1 if result["verdict"] == "regressed" else 0
 
 
+def cmd_series_gate(ns: argparse.Namespace, console: Console) -> int:
+    """``tokentrace compare RUN --series [NAME]``: the run against its series; exit 1 on a
+    regression, 2 when it gets no verdict (untrusted, flagged, not in the series)."""
+    from app.services import series_gate
+
+    if ns.baseline is not None:
+        raise UsageError("--series: judge against a series or a --baseline, not both")
+    if len(ns.runs) != 1:
+        raise UsageError("--series: give exactly one RUN")
+    name = check_series(ns.series) if ns.series else None
+    sessions = _sessions(ns.database_url)
+    try:
+        result = series_gate.gate(
+            sessions,
+            name,
+            ns.runs[0],
+            metrics=ns.metric or list(series_gate.DEFAULT_METRICS),
+            threshold_pct=ns.threshold_pct,
+            allow_invalid=ns.allow_invalid,
+        )
+    except ServiceError as e:
+        raise UsageError(e.detail) from None
+    if ns.json:
+        _print_json(result)
+    else:
+        render_gate(result, console)
+    return 1 if result["verdict"] == "regressed" else 0
+
+
+def render_gate(result: dict[str, Any], console: Console) -> None:
+    for c in result["caveats"]:
+        console.print(f"[bold yellow]untrusted:[/] {c}")
+    table = Table(title=f"run {result['run_id']} vs series {result['series']}")
+    for col in ("metric", "value", "95% interval", "series median", "change", "verdict", "why"):
+        table.add_column(col)
+    for r in result["results"]:
+        ci = "—" if r["ci_low"] is None else f"{_num(r['ci_low'])}–{_num(r['ci_high'])}"
+        style = VERDICT_STYLE.get(r["verdict"], "")
+        table.add_row(
+            r["label"], _num(r["value"]), ci, _num(r["reference"]), _pct(r["relative"]),
+            f"[{style}]{r['verdict']}[/]" if style else r["verdict"], r["reason"],
+        )  # fmt: skip
+    console.print(table)
+    console.print(f"[bold]overall: {result['verdict']}[/] ({result['rule']})")
+
+
 def compared_runs(result: dict[str, Any]) -> list[str]:
     """Every run a comparison judged, in order (a sweep comparison: its steps' runs)."""
     if result["kind"] == "runs":
@@ -267,6 +333,7 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
     from app.services.sweeps import execute_sweep
 
     spec = spec_from_args(ns)
+    series_name = check_series(ns.series)
     if ns.no_save:
         raise UsageError("--no-save: a sweep stores its steps; drop --no-save")
     try:
@@ -289,17 +356,30 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
         if not ns.json:
             err.print(f"step {idx}: {what}")
 
+    sessions = _sessions(ns.database_url)
     try:
-        out = execute_sweep(
-            spec, plan, sessions=_sessions(ns.database_url), name=ns.name, on_step=on_step
-        )
+        out = execute_sweep(spec, plan, sessions=sessions, name=ns.name, on_step=on_step)
     except DatasetError as e:  # the dataset refused before a step sent anything
         raise UsageError(flagged(str(e), spec.dataset)) from None
+    if series_name is not None:
+        join_sweep_here(sessions, series_name, out.sweep_id, err)
     if ns.json:
         _print_json(out.summary)
     else:
         render_sweep(out.summary, console)
     return 0
+
+
+def join_sweep_here(sessions: Any, name: str, sweep_id: str, err: Console) -> None:
+    """A sweep run here joins its series: its step runs settle now, then its alerts."""
+    from app.cli.series_cmd import alert_pass
+    from app.services import series as series_svc
+    from app.storage.db import session_scope
+
+    with session_scope(sessions) as s:
+        series_svc.join_sweep(s, name, sweep_id)
+    series_svc.settle_pending(sessions)
+    alert_pass(sessions, err)
 
 
 def render_sweep(summary: dict[str, Any], console: Console) -> None:
@@ -334,7 +414,7 @@ def sweep_body(spec: Any, plan: Any, ns: argparse.Namespace) -> dict[str, Any]:
     """POST /api/v1/sweeps body: the bench fields, the plan, the stop rules and the name."""
     from app.cli.worker_cmd import submission_body
 
-    body = submission_body(spec, ns.name)
+    body = submission_body(spec, ns.name, getattr(ns, "series", None))
     if plan.mode == "auto":
         body |= {"auto": True, "auto_steps": plan.auto_steps}
     elif plan.mode == "rates":

@@ -17,11 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.profiles import ALL_PROFILES as PROFILE_CHOICES
+from app.cli import series_cmd
 from app.cli.args import (
     Parser,
     UsageError,
     add_bench_arguments,
     check_local_key,
+    check_series,
     flagged,
     spec_from_args,
 )
@@ -48,8 +50,22 @@ def build_parser() -> Parser:
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--database-url", default=None)
 
-    rep = sub.add_parser("report", help="print a saved run's report")
-    rep.add_argument("run_id")
+    rep = sub.add_parser("report", help="print a saved run's report (or write it as HTML)")
+    rep.add_argument("run_id", nargs="?", default=None)
+    rep.add_argument(
+        "--compare",
+        nargs=2,
+        default=None,
+        metavar=("BASELINE", "RUN"),
+        help="a comparison of two runs instead (with --html)",
+    )
+    rep.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write one self-contained HTML file (charts included; opens offline)",
+    )
     rep.add_argument("--json", action="store_true")
     rep.add_argument("--profile", choices=PROFILE_CHOICES, default=None)
     rep.add_argument(
@@ -72,6 +88,7 @@ def build_parser() -> Parser:
         help="a CSV log's time unit (default s); other formats state theirs",
     )
     imp.add_argument("--json", action="store_true")
+    imp.add_argument("--series", default=None, metavar="NAME", help="the series its runs join")
     imp.add_argument("--database-url", default=None)
 
     demo = sub.add_parser("demo", help="start the simulator, benchmark it, print the report")
@@ -92,7 +109,8 @@ def extra_handlers(p: Parser) -> dict[str, Handler]:
 
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
     handlers: dict[str, Handler] = {}
-    for module in (serve_cmd, worker_cmd, probe_cmd, baseline_cmd, interop_cmd, recover_cmd):
+    modules = (serve_cmd, worker_cmd, probe_cmd, baseline_cmd, interop_cmd, recover_cmd, series_cmd)
+    for module in modules:
         handlers |= module.register(sub)
     return handlers
 
@@ -111,6 +129,9 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
     from app.services.runs import execute_bench
 
     spec = spec_from_args(ns)
+    series_name = check_series(ns.series)
+    if series_name is not None and ns.no_save:
+        raise UsageError("--series: a run that is not saved joins no series; drop --no-save")
     if ns.server:
         from app.cli.worker_cmd import submit_and_follow
 
@@ -164,6 +185,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
                 profile=ns.profile,
                 kernel_stamps=ns.clock == "auto",
                 realtime=ns.realtime,
+                series_name=series_name,
             )
         except DatasetError as e:  # the dataset refused before anything was sent
             raise UsageError(flagged(str(e), spec.dataset)) from None
@@ -172,6 +194,8 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         _print_json(report)
     else:
         render_report(report, console)
+    if series_name is not None and sessions is not None:
+        series_cmd.alert_pass(sessions, err)
     return 1 if outcome.failed else 0
 
 
@@ -190,6 +214,16 @@ def cmd_report(ns: argparse.Namespace, console: Console) -> int:
     from app.cli.args import parse_goodput
     from app.services.runs import RunNotFound, run_report
 
+    if ns.compare is not None:
+        if ns.run_id is not None:
+            raise UsageError("give a RUN or --compare BASELINE RUN, not both")
+        if ns.html is None:
+            raise UsageError("--compare: writes an HTML file; add --html FILE")
+        return write_html(ns, console)
+    if ns.run_id is None:
+        raise UsageError("run_id: give a run id (or --compare BASELINE RUN --html FILE)")
+    if ns.html is not None:
+        return write_html(ns, console)
     slos = parse_goodput(ns.goodput) if ns.goodput else None
     sessions = _sessions(ns.database_url)
     try:
@@ -205,6 +239,28 @@ def cmd_report(ns: argparse.Namespace, console: Console) -> int:
         render_report(report, console)
         if figures is not None:
             render_file_figures(figures, console)
+    return 0
+
+
+def write_html(ns: argparse.Namespace, console: Console) -> int:
+    """``report RUN --html FILE`` / ``report --compare A B --html FILE``: one offline file."""
+    from app.services.errors import ServiceError
+    from app.web import report_html
+
+    if ns.html.exists() and ns.html.is_dir():
+        raise UsageError(f"--html: {ns.html} is a directory")
+    if not ns.html.parent.is_dir():
+        raise UsageError(f"--html: no such directory {ns.html.parent}")
+    sessions = _sessions(ns.database_url)
+    try:
+        if ns.compare is not None:
+            text = report_html.compare_report(sessions, list(ns.compare))
+        else:
+            text = report_html.run_report(sessions, ns.run_id)
+    except ServiceError as e:
+        raise UsageError(e.detail) from None
+    ns.html.write_text(text, encoding="utf-8")
+    console.print(f"wrote {ns.html} ({len(text.encode()) / 1e6:.1f} MB)")
     return 0
 
 
@@ -252,11 +308,14 @@ def cmd_import(ns: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"file: no such file {ns.file}")
     if ns.time_unit is not None and ns.format != "csv":
         raise UsageError("--time-unit: applies to CSV logs only (other formats state theirs)")
+    series_name = check_series(ns.series)
     sessions = _sessions(ns.database_url)
     try:
         run_ids = import_path(sessions, ns.format, ns.file, name=ns.name, time_unit=ns.time_unit)
     except (ImportFormatError, UnicodeDecodeError) as e:
         raise UsageError(f"{ns.file}: {e}") from None
+    if series_name is not None:
+        series_cmd.join_imported(sessions, series_name, run_ids)
     if ns.json:
         _print_json({"runs": run_ids})
     else:

@@ -266,9 +266,11 @@ def _fail(line: str) -> int:
 # --------------------------------------------------------------------------- bench --server
 
 
-def submission_body(spec: RunSpec, name: str | None) -> dict[str, Any]:
+def submission_body(
+    spec: RunSpec, name: str | None, series: str | None = None
+) -> dict[str, Any]:
     """POST /api/v1/runs body (``app.api.schemas.RunCreate``): the spec's fields as JSON, plus
-    ``api_key`` (spec dumps omit it) and the run's name."""
+    ``api_key`` (spec dumps omit it), the run's name and the series it joins."""
     body: dict[str, Any] = spec.model_dump(mode="json")
     if math.isinf(spec.request_rate):  # the default; JSON has no infinity
         del body["request_rate"]
@@ -276,6 +278,8 @@ def submission_body(spec: RunSpec, name: str | None) -> dict[str, Any]:
         body["api_key"] = spec.api_key
     if name:
         body["name"] = name
+    if series:
+        body["series"] = series
     return body
 
 
@@ -413,7 +417,8 @@ def submit_and_follow(spec: RunSpec, ns: argparse.Namespace, console: Console) -
 def _submit_and_follow(
     http: httpx.Client, spec: RunSpec, ns: argparse.Namespace, console: Console, err: Console
 ) -> int:
-    sub = _check(http.post("/runs", json=submission_body(spec, ns.name)), "submit")
+    body = submission_body(spec, ns.name, getattr(ns, "series", None))
+    sub = _check(http.post("/runs", json=body), "submit")
     run_id = sub.get("run_id") or (sub.get("run") or {}).get("id")
     job_id = sub.get("job_id") or (sub.get("job") or {}).get("id")
     if not run_id or not job_id:

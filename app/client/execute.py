@@ -55,8 +55,15 @@ class Executed:
         return outcome_status(self.result, self.spec.max_error_rate)
 
 
-async def execute(spec: RunSpec, load: Callable[[], Awaitable[LoadResult]]) -> Executed:
-    """Run ``load()`` with the served-models check and the /metrics scraper around it.
+async def execute(
+    spec: RunSpec,
+    load: Callable[[], Awaitable[LoadResult]],
+    *,
+    on_scraper: Callable[[MetricsScraper], None] | None = None,
+) -> Executed:
+    """Run ``load()`` with the served-models check and the /metrics scraper around it
+    (``on_scraper`` is handed the scraper once started: a worker reads its latest values
+    into its heartbeats).
 
     An ``Exception`` from the load is returned (``Executed.error``); anything else (a
     cancellation, Ctrl-C) stops the scraper and propagates. A key of this machine's that may
@@ -67,6 +74,8 @@ async def execute(spec: RunSpec, load: Callable[[], Awaitable[LoadResult]]) -> E
         return Executed(spec, None, e, None, [])
     served = await asyncio.to_thread(served_models.fetch, keyed)  # under base_url
     scraper = start_scraper(keyed)
+    if scraper is not None and on_scraper is not None:
+        on_scraper(scraper)
     try:
         result = await load()
     except Exception as e:

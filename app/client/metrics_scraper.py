@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from app.client.bounded_get import get_bounded
+from app.protocol.live_metrics import snapshot
 from app.protocol.prometheus import (
     PrometheusFormatError,
     Sample,
@@ -87,6 +88,7 @@ class MetricsScraper:
         self._stop = threading.Event()
         self._final = False
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+        self._latest: tuple[int, dict[str, float]] | None = None  # the live roles, last scrape
         self._result = ScrapeResult(url=url, status="ok")
         self._thread = threading.Thread(target=self._main, name="tokentrace-scrape", daemon=True)
 
@@ -146,9 +148,16 @@ class MetricsScraper:
                 f"/metrics is not Prometheus text ({ans.content_type}, {len(ans.body):,} bytes)"
             )
             return False
-        add_scrape(self._series, t_ns, self._bounded(samples), kinds)
+        chosen = self._bounded(samples)
+        add_scrape(self._series, t_ns, chosen, kinds)
+        self._latest = (t_ns, snapshot(chosen))  # one assignment: read whole by latest()
         res.scrapes += 1
         return True
+
+    def latest(self) -> tuple[int, dict[str, float]] | None:
+        """(monotonic ns, role -> value) of the last scrape (``live_metrics.snapshot``), or
+        None before the first: what a running run's page follows live."""
+        return self._latest
 
     def _bounded(self, samples: list[Sample]) -> list[Sample]:
         """The samples whose series may be kept: known ones, or new ones while fewer than

@@ -69,6 +69,8 @@ INT64_MAX = 2**63 - 1
 # Nanosecond times and token counts (BIGINT, migration 0009). Counts may come from the
 # target's usage object, so their sign is not checked here: what fits is stored as reported.
 Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
+LiveRole = Annotated[str, Field(min_length=1, max_length=64)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Number32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # request indices, batch numbers
 
 # Strings: what a worker says about itself (its names, its host) is refused with a NUL and
@@ -167,6 +169,10 @@ class JobProgress(_Model):
     step: int | None = None  # sweeps: the step running now (0-based)
     steps: int | None = None  # sweeps: how many steps are planned
     run_id: str | None = None  # sweeps: the run of the current step
+    # the target's /metrics at its last scrape: role -> value (``live_metrics.snapshot``);
+    # the dashboard keeps them as the run page's live series
+    server_metrics: dict[LiveRole, FiniteFloat] | None = Field(None, max_length=16)
+    server_metrics_t_s: FiniteFloat | None = None  # that scrape's time in the run, s
 
 
 class HeartbeatRequest(_Model):

@@ -35,6 +35,7 @@ from app.protocol.wire import (
     ResultBatch,
     WorkerCapabilities,
 )
+from app.services import live_series
 from app.services import workers as worker_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
@@ -128,6 +129,7 @@ def heartbeat(
     values: dict[str, Any] = {"lease_expires_at": expires}
     if req.progress is not None:
         values["progress"] = json_safe(req.progress.model_dump(mode="json"))
+        live_series.record(session, job_id, values["progress"])  # the run page's live series
     starting = job.state == "leased"
     if starting:
         values.update(state="running", started_at=job.started_at or now)

@@ -30,7 +30,7 @@ from app.client.runner import LoadResult, Progress, run_load
 from app.client.spec import RunSpec
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.protocol.wire import RunMeta
-from app.services import run_summaries, run_turns, server_metrics
+from app.services import run_summaries, run_turns, series, server_metrics
 from app.services.run_summaries import RunSummary
 from app.storage import repository as repo
 from app.storage.db import make_engine, session_factory, session_scope, upgrade_database
@@ -106,6 +106,7 @@ def store_summaries(
     report = summary_report(run, summary, profile=profile)
     with session_scope(sessions) as s:
         repo.finish_run(s, run_id, summary=headline(report))
+    series.settle_quietly(sessions, run_id, summary=summary)  # its series, if it named one
     return report
 
 
@@ -158,11 +159,13 @@ def execute_bench(
     profile: str | None = None,
     kernel_stamps: bool = True,
     realtime: bool = False,
+    series_name: str | None = None,
 ) -> BenchOutcome:
     """Run the load here, then store the run (unless ``sessions`` is None) and report it.
 
     ``kernel_stamps=False`` forces user-space receive stamps; ``realtime`` runs the load thread
-    at real-time priority (``app.client.sched``)."""
+    at real-time priority (``app.client.sched``); ``series_name``: the named series the run
+    joins (settled when it is stored)."""
     run_id: str | None = None
     if sessions is not None:
         with session_scope(sessions) as s:
@@ -175,6 +178,8 @@ def execute_bench(
                 client_version=__version__,
                 client_host=platform.node(),
             )
+            if series_name is not None:
+                series.join_run(s, series_name, run_id)
     tag = run_id or secrets.token_hex(6)
     try:
         done = eventloop.run(

@@ -6,6 +6,7 @@ Callers create engines (``make_engine``) and own sessions and commits (``session
 from app.protocol.packing import EventArrays, pack_events, unpack_events, unpack_many
 from app.storage import models_interop as models_interop  # imports, server metrics (0005)
 from app.storage import models_probes as models_probes  # probe tables (0003_probes)
+from app.storage import models_series as models_series  # series and alerts (0016)
 from app.storage.db import (
     downgrade_database,
     make_engine,

@@ -261,10 +261,12 @@ def render_form(
     principal: Principal | None,
     status_code: int | None = None,
     dataset_groups: Any = (),
+    extra: dict[str, Any] | None = None,
 ) -> Response:
     """A launch form page (run, sweep, probe): its fields by group, the values shown, the
     messages beside fields, and whether the principal may submit (the ``run`` scope);
-    ``dataset_groups``: each dataset type's own option fields (run and sweep forms).
+    ``dataset_groups``: each dataset type's own option fields (run and sweep forms);
+    ``extra``: more of the template's context (the series picker's names).
     Status: ``status_code`` when given, else 422 with messages and 200 without."""
     return render(
         request,
@@ -277,7 +279,8 @@ def render_form(
             "errors": errors,
             "dataset_groups": dataset_groups,
             "can_run": principal is not None and principal.has("run"),
-        },
+        }
+        | (extra or {}),
         principal=principal,
         status_code=status_code if status_code is not None else (422 if errors else 200),
     )

@@ -12,10 +12,11 @@ from starlette.requests import ClientDisconnect
 
 from app.protocol.nul import NUL, NUL_REFUSED
 from app.services import auth, bench_jobs, targets, web_sessions
+from app.services import series as series_svc
 from app.services.errors import ServiceError
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web import launch_form
+from app.web import launch_form, series_picker
 from app.web.context import (
     COOKIE,
     CSRF_COOKIE,
@@ -84,6 +85,7 @@ def _launch(
         principal=principal,
         status_code=status_code,
         dataset_groups=launch_form.DATASET_GROUPS,
+        extra={"series_names": series_picker.names(request)},
     )
 
 
@@ -113,8 +115,9 @@ async def launch_submit(request: Request) -> Response:
     if not csrf_ok(request, values):  # a signed-in browser's cookie, sent by another site
         return _launch(request, values, {"__all__": CSRF_REFUSED}, principal, 403)
     created, errors = launch_form.parse(values)
-    if created is None:  # 200: the form is shown again, messages beside the fields
-        return _launch(request, values, errors, principal)
+    series_name, series_errors = series_picker.chosen(values)
+    if created is None or series_errors:  # the form again, messages beside the fields
+        return _launch(request, values, errors | series_errors, principal)
     settings = settings_of(request)
     try:
         spec = created.to_spec()
@@ -128,6 +131,8 @@ async def launch_submit(request: Request) -> Response:
                 max_attempts=settings.max_attempts,
                 box=request.app.state.secretbox,
             )
+            if series_name is not None:  # pending in its series until it finishes
+                series_svc.join_run(s, series_name, run_id)
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "__all__"
         return _launch(request, values, {field: e.detail}, principal, e.status_code)

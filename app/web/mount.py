@@ -10,10 +10,12 @@ from app.web import (
     launch,
     probes,
     probes_launch,
+    reports,
     runs,
     runs_actions,
     runs_exports,
     runs_live,
+    series,
     sweeps,
     sweeps_actions,
     sweeps_launch,
@@ -40,7 +42,9 @@ def mount(app: FastAPI) -> None:
     """
     if any(getattr(r, "path", None) == "/static" for r in app.routes):
         return
+    app.include_router(reports.router)  # single-file HTML reports (before /compare, /runs)
     app.include_router(compare.router)  # /compare: runs or sweeps side by side
+    app.include_router(series.router)  # named series: trends, change points, alerts
     app.include_router(sweeps.router)  # the sweeps list and a sweep's page
     app.include_router(runs.router)  # the runs list, a run, its requests
     app.include_router(runs_exports.router)

@@ -14,12 +14,13 @@ from sqlalchemy.orm import Session
 from app.client import sweep_plan
 from app.domain import RunStatus
 from app.services import auth, sweep_jobs, targets
+from app.services import series as series_svc
 from app.services.errors import ServiceError
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web import launch_form
+from app.web import launch_form, series_picker
 from app.web import sweeps_form as sweep_form
 from app.web.context import (
     csrf_ok,
@@ -129,6 +130,7 @@ def _form(
         principal=principal,
         status_code=status_code,
         dataset_groups=launch_form.DATASET_GROUPS,
+        extra={"series_names": series_picker.names(request)},
     )
 
 
@@ -171,8 +173,9 @@ async def sweep_launch_submit(request: Request) -> Response:
     if not csrf_ok(request, values):
         return _form(request, values, {"__all__": CSRF_REFUSED}, principal, 403)
     parsed, errors = sweep_form.parse(values)
-    if parsed is None:
-        return _form(request, values, errors, principal)
+    series_name, series_errors = series_picker.chosen(values)
+    if parsed is None or series_errors:
+        return _form(request, values, errors | series_errors, principal)
     created, plan = parsed
     settings = settings_of(request)
     try:
@@ -187,6 +190,8 @@ async def sweep_launch_submit(request: Request) -> Response:
                 name=created.name,
                 max_attempts=settings.max_attempts,
             )
+            if series_name is not None:  # its step runs join the series as they finish
+                series_svc.join_sweep(s, series_name, sweep_id)
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "__all__"
         return _form(request, values, {field: e.detail}, principal, e.status_code)

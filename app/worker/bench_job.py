@@ -41,7 +41,7 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         asyncio.create_task(jr.watch_stop(), name=f"watch-{job.job_id}"),
     ]
     try:
-        done = await execute(spec, jr.load_result)
+        done = await execute(spec, jr.load_result, on_scraper=jr.on_scraper)
         error = None
         if done.error is not None:
             error = f"the load failed: {describe(done.error)}"

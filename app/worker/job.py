@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from app.client.execute import outcome_status
+from app.client.metrics_scraper import MetricsScraper
 from app.client.runner import LoadResult, Progress
 from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus, RunStatus
@@ -148,6 +149,8 @@ class JobRun:
         self.server_series: list[ServerMetricSeries] | None = None  # sent with the completion
         self.step_run: str | None = None  # sweeps: the current step's run (batches name it)
         self.step_info: tuple[int, int] | None = None  # sweeps: (step, of how many)
+        self.scraper: MetricsScraper | None = None  # the target's /metrics, while loading
+        self.scraper_t0_ns = 0
 
     # ---- callbacks from the load thread (cheap, thread-safe)
 
@@ -156,6 +159,11 @@ class JobRun:
 
     def on_progress(self, p: Progress) -> None:
         self.progress = p
+
+    def on_scraper(self, scraper: MetricsScraper) -> None:
+        """The load's /metrics scraper: its latest values go out with each heartbeat."""
+        self.scraper = scraper
+        self.scraper_t0_ns = time.monotonic_ns()
 
     def stop_load(self) -> None:
         if self.load is not None:
@@ -265,6 +273,10 @@ class JobRun:
             p.step, p.steps = self.step_info
             p.run_id = self.step_run
             p.phase = f"step {p.step + 1} of {p.steps}: {p.phase}"
+        latest = self.scraper.latest() if self.scraper is not None else None
+        if latest is not None and latest[1]:
+            p.server_metrics = dict(latest[1])
+            p.server_metrics_t_s = max(0.0, (latest[0] - self.scraper_t0_ns) / 1e9)
         return p
 
     async def cut(self) -> None:
