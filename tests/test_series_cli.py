@@ -151,8 +151,9 @@ def test_a_change_point_names_the_field_that_changed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Twelve real runs against the simulator: six on engine 1.0 (TTFT ~5 ms), six on 2.0
-    (~30 ms); the series lets the engine version vary, so all count, and its change point
-    sits at the first 2.0 run and says the engine version changed."""
+    (~30 ms, another simulator: another target); the series lets the engine version vary,
+    and with it the target, so all count, and its change point sits at the first 2.0 run and
+    says the engine version (and the target) changed."""
     monkeypatch.setenv("TOKENTRACE_SECRET_KEY_FILE", str(tmp_path / "key"))
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     ids = []
@@ -175,9 +176,11 @@ def test_a_change_point_names_the_field_that_changed(
     (cp,) = t["change_points"]
     assert (cp["index"], cp["run_before"], cp["run_after"]) == (6, ids[5], ids[6])
     assert cp["kind"] == "regression" and cp["delta"] == pytest.approx(cp["after"] - cp["before"])
-    assert cp["changed_fields"] == [
-        {"field": "engine_version", "label": "engine version", "values": ["1.0", "2.0"]}
-    ]
+    # each version ran on a simulator of its own: the target (its port) changed with it
+    changed = {f["field"]: f for f in cp["changed_fields"]}
+    assert set(changed) == {"engine_version", "target"}
+    eng = changed["engine_version"]
+    assert (eng["label"], eng["values"]) == ("engine version", ["1.0", "2.0"])
     # a run that cannot be trusted gets no verdict from the gate (exit 2, one line)
     from app.domain import RunStatus
     from app.services import series as series_svc

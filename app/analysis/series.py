@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from app.analysis import change_points as cp
-from app.analysis.comparability import KEY_FIELDS, check
+from app.analysis.comparability import KEY_FIELDS, allowed_to_differ, check
 from app.analysis.metric_defs import LATENCIES, METRICS, RATES, metric
 from app.analysis.percentiles import PERCENTILES, percentile_key
 
@@ -362,10 +362,17 @@ def key_mismatch(
     series_key: Mapping[str, Any] | None, run_key: Mapping[str, Any], vary: Sequence[str]
 ) -> list[dict[str, Any]]:
     """The fields where ``run_key`` differs from the series' key, other than those the
-    series lets vary (empty: it matches, or the series has no key yet)."""
+    series lets vary (empty: it matches, or the series has no key yet). As in a comparison
+    (``allowed_to_differ``), the target may differ with a server field the series lets vary
+    when that field does differ: a new engine version is often another deployment."""
     if series_key is None:
         return []
-    return [d.to_dict() for d in check([series_key, run_key]).differing if d.field not in vary]
+    differing = check([series_key, run_key]).differing
+    changed = {d.field for d in differing}
+    allowed = set(vary)
+    for varied in allowed & changed:
+        allowed |= allowed_to_differ(varied)
+    return [d.to_dict() for d in differing if d.field not in allowed]
 
 
 def mismatch_reason(diffs: Sequence[Mapping[str, Any]]) -> str:
