@@ -40,7 +40,8 @@ from app.storage.interop import ImportInfo
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-SUMMARY_VERSION = 3  # bump when what is stored (or how it is computed) changes
+SUMMARY_VERSION = 4  # bump when what is stored (or how it is computed) changes (4: cancelled
+# requests apart from failed; 3 is queuewait's send lag, on another branch)
 PROFILE_NAMES = PROFILES  # the definition profiles the run page shows
 STORED_PROFILES = ALL_PROFILES  # every profile a summary holds (vllm-legacy too: the API)
 ITL_SAMPLE_MAX = SAMPLE_MAX  # ITL gaps kept for comparisons (a seeded subsample past it)
