@@ -40,6 +40,10 @@ PHASES: tuple[str, ...] = ("queued", "connect", "tls", "sending", "waiting", "fi
 
 
 class RequestStatus(enum.StrEnum):
+    """How one request ended. ``ERROR`` and ``TIMEOUT`` are the target's failures (the error
+    rate counts them); ``CANCELLED`` is the client's cut (a user's stop or cancel, the run's
+    time limit): sent, but no error (``app.analysis.trust``)."""
+
     OK = "ok"
     ERROR = "error"
     TIMEOUT = "timeout"
@@ -47,6 +51,10 @@ class RequestStatus(enum.StrEnum):
 
 
 class RunStatus(enum.StrEnum):
+    """A run's state (``app.analysis.trust.run_status`` decides the final ones): ``CANCELLED``
+    when the user stopped it, whatever it stored; ``PARTIAL`` when over its error bound or
+    it lost requests; how it reads is ``app.analysis.verdict``."""
+
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

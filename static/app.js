@@ -262,6 +262,30 @@
     setText("live-failed", String(s.failed));
     setText("live-req-s", fmtRate(s.req_per_s, 2));
     setText("live-tok-s", fmtRate(s.output_tok_per_s, 1));
+    showLiveHeader(s);
+  }
+  // The panel's heading, progress bar, status card and the page header's start time and
+  // request count, all from the same snapshot (live.json's progress: app/web/runs_live.py)
+  function showLiveHeader(s) {
+    var p = s.progress || {};
+    if (p.heading) setText("live-heading", p.heading);
+    var bar = document.getElementById("live-progress");
+    if (bar && p.text) {
+      bar.querySelector(".bar").style.width = (p.percent || 0).toFixed(1) + "%";
+      bar.querySelector(".label").textContent = p.text;
+      var card = bar.dataset.statusCard && document.getElementById(bar.dataset.statusCard);
+      if (card && p.state_text) card.querySelector(".value").textContent = p.state_text;
+    }
+    setText("run-requests", String(s.stored));
+    var started = document.getElementById("run-started");
+    if (started && s.started_at && !started.querySelector("time")) {
+      var t = document.createElement("time");
+      t.setAttribute("datetime", s.started_at);
+      t.textContent = s.started_at;
+      started.textContent = "";
+      started.appendChild(t);
+      if (window.TT && window.TT.localTimes) window.TT.localTimes(started);
+    }
   }
   function followLive(panel) {
     var url = "/runs/" + encodeURIComponent(panel.dataset.runId) + "/live.json";
@@ -274,7 +298,7 @@
           if (s) {
             showLive(s);
             panel.dataset.updated = String(Date.now());
-            if (s.status !== "queued" && s.status !== "running") return; // ended: stop
+            if (s.progress && s.progress.ended) { window.location.reload(); return; } // ended
           }
           setTimeout(tick, 1500);
         })

@@ -235,8 +235,9 @@ def test_cancel_reaches_the_worker_at_its_next_heartbeat(api: Api) -> None:
     done = {"lease_id": lid, "status": "cancelled", "total_batches": 1}
     assert api.post_job(jid, "complete", done).json()["state"] == "cancelled"
     detail = api.client.get(f"/api/v1/runs/{rid}").json()
-    assert detail["run"]["status"] == "partial"
+    assert detail["run"]["status"] == "cancelled"  # what it stored is kept (issue 24)
     assert any("2 of 4" in n for n in detail["report"]["validity"]["notes"])
+    assert detail["report"]["validity"]["verdict"] == "cancelled"
 
 
 def test_worker_failure_without_results_fails_the_run(api: Api) -> None:

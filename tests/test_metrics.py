@@ -293,10 +293,12 @@ def test_all_failed_run() -> None:
         rec(2, None, [], status=RequestStatus.CANCELLED),
     ]
     m = compute_metrics(trace_from_records(recs))
-    assert m.counts.sent == 2 and m.counts.not_sent == 1 and m.counts.failed == 2
-    assert m.counts.error_rate == 1.0
-    assert m.counts.failed_by_status == {"cancelled": 1, "error": 1}
-    assert dict(m.counts.error_reasons) == {"HTTP 500": 1, "cancelled (no message)": 1}
+    assert m.counts.sent == 2 and m.counts.not_sent == 1
+    # the cancelled request was sent (in the denominator, SPEC §2) but is no error: 1 / 2
+    assert m.counts.failed == 1 and m.counts.cancelled == 1 and m.counts.ok == 0
+    assert m.counts.error_rate == 0.5
+    assert m.counts.failed_by_status == {"error": 1}
+    assert dict(m.counts.error_reasons) == {"HTTP 500": 1}
     assert m.dist("ttft_ms").count == 0 and m.dist("itl_ms").count == 0
     assert m.request_throughput_req_s == 0.0
     assert m.output_tokens_total == 0

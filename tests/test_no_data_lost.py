@@ -26,17 +26,18 @@ import httpx
 import pytest
 from rich.console import Console
 
-from app.analysis.trust import run_trust_issues
+from app.analysis.verdict import run_trust_issues
 from app.cli.main import main as cli_main
 from app.cli.render import render_runs
 from app.protocol.wire import LeasedJob
 from app.services.job_rules import index_bound, planned_of, planned_text
-from app.services.runs import list_runs
+from app.services.runs import list_runs, run_dict
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import SimulatorThread, start_simulator_thread
-from app.web.runs_view import validity_card, validity_text
+from app.web.runs_page import report_verdict
+from app.web.runs_view import row_verdict, validity_card
 from app.worker.backoff import Backoff
 from app.worker.client import WorkerClient
 from app.worker.job import JobOptions, JobRun
@@ -175,11 +176,12 @@ def _never_valid(api: Api, run_id: str, lost: int) -> None:
     with session_scope(api.sessions) as s:
         row = repo.get_run(s, run_id)
         assert row.lost_requests == lost
-        assert validity_text(row) == "incomplete"
+        assert row_verdict(row).word == "incomplete"
+        run = run_dict(row)
     report = _run(api, run_id)["report"]
-    card = validity_card(report, active=False)
+    card = validity_card(report_verdict(run, report))
     assert (card.value, card.tone) == ("incomplete", "bad")
-    assert f"{lost} requests sent were never stored" in card.detail
+    assert f"lost {lost} requests: sent but never stored" in card.detail
     listed = api.client.get("/api/v1/runs", headers=api.h(api.admin)).json()["items"]
     assert [r["lost_requests"] for r in listed if r["id"] == run_id] == [lost]
     runs = list_runs(api.sessions)
@@ -187,7 +189,7 @@ def _never_valid(api: Api, run_id: str, lost: int) -> None:
     assert any(f"lost {lost} requests" in i for i in issues), issues
     console = Console(record=True, width=200)
     render_runs(runs, console)
-    assert f"no: lost {lost}" in console.export_text()
+    assert f"incomplete: lost {lost}" in console.export_text()
     page = api.client.get(f"/runs/{run_id}", headers=api.h(api.admin))
     assert page.status_code == 200
     assert "incomplete" in page.text and f"lost {lost}" in page.text
@@ -233,7 +235,9 @@ def test_cancelled_multi_turn_run_without_a_reported_plan_says_its_bound(app_api
     notes = detail["report"]["validity"]["notes"]
     want = "cancelled: 2 of up to 6 planned requests (2 sessions of up to 3 turns) were stored"
     assert want in notes, notes
-    assert detail["run"]["lost_requests"] == 0 and detail["report"]["validity"]["valid"]
+    # nothing lost; the run is cancelled, and says so (issue 24), not "valid"
+    assert detail["run"]["lost_requests"] == 0 and detail["run"]["status"] == "cancelled"
+    assert detail["report"]["validity"]["verdict"] == "cancelled"
 
 
 # --------------------------------------------------------- the worker, end to end

@@ -16,9 +16,9 @@ from app.analysis.trust import (
     RequestTally,
     failure_note,
     run_status,
-    run_trust_issues,
     tally,
 )
+from app.analysis.verdict import run_trust_issues
 from app.cli.main import main
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.services.runs import open_database
@@ -62,7 +62,8 @@ def test_status_rule_and_failure_note_hand_computed() -> None:
     assert (t.sent, t.ok, t.failed) == (40, 8, 32)  # the warm-up is not counted
     assert run_status(t, stopped=False, max_error_rate=0.05) is RunStatus.PARTIAL
     assert run_status(t, stopped=False, max_error_rate=0.8) is RunStatus.SUCCEEDED  # 80% = bound
-    assert run_status(t, stopped=True, max_error_rate=1.0) is RunStatus.PARTIAL
+    # stopped by the user: cancelled, whatever it measured (issue 24)
+    assert run_status(t, stopped=True, max_error_rate=1.0) is RunStatus.CANCELLED
     assert run_status(RequestTally(5, 0), stopped=False, max_error_rate=1.0) is RunStatus.FAILED
     assert run_status(RequestTally(0, 0), stopped=False, max_error_rate=0.0) is RunStatus.SUCCEEDED
     # 2 of 40 = 5%: not over a 5% bound
@@ -89,7 +90,12 @@ def test_run_trust_issues() -> None:
                      "summary": {"error_rate": 0.25}}  # fmt: skip
     (issue,) = run_trust_issues(errs)
     assert "over its error bound: 25.0% of requests failed (bound 10%)" in issue
-    assert run_trust_issues(errs, error_rate=0.1) == []  # 10% is within a 10% bound
+    ok_errs = errs | {"status": "succeeded"}
+    assert run_trust_issues(ok_errs, error_rate=0.1) == []  # 10% is within a 10% bound
+    # partial for no reason the verdict can see (a worker's failure mid-run): still flagged
+    assert run_trust_issues(errs, error_rate=0.1) == [
+        "run r1 ended partial: it stopped before its plan (its notes say why)"
+    ]
     failed = ok_run | {"status": "failed", "summary": {"error_rate": 1.0}}
     assert run_trust_issues(failed) == ["run r1 failed: no measured request succeeded"]
 

@@ -165,7 +165,9 @@ def queue_builds(sent_ns: npt.ArrayLike, ttft_ms: npt.ArrayLike) -> Note | None:
 
 
 def high_error_rate(error_rate: float | None, sent: int) -> Note | None:
-    """Fires when more than 5% of sent requests failed: latencies describe the survivors."""
+    """Fires when more than 5% of sent requests failed (``error_rate``: errors and timeouts
+    over sent; a request the client cut, ``cancelled``, is no failure, so a cancelled run
+    never fires it): latencies describe the survivors."""
     if error_rate is None or sent <= 0 or error_rate <= HIGH_ERROR_RATE:
         return None
     return Note(

@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from app.domain import TOKEN_KINDS, EventKind, PerRequestMetrics, RunTrace
+from app.domain import TOKEN_KINDS, EventKind, PerRequestMetrics, RequestStatus, RunTrace
 
 from .metric_defs import AGGREGATION
 from .percentiles import Distribution, summarize
@@ -361,6 +361,10 @@ def default_window(trace: RunTrace) -> Window | None:
 
 @dataclass(frozen=True, slots=True)
 class Counts:
+    """Measured requests by outcome: ``sent = ok + failed + cancelled`` (``not_sent``: never
+    sent). ``failed`` is what the target did (error, timeout); ``cancelled`` is what the
+    client cut (a stop, a cancel, the run's time limit: ``RequestStatus.CANCELLED``)."""
+
     total: int
     sent: int
     not_sent: int
@@ -369,6 +373,7 @@ class Counts:
     failed_by_status: dict[str, int]
     error_rate: float | None
     error_reasons: list[tuple[str, int]]
+    cancelled: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -377,6 +382,7 @@ class Counts:
             "not_sent": self.not_sent,
             "completed_ok": self.ok,
             "failed": self.failed,
+            "cancelled": self.cancelled,
             "failed_by_status": dict(self.failed_by_status),
             "error_rate": self.error_rate,
             "error_reasons": [{"reason": r, "count": c} for r, c in self.error_reasons],
@@ -384,10 +390,13 @@ class Counts:
 
 
 def count_requests(trace: RunTrace) -> Counts:
-    """Requests sent / ok / failed (failed = sent and not ok); error rate = failed / sent."""
+    """Requests sent / ok / failed / cancelled. Error rate = failed / sent (SPEC §2: every
+    sent request, cancelled ones too, is in the denominator; a cancelled request is cut by
+    the client, not an error of the target, so it is not in the numerator)."""
     sent_mask = trace.sent_ns >= 0
     ok_mask = trace.ok & sent_mask
-    failed_idx = np.flatnonzero(sent_mask & ~trace.ok)
+    cut = np.array([s is RequestStatus.CANCELLED for s in trace.status], np.bool_)
+    failed_idx = np.flatnonzero(sent_mask & ~trace.ok & ~cut)
     by_status: Counter[str] = Counter(str(trace.status[i]) for i in failed_idx)
     reasons: Counter[str] = Counter(
         trace.errors[i] or f"{trace.status[i]} (no message)" for i in failed_idx
@@ -403,6 +412,7 @@ def count_requests(trace: RunTrace) -> Counts:
         failed_by_status=dict(sorted(by_status.items())),
         error_rate=failed / sent if sent else None,
         error_reasons=sorted(reasons.items(), key=lambda rc: (-rc[1], rc[0])),
+        cancelled=int((sent_mask & cut).sum()),
     )
 
 

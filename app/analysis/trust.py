@@ -4,13 +4,20 @@ and the issues that travel with it (client-limited, over its error bound, lost r
 Pure functions; one rule for every place that decides a run's status (a local bench, a
 worker's job on the server, an import):
 
-* stopped before its end (Ctrl-C, a cancel) -> ``partial``;
+* stopped by the user before its end (Ctrl-C, a cancel) -> ``cancelled`` (what it measured
+  is kept; requests cut in flight are ``cancelled``, not errors);
 * requests were sent and none succeeded -> ``failed``;
-* error rate (failed / sent, warm-ups excluded) above ``max_error_rate`` -> ``partial``;
+* error rate above ``max_error_rate`` -> ``partial``;
 * any request lost (sent or recorded, never stored) -> ``partial``;
 * otherwise ``succeeded``.
 
-A run that lost requests is never valid, whatever its status (``run_trust_issues``).
+The error rate is failed / sent over the measured requests (warm-ups excluded): failed
+means an error or a timeout, what the target did; a cancelled request (cut by the client:
+a stop, a cancel, the run's time limit) is sent, so it counts in the denominator (SPEC §2),
+but it is no error, so never in the numerator.
+
+How a stored run reads (valid, or why not) is ``app.analysis.verdict.run_verdict``; the
+trust issues below are its flagged issues.
 """
 
 from __future__ import annotations
@@ -24,18 +31,22 @@ from app.domain import RequestRecord, RequestStatus, RunStatus
 
 DEFAULT_MAX_ERROR_RATE = 0.05
 NS_PER_S = 1_000_000_000
+# what the target did wrong (a cancelled request was cut by the client: no failure)
+SERVER_FAILURES = (RequestStatus.ERROR, RequestStatus.TIMEOUT)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestTally:
-    """Measured requests: how many were sent and how many of them succeeded."""
+    """Measured requests: how many were sent, how many of them succeeded and how many the
+    client cut (cancelled); the rest failed (error, timeout)."""
 
     sent: int
     ok: int
+    cancelled: int = 0
 
     @property
     def failed(self) -> int:
-        return self.sent - self.ok
+        return self.sent - self.ok - self.cancelled
 
     @property
     def error_rate(self) -> float | None:
@@ -43,9 +54,13 @@ class RequestTally:
 
 
 def tally(records: Sequence[RequestRecord]) -> RequestTally:
-    """Sent / ok among the measured (non-warm-up) requests."""
+    """Sent / ok / cancelled among the measured (non-warm-up) requests."""
     sent = [r for r in records if not r.warmup and r.sent_ns is not None]
-    return RequestTally(len(sent), sum(1 for r in sent if r.status is RequestStatus.OK))
+    return RequestTally(
+        len(sent),
+        sum(1 for r in sent if r.status is RequestStatus.OK),
+        sum(1 for r in sent if r.status is RequestStatus.CANCELLED),
+    )
 
 
 def over_error_bound(t: RequestTally, max_error_rate: float) -> bool:
@@ -56,10 +71,10 @@ def over_error_bound(t: RequestTally, max_error_rate: float) -> bool:
 def run_status(
     t: RequestTally, *, stopped: bool, max_error_rate: float, lost: int = 0
 ) -> RunStatus:
-    """The run's status from its requests (the module doc's rule; ``lost``: requests sent or
-    recorded that were never stored)."""
+    """The run's status from its requests (the module doc's rule; ``stopped``: by the user;
+    ``lost``: requests sent or recorded that were never stored)."""
     if stopped:
-        return RunStatus.PARTIAL
+        return RunStatus.CANCELLED
     if t.sent and not t.ok:
         return RunStatus.FAILED
     if over_error_bound(t, max_error_rate) or lost > 0:
@@ -79,13 +94,20 @@ def error_kind(message: str | None, status: RequestStatus) -> str:
 def failure_note(records: Sequence[RequestRecord], max_error_rate: float) -> str | None:
     """The note when the measured error rate exceeds ``max_error_rate``, e.g. "32 of 40
     requests failed (80%), mostly connection refused, from 15.2 s (error bound 5%)"; "from"
-    is the run-relative time the first failure was seen (its end, else its send). None
-    within the bound."""
+    is the run-relative time the first failure was seen (its end, else its send). Cancelled
+    requests are not failures: when every request sent was cut by the client, the note says
+    so ("none of the 4 requests sent completed: all were cut by the client (run hit
+    max_duration_s=0.35)"). None within the bound."""
     measured = [r for r in records if not r.warmup and r.sent_ns is not None]
     t = tally(records)
+    if t.sent and t.cancelled == t.sent:
+        cut = Counter(r.error or "cancelled" for r in measured)
+        why = sorted(cut.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+        word = "request" if t.sent == 1 else "requests"
+        return f"none of the {t.sent} {word} sent completed: all were cut by the client ({why})"
     if not over_error_bound(t, max_error_rate):
         return None
-    failed = [r for r in measured if r.status is not RequestStatus.OK]
+    failed = [r for r in measured if r.status in SERVER_FAILURES]
     kinds = Counter(error_kind(r.error, r.status) for r in failed)
     top, _n = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[0]
     seen = [r.end_ns if r.end_ns is not None else r.sent_ns for r in failed]
@@ -118,39 +140,3 @@ def lost_text(lost: int) -> str:
         f"lost {lost} {word}: sent but never stored, so its figures describe only part of "
         "what the target served"
     )
-
-
-def run_trust_issues(run: Mapping[str, Any], error_rate: float | None = None) -> list[str]:
-    """Why a stored run's figures cannot be trusted as they stand (empty: nothing known).
-
-    ``run`` is a run as ``app.services.runs.run_dict`` gives it (``status``,
-    ``client_limited``, ``lost_requests``, ``spec``, ``validity``), with its cached
-    ``summary`` when there is one; ``error_rate`` overrides the summary's. Used by
-    ``compare`` (which refuses such runs), by sweeps (which never pick such a step as max
-    goodput) and by the pages."""
-    name = str(run.get("id") or run.get("name") or "the run")
-    issues: list[str] = []
-    status = str(run.get("status") or "")
-    if status == RunStatus.FAILED:
-        issues.append(f"run {name} failed: no measured request succeeded")
-    elif status in (RunStatus.QUEUED, RunStatus.RUNNING):
-        issues.append(f"run {name} has not finished (status {status})")
-    lost = lost_requests(run)
-    if lost:
-        issues.append(f"run {name} {lost_text(lost)}")
-    if run.get("client_limited"):
-        issues.append(
-            f"run {name} is client-limited: the client could not keep up, so its latencies "
-            "include the client's own delays"
-        )
-    rate = error_rate
-    if rate is None:
-        summary = run.get("summary") or {}
-        value = summary.get("error_rate") if isinstance(summary, Mapping) else None
-        rate = float(value) if isinstance(value, int | float) else None
-    bound = spec_error_bound(run.get("spec"))
-    if rate is not None and rate > bound and status != RunStatus.FAILED:
-        issues.append(
-            f"run {name} is over its error bound: {rate:.1%} of requests failed (bound {bound:.0%})"
-        )
-    return issues

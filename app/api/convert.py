@@ -6,13 +6,16 @@ import datetime as dt
 from typing import Any
 
 from app.analysis.phases import send_lag_ms_of_row
+from app.analysis.verdict import verdict_of
 from app.api.schemas import JobInfo, RequestRow, RunSummary, TokenInfo, WorkerInfo
 from app.protocol.wire import JobRequirements
 from app.services.job_rules import public_spec
+from app.services.runs import run_dict
 from app.storage.models import ApiToken, Job, Run, Worker
 
 
 def run_summary(row: Run) -> RunSummary:
+    verdict = verdict_of(run_dict(row) | {"summary": row.summary or {}})
     return RunSummary(
         id=row.id,
         name=row.name,
@@ -29,6 +32,8 @@ def run_summary(row: Run) -> RunSummary:
         client_limited=bool(row.client_limited),
         lost_requests=int(row.lost_requests or 0),
         summary=dict(row.summary or {}),
+        verdict=verdict.word,
+        verdict_issues=[i.text for i in verdict.issues],
     )
 
 

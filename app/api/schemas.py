@@ -83,6 +83,15 @@ class RunSummary(BaseModel):
         0, description="requests sent but never stored (any: the run is not valid)"
     )
     summary: dict[str, Any]
+    verdict: str = Field(
+        "",
+        description="how the run reads, one word (app.analysis.verdict): pending, failed, "
+        "incomplete, over error bound, client-limited, lost turns, partial, cancelled, "
+        "no data, summary-only or valid",
+    )
+    verdict_issues: list[str] = Field(
+        default_factory=list, description="why, one sentence per issue, most severe first"
+    )
 
 
 class RunList(BaseModel):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from app.analysis.metric_defs import metric
 from app.analysis.prefix_cache import responses_prefix_cache
-from app.analysis.trust import lost_text
+from app.analysis.verdict import verdict_of
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
@@ -60,15 +61,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     health = client_health(report)
     if health:
         console.print("client: " + " · ".join(health))
-    if v.get("lost_requests"):
-        console.print(f"[bold red]INCOMPLETE: {lost_text(int(v['lost_requests']))}[/]")
-    if v.get("client_limited"):
-        console.print("[bold red]CLIENT-LIMITED: the client fell behind; figures are suspect[/]")
-    if v.get("over_error_bound"):
-        console.print(
-            f"[bold red]OVER THE ERROR BOUND: more than {v.get('max_error_rate', 0.05):.0%} of "
-            "requests failed; latencies come from the survivors only[/]"
-        )
+    render_verdict(v, console)
     for note in v.get("notes") or []:
         console.print(f"[yellow]note:[/] {note}")
     req = m.get("requests") or {}
@@ -81,7 +74,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     for label, val, digits in (
         ("requests sent", req.get("sent"), 0),
         ("completed", req.get("completed_ok"), 0),
-        ("failed", req.get("failed"), 0),
+        ("failed (error, timeout)", req.get("failed"), 0),
+        ("cancelled (cut by the client)", req.get("cancelled"), 0),
         ("error rate", m.get("error_rate"), 4),
         ("observation window (s)", window.get("duration_s"), 3),
         ("request throughput (req/s)", m.get("request_throughput_req_s"), 3),
@@ -292,11 +286,30 @@ def render_profile(prof: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
+TONE_STYLE = {"good": "green", "bad": "bold red", "warn": "bold yellow"}
+SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "info": "dim"}
+
+
+def render_verdict(validity: dict[str, Any], console: Console) -> None:
+    """The report's verdict (``app.analysis.verdict``): its word, then each issue."""
+    word = validity.get("verdict")
+    if not isinstance(word, str):
+        return
+    style = TONE_STYLE.get(str(validity.get("tone") or ""), "")
+    console.print(f"verdict: [{style}]{word}[/]" if style else f"verdict: {word}")
+    for issue in validity.get("issues") or []:
+        if isinstance(issue, dict):
+            sty = SEVERITY_STYLE.get(str(issue.get("severity")), "")
+            text = escape(str(issue.get("text")))
+            console.print(f"  [{sty}]{text}[/]" if sty else f"  {text}")
+
+
 def _valid_cell(run: dict[str, Any]) -> str:
-    lost = run.get("lost_requests")
-    if isinstance(lost, int) and lost > 0:
-        return f"no: lost {lost}"
-    return "client-limited" if run.get("client_limited") else "yes"
+    """The runs table's verdict cell: the word, and its first issue's short form when that
+    says more ("incomplete: lost 20")."""
+    v = verdict_of(run)
+    first = v.issues[0].short if v.issues else v.word
+    return v.word if first == v.word else f"{v.word}: {first}"
 
 
 def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
@@ -310,7 +323,7 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
         "source",
         "model",
         "status",
-        "valid",
+        "verdict",
         "TTFT p50 ms",
         "TTFT p99 ms",
         "TPOT p50 ms",

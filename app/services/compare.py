@@ -37,7 +37,7 @@ from app.analysis.compare import (
 from app.analysis.metric_defs import COMPARE_LATENCY_KEYS, COMPARE_RATE_KEYS, metric
 from app.analysis.percentiles import percentile, percentile_key
 from app.analysis.request_columns import RequestColumns, request_columns
-from app.analysis.trust import run_trust_issues
+from app.analysis.verdict import run_trust_issues
 from app.domain import RunStatus, RunTrace
 from app.services import hardware, run_summaries
 from app.services import runs as run_svc

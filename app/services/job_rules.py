@@ -215,15 +215,15 @@ def decide(
     stored = job_repo.stored_requests(session, run_id) if run_id else 0
     planned = planned_text(bench_spec, reported_planned(job.progress, meta))
     loss, lost = unstored(session, run_id, records) if run_id else ([], 0)
-    if job.cancel_requested or status_ == "cancelled":
-        status = RunStatus.PARTIAL if stored else RunStatus.CANCELLED
+    if job.cancel_requested or status_ == "cancelled":  # cancelled, whatever it stored
         note = f"cancelled: {stored} of {planned} were stored"
-        return Outcome("cancelled", status, None, [note, *loss], lost)
-    sent, ok = job_repo.sent_counts(session, run_id) if run_id else (0, 0)
+        return Outcome("cancelled", RunStatus.CANCELLED, None, [note, *loss], lost)
+    sent, ok, cut = job_repo.sent_counts(session, run_id) if run_id else (0, 0, 0)
     stopped = (meta.load_stats.get("stopped") if meta else None) == "stopped"
     run = repo.find_run(session, run_id) if run_id else None
     bound = spec_error_bound(run.spec if run is not None else None)
-    status = run_status(RequestTally(sent, ok), stopped=stopped, max_error_rate=bound, lost=lost)
+    tallied = RequestTally(sent, ok, cut)
+    status = run_status(tallied, stopped=stopped, max_error_rate=bound, lost=lost)
     if status_ == "failed":
         error = error_ or "the worker reported a failure"
         if meta is None or lost:  # the load broke, or its results did: what was stored is a part

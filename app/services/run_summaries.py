@@ -40,8 +40,8 @@ from app.storage.interop import ImportInfo
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-SUMMARY_VERSION = 3  # bump when what is stored (or how it is computed) changes (3: send lag
-# without the queue wait, the queue-wait figure)
+SUMMARY_VERSION = 4  # bump when what is stored (or how it is computed) changes (3: send lag
+# without the queue wait, the queue-wait figure; 4: cancelled requests apart from failed)
 PROFILE_NAMES = PROFILES  # the definition profiles the run page shows
 STORED_PROFILES = ALL_PROFILES  # every profile a summary holds (vllm-legacy too: the API)
 ITL_SAMPLE_MAX = SAMPLE_MAX  # ITL gaps kept for comparisons (a seeded subsample past it)

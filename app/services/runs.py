@@ -23,6 +23,7 @@ from app.analysis.trust import (
     spec_error_bound,
     tally,
 )
+from app.analysis.verdict import verdict_of
 from app.client import eventloop
 from app.client.datasets.base import DatasetError
 from app.client.execute import execute
@@ -287,6 +288,7 @@ def _compose(
     err = requests.get("error_rate") if isinstance(requests, dict) else None
     over = isinstance(err, float) and err > bound
     lost = int(run.get("lost_requests") or 0)
+    verdict = verdict_of(run, requests if isinstance(requests, dict) else None)
     report: dict[str, Any] = {
         "run_id": run.get("id"),
         "name": run.get("name"),
@@ -299,7 +301,11 @@ def _compose(
         "clock_source": run.get("clock_source"),
         "spec": spec,
         "validity": {
-            "valid": not run.get("client_limited") and not over and not lost,
+            "valid": verdict.valid,
+            "verdict": verdict.word,  # app.analysis.verdict: the one word every surface shows
+            "tone": verdict.tone,
+            "detail": verdict.detail,
+            "issues": [i.to_dict() for i in verdict.issues],
             "client_limited": bool(run.get("client_limited")),
             "lost_requests": lost,
             "over_error_bound": over,
@@ -397,8 +403,10 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "output_throughput_tok_s": m.get("output_throughput_tok_s"),
         "goodput_req_s": m.get("goodput_req_s"),
         "error_rate": m.get("error_rate"),
+        "sent": (m.get("requests") or {}).get("sent"),
         "completed": (m.get("requests") or {}).get("completed_ok"),
         "failed": (m.get("requests") or {}).get("failed"),
+        "cancelled": (m.get("requests") or {}).get("cancelled"),
         "server_prefill_ms_per_request": server.get("server_prefill_ms_per_request"),
         "server_decode_ms_per_token": server.get("server_decode_ms_per_token"),
     }
@@ -407,4 +415,5 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
 def list_runs(sessions: sessionmaker[Session], *, limit: int = 50) -> list[dict[str, Any]]:
     with session_scope(sessions) as s:
         rows = repo.list_runs(s, limit=limit, offset=0)
-        return [run_dict(r) | {"summary": r.summary or {}} for r in rows]
+        runs = [run_dict(r) | {"summary": r.summary or {}} for r in rows]
+    return [r | {"verdict": verdict_of(r).to_dict()} for r in runs]

@@ -29,7 +29,7 @@ from app.analysis import series as sa
 from app.analysis.comparability import comparability_key
 from app.analysis.metrics import metrics_with_slos
 from app.analysis.percentiles import percentile
-from app.analysis.trust import run_trust_issues
+from app.analysis.verdict import run_trust_issues
 from app.client.sweep_plan import step_label
 from app.domain import RunStatus
 from app.services import hardware, run_summaries

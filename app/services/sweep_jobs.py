@@ -391,15 +391,18 @@ def _record_completed(
 # ----------------------------------------------------------------------------- the end
 
 
-def _unfinished_runs(session: Session, sweep_id: str) -> list[tuple[str, RunStatus]]:
-    """Step runs still running, with the status they end in (partial if any request was
-    stored, else failed)."""
+def _unfinished_runs(
+    session: Session, sweep_id: str, *, cancelled: bool = False
+) -> list[tuple[str, RunStatus]]:
+    """Step runs still running, with the status they end in: ``cancelled`` when the sweep
+    was, else partial if any request was stored, else failed."""
     out: list[tuple[str, RunStatus]] = []
     for st in compare_repo.sweep_steps(session, sweep_id):
         run = repo.find_run(session, st.run_id)
         if run is not None and run.status in ACTIVE_RUN:
             stored = job_repo.stored_requests(session, st.run_id)
-            out.append((st.run_id, RunStatus.PARTIAL if stored else RunStatus.FAILED))
+            status = RunStatus.PARTIAL if stored else RunStatus.FAILED
+            out.append((st.run_id, RunStatus.CANCELLED if cancelled else status))
     return out
 
 
@@ -446,7 +449,7 @@ def complete_sweep(
     compare_repo.update_sweep(
         session, sweep_id, status=sweep_status, stop_reason=reason, finished_at=now
     )
-    leftover = _unfinished_runs(session, sweep_id)
+    leftover = _unfinished_runs(session, sweep_id, cancelled=state == "cancelled")
     session.commit()
     _finalize_all(sessions, leftover, f"the sweep ended ({state}) before this step completed")
     return CompleteResponse(job_id=job.id, state=state, run_id=None)

@@ -17,7 +17,7 @@ from app.analysis.sweep import (
     StepSummary,
     max_goodput,
 )
-from app.analysis.trust import run_trust_issues
+from app.analysis.verdict import run_trust_issues
 from app.client.spec import RunSpec
 from app.client.sweep_plan import (
     SweepPlan,

@@ -256,13 +256,16 @@ def measured_counts(session: Session, run_id: str) -> tuple[int, int]:
     return int(row[0] or 0), int(row[1] or 0)
 
 
-def sent_counts(session: Session, run_id: str) -> tuple[int, int]:
-    """(measured requests sent, of which ok) for a run; warm-ups and unsent excluded."""
-    stmt = select(func.count(), func.count().filter(Request.status == "ok")).where(
-        Request.run_id == run_id, Request.warmup.is_(False), Request.sent_ns.is_not(None)
-    )
+def sent_counts(session: Session, run_id: str) -> tuple[int, int, int]:
+    """(measured requests sent, of which ok, of which cancelled) for a run; warm-ups and
+    unsent excluded."""
+    stmt = select(
+        func.count(),
+        func.count().filter(Request.status == "ok"),
+        func.count().filter(Request.status == "cancelled"),
+    ).where(Request.run_id == run_id, Request.warmup.is_(False), Request.sent_ns.is_not(None))
     row = session.execute(stmt).one()
-    return int(row[0] or 0), int(row[1] or 0)
+    return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
 
 
 def stored_requests(session: Session, run_id: str) -> int:

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 
 from app.analysis.comparability import KEY_FIELDS
 from app.analysis.compare import combine_verdicts
+from app.analysis.verdict import Issue
 from app.figures import compare as fc
 from app.figures.scriptjson import plotly_json
 from app.services import compare as compare_svc
@@ -86,8 +87,8 @@ def order_baseline_first(
     return [chosen, *[r for r in loaded if r is not chosen]], how
 
 
-def _warnings(rs: compare_svc.RunSamples) -> list[runs_view.TrustWarning]:
-    return report_warnings(rs.report)
+def _warnings(rs: compare_svc.RunSamples) -> list[Issue]:
+    return report_warnings(rs.run, rs.report)
 
 
 def _runs_context(
@@ -286,7 +287,7 @@ def _sweeps_context(
 
 
 def _flagged_steps(
-    results: list[dict[str, Any]], warnings: dict[str, list[runs_view.TrustWarning]]
+    results: list[dict[str, Any]], warnings: dict[str, list[Issue]]
 ) -> list[dict[str, Any]]:
     """Each step run with a trust warning, once: its id, sweep and load (for the banner)."""
     out: dict[str, dict[str, Any]] = {}

@@ -99,7 +99,7 @@ def run_report(sessions: sessionmaker[Session], run_id: str) -> str:
     ctx = run_context(data, slos_ms=None, slo_errors={}, profile="tokentrace")
     figures: dict[str, str] = ctx["figures"]
     ctx["figure_titles"] = [(k, t) for k, t in RUN_FIGURES if k in figures]
-    ctx["warnings"] = report_warnings(ctx["report"])
+    ctx["warnings"] = report_warnings(ctx["run"], ctx["report"])
     with session_scope(sessions) as s:
         ctx["series"] = series_svc.series_of_run(s, run_id)
     return _render("report_run.html", ctx)
@@ -133,7 +133,7 @@ def compare_report(sessions: sessionmaker[Session], ids: list[str]) -> str:
         )
         figures[f"cdf_{key}"] = plotly_json(json_safe(fig))
         titles.append((f"cdf_{key}", f"{label} CDF"))
-    warnings = {r.run["id"]: report_warnings(r.report) for r in loaded}
+    warnings = {r.run["id"]: report_warnings(r.run, r.report) for r in loaded}
     ctx = {
         "result": result,
         "figures": figures,

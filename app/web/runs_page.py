@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.verdict import Issue, Verdict, verdict_of
 from app.protocol.wire import TERMINAL_JOB_STATES
 from app.services import compare as compare_svc
 from app.services import hardware, run_summaries
@@ -19,7 +20,7 @@ from app.storage import jobs as job_repo
 from app.storage import probes as probe_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web import runs_view
+from app.web import runs_live, runs_view
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,10 @@ class RunData:
     roofline: tuple[float | None, str] = (None, hardware.DEFAULT_DEVICE_TEXT)  # TPOT floor
     sweep_step: tuple[str, int] | None = None  # (sweep id, step index) of a sweep step
     telemetry_job_id: str | None = None  # the job whose device telemetry is stored
+    # an active run's live panel header (``runs_live.live_progress``) and its start time as
+    # the server stored it (the run's, else its job's)
+    live: dict[str, Any] | None = None
+    started_at: Any = None
 
 
 def load_run(
@@ -60,11 +65,19 @@ def load_run(
         tele = _telemetry_job(s, job.id if job is not None else None, sweep_step)
         active = job_v is not None or str(row.status) in runs_view.ACTIVE_RUN_STATES
         live = None
+        header: dict[str, Any] | None = None
         if active:
             wanted = ("tokentrace", profile) if profile != "tokentrace" else ()
             live = run_summaries.compute_summary(s, run_id, profiles=wanted)
+            header = runs_live.live_progress(
+                str(row.status),
+                job.state if job is not None else None,
+                runs_live.measured_planned(row, job),
+                live.n_requests if live is not None else 0,
+            )
+        started = runs_live.started_at(row, job)
     summary = live if live is not None else run_summaries.page_summary(sessions, run_id)
-    return RunData(run, summary, job_v, note, floor, sweep_step, tele)
+    return RunData(run, summary, job_v, note, floor, sweep_step, tele, header, started)
 
 
 def _telemetry_job(
@@ -103,20 +116,18 @@ def figures_json(data: RunData) -> dict[str, str]:
     }
 
 
-def report_warnings(report: dict[str, Any]) -> list[runs_view.TrustWarning]:
-    """``runs_view.trust_warnings`` of a run's report (client-limited, errors over bound)."""
-    v = report.get("validity") or {}
-    m = report.get("metrics") or {}
-    failed = (m.get("requests") or {}).get("failed")
-    err = m.get("error_rate")
-    return runs_view.trust_warnings(
-        client_limited=bool(v.get("client_limited")),
-        notes=[str(n) for n in v.get("notes") or []],
-        error_rate=float(err) if isinstance(err, int | float) else None,
-        failed=int(failed) if isinstance(failed, int) else None,
-        spec=report.get("spec"),
-        lost=int(v.get("lost_requests") or 0),
-    )
+def report_verdict(run: dict[str, Any], report: dict[str, Any]) -> Verdict:
+    """The run's verdict (``app.analysis.verdict``) on its report's request counts: the
+    same function and inputs as the report's own ``validity.verdict``."""
+    requests = (report.get("metrics") or {}).get("requests")
+    return verdict_of(run, requests if isinstance(requests, dict) else None)
+
+
+def report_warnings(run: dict[str, Any], report: dict[str, Any]) -> list[Issue]:
+    """Why a run's figures cannot be taken as they stand: its verdict's flagged issues
+    (none while it is pending)."""
+    v = report_verdict(run, report)
+    return [] if v.pending else list(v.flagged)
 
 
 def run_context(
@@ -140,14 +151,23 @@ def run_context(
     spec = report.get("spec") or {}
     metrics = report["metrics"]
     active = data.job is not None or str(data.run.get("status")) in runs_view.ACTIVE_RUN_STATES
+    verdict = report_verdict(data.run, report)
+    requests = metrics.get("requests") or {}
     return {
         "run": data.run,
         "note": data.note,
         "report": report,
         "cards": runs_view.summary_cards(
-            report, active=active, job_state=data.job.state if data.job else None
+            report, verdict, active=active, job_state=data.job.state if data.job else None
         ),
-        "warnings": [] if active else report_warnings(report),
+        "verdict": verdict,
+        # the banners: what makes the figures untrustworthy, and the notices (cancelled,
+        # not finished), both from the verdict the validity card shows
+        "warnings": list(verdict.untrusted),
+        "notices": list(verdict.notices),
+        "active": active,
+        # charts only once something succeeded (no empty charts while a run has no data)
+        "has_data": bool(requests.get("completed_ok")),
         "client_health": client_health(report),
         "rows": runs_view.metric_rows(report),
         "pcts": runs_view.PCTS,
@@ -163,6 +183,8 @@ def run_context(
         "failed_by_status": (metrics.get("requests") or {}).get("failed_by_status") or {},
         "figures": figures_json(data),
         "job": data.job,
+        "live": data.live,
+        "started_at": data.started_at,
         "sweep_step": data.sweep_step,
         "telemetry_job_id": data.telemetry_job_id,
         "n_requests": summary.n_requests,

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.analysis.metric_defs import metric
-from app.analysis.trust import lost_text
+from app.analysis.verdict import Issue, Verdict, verdict_of
 from app.services.client_health import as_float as _f
+from app.services.runs import run_dict
 from app.storage.models import Job, Run
 
 PCTS: tuple[tuple[str, str], ...] = (
@@ -60,73 +61,16 @@ def error_bound(spec: dict[str, Any] | None) -> float:
     return v if v is not None and 0 <= v <= 1 else DEFAULT_MAX_ERROR_RATE
 
 
-@dataclass(frozen=True, slots=True)
-class TrustWarning:
-    short: str  # for a table cell: "client-limited", "errors 10.0% > 5%"
-    text: str  # the whole sentence
+def row_verdict(run: Run) -> Verdict:
+    """A stored run's verdict (``app.analysis.verdict``) from its row and cached headline."""
+    return verdict_of(run_dict(run) | {"summary": run.summary or {}})
 
 
-def trust_warnings(
-    *,
-    client_limited: bool,
-    notes: list[str] | None,
-    error_rate: float | None,
-    failed: int | None,
-    spec: dict[str, Any] | None,
-    lost: int = 0,
-) -> list[TrustWarning]:
-    """Why a run's latencies cannot be taken at face value (empty when they can): requests
-    were sent but never stored, the client fell behind its schedule, or more requests failed
-    than the run's bound."""
-    out: list[TrustWarning] = []
-    if lost > 0:
-        out.append(TrustWarning(f"lost {lost}", lost_text(lost)))
-    if client_limited:
-        why = [n for n in notes or [] if " > " in n]
-        out.append(
-            TrustWarning(
-                "client-limited",
-                "client-limited: the load generator fell behind its own schedule, so the "
-                "latencies may be inflated" + (f" ({'; '.join(why)})" if why else ""),
-            )
-        )
-    bound = error_bound(spec)
-    if error_rate is not None and error_rate > bound:
-        count = f"{failed} failed; " if failed is not None else ""
-        out.append(
-            TrustWarning(
-                f"errors {error_rate:.1%} > {bound:.0%}",
-                f"error rate {error_rate:.1%} ({count}bound {bound:.0%}): the latencies "
-                "describe only the requests that succeeded",
-            )
-        )
-    return out
-
-
-def run_warnings(run: Run) -> list[TrustWarning]:
-    s = run.summary or {}
-    failed = s.get("failed")
-    return trust_warnings(
-        client_limited=bool(run.client_limited),
-        notes=list(run.validity or []),
-        error_rate=_f(s.get("error_rate")),
-        failed=int(failed) if isinstance(failed, int) else None,
-        spec=run.spec,
-        lost=int(run.lost_requests or 0),
-    )
-
-
-def validity_text(run: Run) -> str:
-    status = str(run.status)
-    if status in ACTIVE_RUN_STATES:
-        return "—"
-    if run.lost_requests:
-        return "incomplete"
-    if run.client_limited:
-        return "client-limited"
-    if run.summary_only:
-        return "summary-only"
-    return "valid"
+def run_warnings(run: Run) -> list[Issue]:
+    """Why a run's figures cannot be taken as they stand: its verdict's flagged issues
+    (none while it is queued or running: its verdict is "pending")."""
+    v = row_verdict(run)
+    return [] if v.pending else list(v.flagged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +102,7 @@ class RunRow:
     target: str | None
     load: str
     status: str
-    validity: str
+    validity: str  # the verdict's word
     tags: list[str]
     ttft_p50: float | None
     ttft_p99: float | None
@@ -167,11 +111,14 @@ class RunRow:
     goodput: float | None
     error_rate: float | None
     job: JobView | None = None
-    warnings: list[TrustWarning] = field(default_factory=list)
+    warnings: list[Issue] = field(default_factory=list)
+    validity_tone: str = ""
+    validity_detail: str = ""
 
 
 def run_row(run: Run, job: Job | None = None) -> RunRow:
     s = run.summary or {}
+    verdict = row_verdict(run)
     return RunRow(
         id=run.id,
         name=run.name,
@@ -180,7 +127,7 @@ def run_row(run: Run, job: Job | None = None) -> RunRow:
         target=run.target_url,
         load=load_text(run.spec),
         status=str(run.status),
-        validity=validity_text(run),
+        validity=verdict.word,
         tags=list(run.tags or []),
         ttft_p50=_f(s.get("ttft_ms_p50")),
         ttft_p99=_f(s.get("ttft_ms_p99")),
@@ -189,7 +136,10 @@ def run_row(run: Run, job: Job | None = None) -> RunRow:
         goodput=_f(s.get("goodput_req_s")),
         error_rate=_f(s.get("error_rate")),
         job=job_view(job),
-        warnings=run_warnings(run) if str(run.status) not in ACTIVE_RUN_STATES else [],
+        # the do-not-trust reasons (a notice, cancelled, is the word itself, in amber)
+        warnings=[] if verdict.pending else list(verdict.untrusted),
+        validity_tone=verdict.tone,
+        validity_detail=verdict.detail,
     )
 
 
@@ -268,62 +218,63 @@ def job_state_text(state: str) -> str:
     return JOB_STATE_TEXT.get(state, state)
 
 
-def validity_card(report: dict[str, Any], *, active: bool) -> Card:
-    """Validity: "pending" while the run is queued or running (the client's verdict on its own
-    schedule comes at the end), "incomplete" when requests were sent but never stored, "no
-    data" when nothing was sent, else valid/client-limited."""
-    v = report.get("validity") or {}
-    sent = int(((report["metrics"].get("requests") or {}).get("sent")) or 0)
-    if active:
-        return Card("Validity", "pending", "decided when the run ends", "", id="validity")
-    lost = int(v.get("lost_requests") or 0)
-    if lost:
-        detail = f"{lost} requests sent were never stored"
-        return Card("Validity", "incomplete", detail, "bad", id="validity")
-    if sent == 0 and not v.get("summary_only"):
-        return Card("Validity", "no data", "no request was sent", "", id="validity")
-    if v.get("client_limited"):
-        detail = "the client fell behind: latencies may be inflated"
-        return Card("Validity", "client-limited", detail, "bad", id="validity")
-    detail = "summary-only (imported)" if v.get("summary_only") else "client kept its schedule"
-    return Card("Validity", "valid", detail, "good", id="validity")
+def validity_card(verdict: Verdict) -> Card:
+    """The run's verdict (``app.analysis.verdict``): its word, first reason and tone."""
+    return Card("Validity", verdict.word, verdict.detail, verdict.tone, id="validity")
 
 
 def summary_cards(
-    report: dict[str, Any], *, active: bool = False, job_state: str | None = None
+    report: dict[str, Any],
+    verdict: Verdict,
+    *,
+    active: bool = False,
+    job_state: str | None = None,
 ) -> list[Card]:
     """The run page's cards. While a job runs the run (``job_state``), the status card
-    shows the job's state: the same source the progress bar follows and updates."""
+    shows the job's state: the same source the progress bar follows and updates. The
+    validity card is the run's ``verdict``."""
     m = report["metrics"]
     req = m.get("requests") or {}
     status = str(report.get("status") or "")
     if active and job_state:
         status = job_state_text(job_state)
-    tone = {"succeeded": "good", "failed": "bad", "partial": "warn", "cancelled": "warn"}
+    # an ended run's status card takes its verdict's colour: never green beside a warning
+    status_tone = "" if active else verdict.tone
     err = _f(m.get("error_rate"))
     slos = m.get("slos_ms") or {}
     slo_text = ", ".join(f"{k} ≤ {float(ms):g} ms" for k, ms in slos.items()) or "no SLOs set"
     good = m.get("good_requests")
     window = m.get("window") or {}
+    duration = _f(window.get("duration_s"))
+    cut = int(req.get("cancelled") or 0)
+    errors = f"{req.get('failed', 0)} failed of {req.get('sent', 0)} sent"
+    if cut:
+        errors += f"; {cut} cancelled (not errors)"
+    if not req.get("sent") or duration is None:
+        served = "no data yet" if active else "no data"
+    else:
+        served = f"{req.get('completed_ok', 0)} ok over {duration:.2f} s"
     return [
         Card(
             "Status",
             status or "—",
             f"source: {report.get('source') or '—'}",
-            tone.get(status, ""),
+            status_tone,
             id="status",
         ),
-        validity_card(report, active=active),
+        validity_card(verdict),
         Card(
             "Error rate",
             "—" if err is None else f"{err * 100:.1f}%",
-            f"{req.get('failed', 0)} failed of {req.get('sent', 0)} sent",
+            errors,
             "bad" if err else "good" if err == 0 else "",
+            id="error-rate",
         ),
         Card(
             "Request throughput",
             _rate(m.get("request_throughput_req_s"), "req/s"),
-            f"{req.get('completed_ok', 0)} ok over {_f(window.get('duration_s')) or 0:.2f} s",
+            served,
+            id="throughput",
         ),
         Card(
             "Output throughput",
