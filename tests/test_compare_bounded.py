@@ -236,7 +236,7 @@ def test_a_metric_past_the_bound_keeps_exact_percentiles(lab: Lab) -> None:
             small = run_summaries.summarize(
                 trace,
                 scheduled_ns=np.zeros(trace.n_requests, np.int64),
-                sent_sched_ns=np.zeros(trace.n_requests, np.int64),
+                turns=np.zeros(trace.n_requests, np.int64),
                 indexes=np.arange(trace.n_requests),
                 itl_sample_max=200,
             )

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.app import create_app
+from app.client.limits import ClientLimits
 from app.client.spec import RunSpec
 from app.domain import RunStatus
 from app.services import auth
@@ -375,6 +376,7 @@ def test_launch_form_covers_every_run_spec_field() -> None:
     covered = {
         "goodput": any(n.startswith("goodput_") for n in names),
         "dataset_options": bool(launch_form.DATASET_GROUPS),  # typed, per dataset type
+        "limits": {f"limits_{k}" for k in ClientLimits.model_fields} <= names,
     }
     for field in RunSpec.model_fields:
         assert field in names or covered.get(field), f"the launch form has no {field} field"
@@ -423,6 +425,26 @@ def test_launch_form_server_metrics_fields_and_launch_again(client: TestClient, 
     assert re.search(r'id="f-scrape_metrics"\s*>', again)  # not checked
     bad = post_form(client, "/launch", form | {"metrics_url": "http://elsewhere:9100/metrics"})
     assert _errors(bad.text).get("metrics_url", "").startswith("metrics_url must be on the same")
+
+
+def test_launch_form_limits_reach_the_spec_and_a_bad_one_is_named(
+    client: TestClient, lab: Lab
+) -> None:
+    """The client's limits (``ClientLimits``) from the form's Limits group: a value given
+    reaches the spec, the others keep their defaults; one under its minimum is refused beside
+    its own field; "launch again" shows them."""
+    form = {"base_url": "http://127.0.0.1:9", "model": "m", "limits_max_event_bytes": "2048"}
+    r = post_form(client, "/launch", form, follow_redirects=False)
+    assert r.status_code == 303, _errors(r.text)
+    run_id = r.headers["location"].removeprefix("/runs/")
+    with session_scope(lab.sessions) as s:
+        spec = dict(repo.get_run(s, run_id).spec or {})
+    assert spec["limits"]["max_event_bytes"] == 2048
+    assert spec["limits"]["max_response_bytes"] == ClientLimits().max_response_bytes
+    assert _value(client.get(f"/launch?again={run_id}").text, "limits_max_event_bytes") == "2048"
+    bad = post_form(client, "/launch", form | {"limits_max_response_bytes": "10"})
+    assert bad.status_code == 422
+    assert "limits_max_response_bytes" in _errors(bad.text)
 
 
 def test_serve_demo_makes_its_simulator_the_default_target(

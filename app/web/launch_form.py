@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from app.api.schemas import RunCreate
 from app.client.datasets import DATASETS
+from app.client.limits import ClientLimits
 from app.client.spec import RunSpec
 from app.settings import Settings
 from app.web import dataset_fields
@@ -185,11 +186,22 @@ FIELDS: tuple[FormField, ...] = (
     FormField("req_labels", "Worker labels", help="key=value, comma-separated", group="Placement"),
     FormField("req_gpu_name", "GPU name contains", group="Placement"),
     FormField("req_min_gpu_memory_mb", "Min GPU memory (MB)", "number", group="Placement"),
+    *(
+        FormField(
+            f"limits_{key}",
+            key.removeprefix("max_").replace("_", " ").capitalize() + " at most",
+            "number",
+            help=f"{info.description}; default {info.default:,}",
+            group="Limits",
+        )
+        for key, info in ClientLimits.model_fields.items()
+    ),
 )
+LIMIT_KEYS = tuple(ClientLimits.model_fields)  # the form's limits_<key> fields
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 GROUPS: tuple[str, ...] = (
     "Target", "Workload", "Load", "Goodput", "Sampling", "Server metrics", "Reproduction",
-    "Placement",
+    "Placement", "Limits",
 )  # fmt: skip
 LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
 CHECKBOXES_ON = ("ignore_eos", "scrape_metrics", "stream")  # default on
@@ -222,13 +234,15 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
     out: dict[str, str] = {"base_url": url, "model": model}
     for name, info in RunSpec.model_fields.items():
         if name in JSON_FIELDS or name in (
-            "base_url", "model", "goodput", "tags", "api_key", "dataset_options"
+            "base_url", "model", "goodput", "tags", "api_key", "dataset_options", "limits"
         ):  # fmt: skip
             continue
         default = info.get_default(call_default_factory=True)
         out[name] = _text(default)
     for name in CHECKBOXES_ON:
         out[name] = "on" if RunSpec.model_fields[name].default else ""
+    for key in LIMIT_KEYS:
+        out[f"limits_{key}"] = _text(ClientLimits.model_fields[key].default)
     for group in DATASET_GROUPS:
         for f in group.fields:
             out[f.name] = _text(f.default)
@@ -245,6 +259,11 @@ def values_from_spec(
             out[key] = _text(v)
     for k, ms in (spec.get("goodput") or {}).items():
         out[f"goodput_{k}"] = _text(float(ms))
+    limits = spec.get("limits")
+    if isinstance(limits, dict):
+        for key in LIMIT_KEYS:
+            if key in limits:
+                out[f"limits_{key}"] = _text(limits[key])
     for key in LIST_FIELDS:
         out[key] = _text(spec.get(key) or [])
     headers = spec.get("headers") or {}
@@ -303,6 +322,8 @@ def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
         return f"goodput_{loc[1]}"
     if head == "goodput":
         return "goodput_ttft"
+    if head == "limits" and len(loc) > 1 and str(loc[1]) in LIMIT_KEYS:
+        return f"limits_{loc[1]}"
     if head == "requirements":
         sub = str(loc[1]) if len(loc) > 1 else "labels"
         return {"labels": "req_labels", "gpu_name": "req_gpu_name"}.get(
@@ -325,7 +346,7 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         if f.kind == "checkbox":
             body[f.name] = raw not in ("", "0", "false", "off")
             continue
-        if f.name.startswith(("goodput_", "req_")) or f.name in (
+        if f.name.startswith(("goodput_", "req_", "limits_")) or f.name in (
             *LIST_FIELDS,
             *JSON_FIELDS,
             "headers",
@@ -339,6 +360,9 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         if raw:
             slos[key] = raw
     body["goodput"] = slos
+    limits = {k: raw for k in LIMIT_KEYS if (raw := (form.get(f"limits_{k}") or "").strip())}
+    if limits:
+        body["limits"] = limits
     body["dataset_options"] = dataset_fields.options_of(form)
     for key in LIST_FIELDS:
         body[key] = _list(form.get(key) or "")

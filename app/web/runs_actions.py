@@ -47,13 +47,14 @@ def parse_tags(text: str) -> list[str]:
     return tags
 
 
-async def _signed_form(
-    request: Request, principal: Principal | None
+async def signed_form(
+    request: Request, principal: Principal | None, needs_scope: str = ""
 ) -> tuple[dict[str, str], tuple[str, int] | None]:
     """The form's values and why it is refused (None: accepted). The principal is checked
-    before the body is read: a refused caller's form is not read at all."""
+    before the body is read: a refused caller's form is not read at all. ``needs_scope``:
+    the refusal's text (default: a run's)."""
     if principal is None or not principal.has("run"):
-        return {}, (NEEDS_RUN_SCOPE, 403)
+        return {}, (needs_scope or NEEDS_RUN_SCOPE, 403)
     values = await form_values(request)
     if not csrf_ok(request, values):
         return values, (CSRF_REFUSED, 403)
@@ -74,7 +75,7 @@ async def _act(
     session; on a refusal or a ServiceError show the run page with the message at
     ``field`` (or the error's own field) and the status of the error."""
     principal = principal_of(request)
-    values, refused = await _signed_form(request, principal)
+    values, refused = await signed_form(request, principal)
     shown = {k: v for k, v in values.items() if k in ("tags", "note", "baseline_name")}
     if refused is not None:
         msg, code = refused
@@ -211,7 +212,7 @@ def delete_confirm(request: Request, run_id: str) -> Response:
 @router.post("/runs/{run_id}/delete")
 async def delete_run(request: Request, run_id: str) -> Response:
     principal = principal_of(request)
-    values, refused = await _signed_form(request, principal)
+    values, refused = await signed_form(request, principal)
     if refused is not None:
         return _delete_page(request, principal, run_id, refused[0], refused[1])
     if (values.get("confirm") or "").strip().lower() != DELETE_CONFIRM:

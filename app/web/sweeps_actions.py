@@ -23,25 +23,14 @@ from app.services.auth import Principal
 from app.services.errors import Invalid, NotFound, ServiceError
 from app.storage import compare_repo
 from app.storage.db import session_scope
-from app.web.context import csrf_ok, principal_of, reads_allowed, render, sessions_of
-from app.web.launch import CSRF_REFUSED, form_values
+from app.web.context import principal_of, reads_allowed, render, sessions_of
 from app.web.pickers import valid_id
-from app.web.runs_actions import DELETE_CONFIRM, parse_tags
+from app.web.runs_actions import DELETE_CONFIRM, parse_tags, signed_form
 from app.web.sweeps import render_sweep_page
 
 router = APIRouter(include_in_schema=False)
 
 NEEDS_RUN_SCOPE = "sign in with a token that has the 'run' scope to change sweeps"
-
-
-def _refusal(
-    request: Request, principal: Principal | None, values: dict[str, str]
-) -> tuple[str, int] | None:
-    if principal is None or not principal.has("run"):
-        return NEEDS_RUN_SCOPE, 403
-    if not csrf_ok(request, values):
-        return CSRF_REFUSED, 403
-    return None
 
 
 async def _act(
@@ -54,11 +43,10 @@ async def _act(
     session; on a refusal or a ServiceError show the sweep page with the message at
     ``field`` and the error's status."""
     principal = principal_of(request)
-    values = await form_values(request)
+    values, refused = await signed_form(request, principal, NEEDS_RUN_SCOPE)
     if not valid_id(sweep_id):
         raise HTTPException(404, f"no sweep with id {sweep_id[:40]!r}")
     shown = {k: v for k, v in values.items() if k in ("tags", "note", "baseline_name")}
-    refused = _refusal(request, principal, values)
     errors: dict[str, str] | None = None
     code = 200
     if refused is not None:
@@ -177,10 +165,9 @@ def delete_confirm(request: Request, sweep_id: str) -> Response:
 @router.post("/sweeps/{sweep_id}/delete")
 async def delete_sweep(request: Request, sweep_id: str) -> Response:
     principal = principal_of(request)
-    values = await form_values(request)
+    values, refused = await signed_form(request, principal, NEEDS_RUN_SCOPE)
     if not valid_id(sweep_id):
         raise HTTPException(404, f"no sweep with id {sweep_id[:40]!r}")
-    refused = _refusal(request, principal, values)
     if refused is not None:
         return _delete_page(request, principal, sweep_id, refused[0], refused[1])
     if (values.get("confirm") or "").strip().lower() != DELETE_CONFIRM:
