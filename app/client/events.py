@@ -1,4 +1,5 @@
-"""Classify one SSE event of an OpenAI-compatible stream (chat or completions).
+"""Classify one SSE event of an OpenAI-compatible stream (chat or completions: the classifier
+of both surfaces, ``app.client.endpoints``).
 
 ``classify(data)`` returns a ``Classified``: the ``EventKind``, the generated text (content or
 reasoning), the ``usage`` object when the event carries one (also when the same chunk carries
@@ -31,6 +32,7 @@ class Classified(NamedTuple):
     text: str
     usage: dict[str, Any] | None
     error: str | None
+    items: int = 0  # the results a whole non-generative answer carries (embeddings, scores)
 
 
 _OTHER = Classified(EventKind.OTHER, "", None, None)
@@ -240,7 +242,7 @@ class Classifier:
         if not prefix or not suffix:
             return
         probe = classify(prefix + json.dumps(_PROBE).encode() + suffix)
-        if probe != (c.kind, _PROBE, None, None):
+        if probe != Classified(c.kind, _PROBE, None, None):
             return
         if len(self._templates) >= _MAX_TEMPLATES:
             self._templates.pop()  # the oldest

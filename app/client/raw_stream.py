@@ -181,8 +181,8 @@ class RawStream:
     read_to_close: bool = False  # the response was framed by the server closing
     server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
     content_type: str | None = None
-    # the first events' classification, already done while the stream arrived (a session's
-    # ``app.client.reply.ReplyText``): the record uses it for those events
+    # the events' classification, already done where the stream ended (a session's reply,
+    # ``app.client.sessions.reply_text``): the record uses it for those events
     ev_classified: list[Classified] | None = field(default=None, repr=False)
 
     @property
