@@ -23,11 +23,12 @@ def body_of(
     extra_body: Mapping[str, object] | None = None,
     stream: bool = True,
     options: dict[str, Any] | None = None,
+    inputs: tuple[str, ...] | None = None,
 ) -> bytes:
     kind = endpoint_type(endpoint)
     opts = kind.options.model_validate(options or {})
     params = BodyParams(model, ignore_eos, stream, dict(extra_body or {}))
-    return kind.body(Prompt(prompt, messages, 0, output_len), params, opts)
+    return kind.body(Prompt(prompt, messages, 0, output_len, inputs), params, opts)
 
 
 def path_of(target: Target, endpoint: str = "chat", options: dict[str, Any] | None = None) -> str:

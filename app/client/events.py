@@ -75,7 +75,7 @@ def http_error_text(
     return f"HTTP {status} ({kind}, {size} bytes; not shown: not a JSON error)"
 
 
-def _error_message(err: object) -> str:
+def error_message(err: object) -> str:
     """An error object in the stream: its message (and code), bounded; nothing else of it."""
     if isinstance(err, dict):
         msg = err.get("message")
@@ -136,12 +136,15 @@ def classify(data: bytes | None) -> Classified:
         why = f"unexpected data line (JSON {type(obj).__name__}, {len(data):,} bytes; not shown)"
         return Classified(EventKind.OTHER, "", None, why)
     if obj.get("error"):
-        return Classified(EventKind.OTHER, "", None, _error_message(obj["error"]))
+        return Classified(EventKind.OTHER, "", None, error_message(obj["error"]))
     usage_obj = obj.get("usage")
     usage = usage_obj if isinstance(usage_obj, dict) else None
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices:
-        return Classified(EventKind.USAGE if usage else EventKind.OTHER, "", usage, None)
+        # a usage chunk has "choices" (empty, or with the finish); an object without it is
+        # not of this stream's shape (its usage is still read)
+        kind = EventKind.USAGE if usage and isinstance(choices, list) else EventKind.OTHER
+        return Classified(kind, "", usage, None)
     content: list[str] = []
     reasoning: list[str] = []
     for choice in choices:

@@ -17,10 +17,15 @@ from pydantic import BaseModel, ValidationError
 from app.client.endpoints.base import EndpointType
 from app.client.endpoints.chat import CHAT
 from app.client.endpoints.completions import COMPLETIONS
+from app.client.endpoints.embeddings import EMBEDDINGS
 
-ENDPOINTS: dict[str, EndpointType] = {e.name: e for e in (CHAT, COMPLETIONS)}
+ENDPOINTS: dict[str, EndpointType] = {e.name: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}
 # the paths of the OpenAI surfaces, accepted as --endpoint values (vLLM's flag takes them)
-PATH_ALIASES: dict[str, str] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+PATH_ALIASES: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 def endpoint_type(name: str) -> EndpointType:
@@ -42,3 +47,10 @@ def parse_endpoint_options(kind: EndpointType, raw: dict[str, Any]) -> BaseModel
         where = ".".join(str(x) for x in err.get("loc", ()))
         field = f"endpoint_options.{where}" if where else "endpoint_options"
         raise ValueError(f"{field}: {err.get('msg')} (endpoint {kind.name!r})") from None
+
+
+def items_noun(endpoint: object) -> str:
+    """What a run's answers carry, plural, for its items/s ("inputs", "documents"): the
+    surface's own noun, else "items"."""
+    kind = ENDPOINTS.get(str(endpoint))
+    return kind.items if kind is not None and kind.items else "items"

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from app.client.datasets.base import Prompt, Workload
-from app.client.events import Classified
+from app.client.events import Classified, error_message
+from app.domain import EventKind
 
 ClassifyFn = Callable[[bytes | None], Classified]
 _KEY_CHARS = 40
@@ -164,6 +165,31 @@ def describe_answer(data: bytes | None) -> str:
     except (ValueError, RecursionError):
         return f"a non-JSON answer ({len(data):,} bytes; not shown)"
     return describe_value(obj, len(data))
+
+
+_OTHER = Classified(EventKind.OTHER, "", None, None)
+
+
+def decode_answer(data: bytes | None, answer: str) -> tuple[Any, Classified | None]:
+    """A whole JSON answer decoded: ``(obj, None)``; or ``(None, what it classifies as)``
+    for an event without data or ``[DONE]`` (nothing), a non-JSON body or an error object
+    (an error naming it)."""
+    if data is None or data == b"[DONE]" or not data.strip():
+        return None, _OTHER
+    try:
+        obj: Any = json.loads(data)
+    except (ValueError, RecursionError):
+        why = f"expected {answer}, got a non-JSON answer ({len(data):,} bytes; not shown)"
+        return None, Classified(EventKind.OTHER, "", None, why)
+    if isinstance(obj, dict) and obj.get("error"):
+        return None, Classified(EventKind.OTHER, "", None, error_message(obj["error"]))
+    return obj, None
+
+
+def usage_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """An answer's ``usage`` object, when it is one."""
+    usage = obj.get("usage")
+    return usage if isinstance(usage, dict) else None
 
 
 def wrong_shape(answer: str, data: bytes | None) -> str:

@@ -13,12 +13,14 @@ from app.client.endpoints import ENDPOINTS
 from app.targets.simulator.surfaces.base import Surface
 from app.targets.simulator.surfaces.chat import CHAT_SURFACE
 from app.targets.simulator.surfaces.completions import COMPLETIONS_SURFACE
+from app.targets.simulator.surfaces.embeddings import EMBEDDINGS_SURFACE
 
-HANDLERS: dict[str, Surface] = {s.endpoint: s for s in (CHAT_SURFACE, COMPLETIONS_SURFACE)}
+HANDLERS: dict[str, Surface] = {
+    s.endpoint: s for s in (CHAT_SURFACE, COMPLETIONS_SURFACE, EMBEDDINGS_SURFACE)
+}
 
 
 def routes(handlers: dict[str, Surface]) -> dict[str, Surface]:
     """Each path of each registered surface -> its handler (a surface without one is not
     served: a 404 names the path)."""
     return {p: handlers[e.name] for e in ENDPOINTS.values() if e.name in handlers for p in e.paths}
-
