@@ -18,13 +18,15 @@ from app.client.endpoints.base import EndpointType
 from app.client.endpoints.chat import CHAT
 from app.client.endpoints.completions import COMPLETIONS
 from app.client.endpoints.embeddings import EMBEDDINGS
+from app.client.endpoints.rerank import RERANK
 
-ENDPOINTS: dict[str, EndpointType] = {e.name: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}
+ENDPOINTS: dict[str, EndpointType] = {e.name: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, RERANK)}
 # the paths of the OpenAI surfaces, accepted as --endpoint values (vLLM's flag takes them)
 PATH_ALIASES: dict[str, str] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
 }
 
 

@@ -14,9 +14,10 @@ from app.targets.simulator.surfaces.base import Surface
 from app.targets.simulator.surfaces.chat import CHAT_SURFACE
 from app.targets.simulator.surfaces.completions import COMPLETIONS_SURFACE
 from app.targets.simulator.surfaces.embeddings import EMBEDDINGS_SURFACE
+from app.targets.simulator.surfaces.rerank import RERANK_SURFACE
 
 HANDLERS: dict[str, Surface] = {
-    s.endpoint: s for s in (CHAT_SURFACE, COMPLETIONS_SURFACE, EMBEDDINGS_SURFACE)
+    s.endpoint: s for s in (CHAT_SURFACE, COMPLETIONS_SURFACE, EMBEDDINGS_SURFACE, RERANK_SURFACE)
 }
 
 
