@@ -11,7 +11,8 @@ process on small inputs (no answer latency: as fast as the client and the simula
 results file, keeping the others.
 
 Targets: TTFT |error| p99 <= 0.1 ms (streaming), E2E |error| p99 <= 0.1 ms (embeddings,
-rerank), >= 5,000 embeddings requests/s from one process with E2E |error| p99 <= 0.1 ms.
+rerank), >= 5,000 embeddings requests/s from one process with E2E |error| p99 <= 0.1 ms
+(the throughput cases run 3 times; the fastest is shown, every run kept beside it).
 The machine is shared: each case records the 1-minute load average, the time the load
 thread waited for a CPU others held, and the client's CPU per request (what one core to
 itself would allow: 1e6 / that).
@@ -44,6 +45,27 @@ def fidelity(args: list[str]) -> dict[str, Any]:
     result["args"] = args
     result.setdefault("load_avg_1m", os.getloadavg()[0])
     return result
+
+
+THROUGHPUT_REPS = 3  # a shared machine: capacity is the best of these, each kept
+
+
+def repeated(case: list[str]) -> dict[str, Any]:
+    """The throughput case run ``THROUGHPUT_REPS`` times: the fastest run's figures, with
+    every run's rate, E2E error p99, CPU wait and load average beside them."""
+    runs = [fidelity(case) for _ in range(THROUGHPUT_REPS)]
+    best = max(runs, key=lambda r: r.get("request_throughput_req_s") or 0.0)
+    best["repetitions"] = [
+        {
+            "request_throughput_req_s": r.get("request_throughput_req_s"),
+            "e2e_error_p99_ms": (r.get("e2e_error") or {}).get("p99_ms"),
+            "client_cpu_us_per_request": r.get("client_cpu_us_per_request"),
+            "cpu_wait_ms": (r.get("cpu_wait_ms") or {}).get("total"),
+            "load_avg_1m": r.get("load_avg_1m"),
+        }
+        for r in runs
+    ]
+    return best
 
 
 def cases(quick: bool) -> list[tuple[str, list[str]]]:
@@ -109,7 +131,9 @@ def main() -> int:
         if args.only and not name.startswith(tuple(args.only)):
             continue
         try:
-            results[name] = fidelity(case)
+            results[name] = (
+                repeated(case) if name.startswith("embeddings throughput") else (fidelity(case))
+            )
         except subprocess.CalledProcessError as e:  # e.g. real-time priority refused
             results[name] = {"args": case, "error": (e.stderr or "").strip()[-300:]}
         print(name, json.dumps(results[name].get("e2e_error") or results[name].get("ttft_error")))

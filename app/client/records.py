@@ -78,8 +78,9 @@ def record_steps(
     """Build the record in resumable pieces: yields between pieces (finalizing the stream,
     every ``RECORD_STEP_EVENTS`` events classified, token counting) and returns the record."""
     yield from raw.finalize_steps()  # nothing to do when already decoded
-    yield
     n = len(raw.ev_t)
+    if n > RECORD_STEP_EVENTS:  # a short stream (an answer) is recorded in one piece
+        yield
     kind_list = bytearray()  # one EventKind per event
     chunk_tokens = ChunkTokens(tokenizer)  # the token events' texts, counted as they come
     add_text = chunk_tokens.add
@@ -112,7 +113,8 @@ def record_steps(
             token_idx.append(i)
     kinds = np.frombuffer(kind_list, np.int8) if kind_list else np.zeros(0, np.int8)
 
-    yield
+    if n > RECORD_STEP_EVENTS:
+        yield
     counts = chunk_tokens.finish()
     tok_total = sum(counts)
     usage_ct = _int_or_none(usage, "completion_tokens")
