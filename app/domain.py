@@ -31,6 +31,9 @@ class EventKind(enum.IntEnum):
     ROLE = 2  # role-only chunk, empty delta, finish-only chunk: no token
     USAGE = 3  # usage-only chunk (choices empty): no token
     OTHER = 4  # comment / keep-alive / [DONE] / unparseable-but-ignored: no token
+    # the whole answer of a surface that generates no tokens (embeddings, rerank): no token;
+    # its tokens column holds the items it answered (inputs embedded, documents scored)
+    ANSWER = 5
 
 
 TOKEN_KINDS = (EventKind.CONTENT, EventKind.REASONING)

@@ -19,12 +19,19 @@ Reported (ms):
 * chunk gap error (client gap - server gap for consecutive content events), per-event
   offset, streams all active at once, connections (the client's and the server's count),
   the client's CPU per streamed token, and the client's own health numbers.
+* For a surface that answers once (``--endpoint embeddings`` / ``rerank``): E2E error =
+  client E2E (the answer's arrival - its first byte's send) - the server's E2E (its send
+  syscall of the answer - its kernel receive stamp of the request's first byte), and the
+  achieved request throughput (requests / the window from the first send to the last
+  answer) with the client's CPU per request.
 
     python benchmarks/bench_client_fidelity.py --streams 256 --itl-ms 10 --output-len 100
     python benchmarks/bench_client_fidelity.py --streams 1000 --sim-cpus 1 --client-cpus 0
     python benchmarks/bench_client_fidelity.py --streams 256 --userspace --realtime
     python benchmarks/bench_client_fidelity.py --streams 256 --tls     # https, kernel stamps
     python benchmarks/bench_client_fidelity.py --streams 256 --connection-mode new
+    python benchmarks/bench_client_fidelity.py --endpoint embeddings --batch-size 16
+    python benchmarks/bench_client_fidelity.py --endpoint rerank --rerank-api score
 """
 
 from __future__ import annotations
@@ -83,6 +90,32 @@ def cpus(arg: str | None) -> set[int] | None:
     return {int(c) for c in arg.split(",")} if arg else None
 
 
+def rerank_dataset(d: Path, lines: int, documents: int) -> str:
+    """A JSONL file of ``lines`` queries with ``documents`` short documents each."""
+    path = d / "pairs.jsonl"
+    with path.open("w") as f:
+        for i in range(lines):
+            docs = [f"document {j} of query {i} about the topic" for j in range(documents)]
+            f.write(json.dumps({"query": f"query {i} about the topic", "documents": docs}) + "\n")
+    return str(path)
+
+
+def answer_errors(res: Any, gt: dict[str, Any], tag: str) -> tuple[list[int], int]:
+    """E2E errors (ns) of the answers the client and the server both saw, and how many."""
+    errors: list[int] = []
+    for r in res.records:
+        g = gt.get(f"{tag}-{r.index}")
+        if g is None or r.status is not RequestStatus.OK or r.sent_ns is None:
+            continue
+        kinds = g["events"]["kind"]
+        if kinds != ["response"] or r.event_kind.tolist() != [EventKind.ANSWER]:
+            continue
+        client_e2e = int(r.event_t_ns[0]) - r.sent_ns
+        sent_at = int(g.get("first_content_send_ns") or g["events"]["t_ns"][0])
+        errors.append(client_e2e - (sent_at - int(g["first_byte_rx_ns"])))
+    return errors, len(errors)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=256)
@@ -102,7 +135,15 @@ def main() -> int:
     ap.add_argument("--sim-cpus", help="pin the simulator, e.g. 1")
     ap.add_argument("--client-cpus", help="pin this client process, e.g. 0")
     ap.add_argument("--json", action="store_true", help="print JSON only")
+    ap.add_argument(
+        "--endpoint", default="chat", choices=("chat", "completions", "embeddings", "rerank")
+    )
+    ap.add_argument("--batch-size", type=int, default=1, help="embeddings: inputs a request")
+    ap.add_argument("--input-len", type=int, default=32, help="tokens a prompt (an input)")
+    ap.add_argument("--rerank-api", default="rerank", help="rerank: rerank|cohere|score|tei")
+    ap.add_argument("--documents", type=int, default=8, help="rerank: documents a query")
     args = ap.parse_args()
+    answers = args.endpoint in ("embeddings", "rerank")
 
     if args.client_cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus(args.client_cpus) or set())
@@ -118,17 +159,28 @@ def main() -> int:
         **tls,
     )
     tag = "fid" + uuid.uuid4().hex[:6]
+    surface: dict[str, Any] = {"endpoint": args.endpoint}
+    if args.endpoint == "embeddings":
+        surface["endpoint_options"] = {"batch_size": args.batch_size}
+    elif args.endpoint == "rerank":
+        d = Path(tempfile.mkdtemp(prefix="tt-fid-rerank-"))
+        surface |= {
+            "endpoint_options": {"rerank_api": args.rerank_api},
+            "dataset": "jsonl",
+            "dataset_path": rerank_dataset(d, 64, args.documents),
+        }
     with start_simulator_process(cfg, cpus=cpus(args.sim_cpus)) as sim:
         spec = RunSpec(
             base_url=sim.base_url,
             model="sim",
-            input_len=32,
+            input_len=args.input_len,
             output_len=args.output_len,
             num_prompts=args.streams * args.requests_per_stream,
             max_concurrency=args.streams,
             request_timeout_s=120,
             connection_mode=args.connection_mode,
             scrape_metrics=False,
+            **surface,
         )
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         res = run_load_sync(
@@ -138,6 +190,10 @@ def main() -> int:
         truth = sim.ground_truth()
         gt = truth["requests"]
     client_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    if answers:
+        report = answers_report(args, spec, res, truth, tag, client_cpu_s)
+        print(json.dumps(report, indent=None if args.json else 2))
+        return 0
     tokens = sum(r.output_tokens or 0 for r in res.records if r.status is RequestStatus.OK)
 
     ttft_err: list[int] = []
@@ -226,6 +282,49 @@ def main() -> int:
     }
     print(json.dumps(out, indent=None if args.json else 2))
     return 0
+
+
+def answers_report(
+    args: argparse.Namespace,
+    spec: RunSpec,
+    res: Any,
+    truth: dict[str, Any],
+    tag: str,
+    client_cpu_s: float,
+) -> dict[str, Any]:
+    """The figures of a surface that answers once (embeddings, rerank)."""
+    errors, compared = answer_errors(res, truth["requests"], tag)
+    ok = [r for r in res.records if r.status is RequestStatus.OK and r.sent_ns is not None]
+    first = min((r.sent_ns for r in ok), default=0)
+    last = max((int(r.event_t_ns[-1]) for r in ok if r.event_t_ns.size), default=0)
+    window_s = (last - first) / 1e9 if last > first else None
+    e2e = [(int(r.event_t_ns[0]) - r.sent_ns) / 1e6 for r in ok if r.event_t_ns.size]
+    return {
+        "endpoint": args.endpoint,
+        "endpoint_options": spec.endpoint_options,
+        "streams": args.streams,
+        "answer_latency_ms": args.ttft_ms,
+        "clock_source": res.clock_source.value,
+        "send_clock_source": res.send_clock_source.value,
+        "server_rx_clock": sorted({str(g.get("rx_clock")) for g in truth["requests"].values()}),
+        "requests": spec.num_prompts,
+        "ok": res.counts["ok"],
+        "compared": compared,
+        "e2e_error": summary(errors),
+        "e2e_bias_ms": float(np.mean(errors)) / 1e6 if errors else None,
+        "e2e_ms": {"p50": pct(np.asarray(e2e), 50), "p99": pct(np.asarray(e2e), 99)},
+        "request_throughput_req_s": len(ok) / window_s if window_s else None,
+        "items_per_s": sum(int(r.event_tokens.sum()) for r in ok) / window_s if window_s else None,
+        "client_cpu_us_per_request": client_cpu_s * 1e6 / len(ok) if ok else None,
+        "connections_client": res.connections,
+        "send_lag_ms": {"p99": res.send_lag.p99_ms, "max": res.send_lag.max_ms},
+        "loop_lag_ms": {"p99": res.loop_lag.p99_ms, "max": res.loop_lag.max_ms},
+        "cpu_wait_ms": {"total": res.cpu_wait_total_ms, "max_per_tick": res.cpu_wait.max_ms},
+        "client_limited": res.client_limited,
+        "client_limited_reasons": res.client_limited_reasons,
+        "load_avg_1m": os.getloadavg()[0],
+        "notes": res.notes,
+    }
 
 
 if __name__ == "__main__":

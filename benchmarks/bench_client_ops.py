@@ -5,17 +5,17 @@ best of several repetitions, so the figures stay meaningful on a busy machine):
         [--out benchmarks/results/client_ops.json]
 
 * next turn (multi-turn sessions): what runs between a reply's last read and the next
-  turn's send. ``whole-stream decode`` is the way before issue 16 and now the fallback
-  (``reply_text``: decode the finished stream, classify its events; ``request_body`` over
-  the whole history; headers; request bytes; token count); ``while streaming`` is the way
-  now (the last read fed to ``ReplyText``; the reply's JSON appended to the serialised
-  history; the prepared request head). The history is 3 earlier turns of 64 words and
-  their replies.
+  turn's send. Since issue 25 there is one decoder and it runs after the stream: where the
+  reply ended, ``reply_text`` decodes the capture (``RawStream.finalize``) and classifies
+  its events (the record then reuses that classification), the reply's JSON is appended to
+  the serialised history and the prepared request head finished (``at_reply_end``).
+  ``whole_stream_decode`` is the way before issue 16: the same decode plus the whole body
+  serialised again, headers and request bytes rebuilt. The history is 3 earlier turns of
+  64 words and their replies.
 * per read: the read callback's bookkeeping (``StreamRequest._took``) for one read of one
-  event, alone and with ``ReplyText.feed`` (what a session's stream pays for decoding its
-  reply as it arrives).
+  event (no decoding during the stream).
 * record: post-processing one finished stream into its record (off the critical path),
-  classifying every event, or taking the classification ``ReplyText`` did.
+  classifying every event, or reusing the classification ``reply_text`` did.
 * stream object: creating one request's ``StreamRequest`` (a next turn's, after its bytes;
   starting it, the connection check and the send syscall are not in these figures).
 * dispatch: building one trace request (a 1,536-token Mooncake prompt: body, headers,
@@ -28,6 +28,7 @@ chunks), replayed read by read into the client's capture.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import platform
@@ -41,19 +42,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.client.clocks import ClockMap
+from app.client.datasets.base import Prompt
 from app.client.datasets.conversations import Turn
+from app.client.endpoints import endpoint_type
+from app.client.endpoints.base import BodyParams, NoOptions
+from app.client.events import Classifier
 from app.client.http_request import (
     build_request,
     finish_request,
     parse_target,
-    request_body,
     request_head,
     request_headers,
 )
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
-from app.client.reply import ReplyText
 from app.client.sessions import History, _NextTurn, body_template, dumps, reply_text
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
@@ -62,6 +65,15 @@ from app.targets.simulator import start_simulator_process
 
 TARGET = parse_target("http://127.0.0.1:8000/v1")
 PATH = "/v1/chat/completions"
+CHAT = endpoint_type("chat")
+COMPLETIONS = endpoint_type("completions")
+
+
+def chat_body(messages: list[dict[str, Any]], output_len: int, model: str = "sim") -> bytes:
+    params = BodyParams(model, True, True, {})
+    return CHAT.body(Prompt(None, messages, 0, output_len), params, NoOptions())
+
+
 CLOCK = ClockMap()
 WORDS = " ".join(f"w{i}" for i in range(64))
 TURNS = [f"turn {k}: {WORDS}" for k in range(4)]
@@ -72,11 +84,8 @@ def simulator_response(output_len: int) -> bytes:
     with start_simulator_process(SimConfig(ttft_ms=1, itl_ms=0.05, seed=1)) as sim:
         t = parse_target(sim.base_url)
         msgs = [{"role": "user", "content": TURNS[0]}]
-        body = request_body(
-            endpoint="chat", model="sim", prompt=None, messages=msgs, output_len=output_len,
-            ignore_eos=True,
-        )  # fmt: skip
-        req = build_request(t.path_for("chat"), request_headers(t, "ops-s0-t1", None), body)
+        body = chat_body(msgs, output_len)
+        req = build_request(t.url_path(PATH), request_headers(t, "ops-s0-t1", None), body)
         with socket.create_connection((t.host, t.port)) as s:
             s.sendall(req)
             data = b""
@@ -102,22 +111,25 @@ def reads_of(data: bytes) -> list[bytes]:
     return pieces
 
 
+LOOP = asyncio.new_event_loop()  # "[DONE]" before the body's end arms a timer (never run)
+
+
 def new_stream() -> StreamRequest:
-    return StreamRequest(
+    sr = StreamRequest(
         TARGET, ("127.0.0.1", 8000), socket.AF_INET, PATH, b"", [], request_id="x",
         timeout_s=5, clock=CLOCK, request_bytes=b"x",
     )  # fmt: skip
+    sr._loop = LOOP
+    return sr
 
 
-def feed(sr: StreamRequest, pieces: list[bytes], acc: ReplyText | None) -> RawStream:
+def feed(sr: StreamRequest, pieces: list[bytes]) -> RawStream:
     r = sr.raw
     for p in pieces:
         old = len(r.buf)
         r.buf += p
         t = time.monotonic_ns()
         sr._took(old, len(p), t, t)
-        if acc is not None:
-            acc.feed(r)
     return r
 
 
@@ -169,22 +181,16 @@ def main() -> int:
         dataset_path="/dev/null", multi_turn=True, output_len=args.output_len,
         scrape_metrics=False,
     )  # fmt: skip
-    sr0 = new_stream()
-    acc0 = ReplyText()
-    raw0 = feed(sr0, pieces, acc0)
-    reply = acc0.result(raw0)
-    assert isinstance(reply, str) and reply == reply_text(feed(new_stream(), pieces, None))
+    reply = reply_text(feed(new_stream(), pieces), Classifier().classify)
+    assert isinstance(reply, str)
     history, messages = session_history(spec, tok, reply)
     user = {"role": "user", "content": TURNS[3]}
 
     def whole_stream_decode(raw: RawStream) -> bytes:
-        text = reply_text(raw)
+        text = reply_text(raw, Classifier().classify)
         assert text is not None
         msgs = [*messages, {"role": "assistant", "content": text}, user]
-        body = request_body(
-            endpoint="chat", model=spec.model, prompt=None, messages=msgs,
-            output_len=args.output_len, ignore_eos=spec.ignore_eos, extra_body=spec.extra_body,
-        )  # fmt: skip
+        body = chat_body(msgs, args.output_len, spec.model)
         tok.count(text)
         headers = request_headers(TARGET, "ops-s0-t4", None, keep_alive=True)
         return build_request(PATH, headers, body)
@@ -195,42 +201,36 @@ def main() -> int:
         body_template(spec, args.output_len),
     )  # fmt: skip
 
-    def before_last_read() -> tuple[StreamRequest, ReplyText, History]:
-        sr, acc = new_stream(), ReplyText()
-        feed(sr, pieces[:-1], acc)
+    def reply_ended() -> tuple[RawStream, History]:
+        raw = feed(new_stream(), pieces)  # every read captured, nothing decoded
         h = History((), tok)
         h.messages, h.json, h.tokens = list(history.messages), history.json, history.tokens
-        return sr, acc, h
+        return raw, h
 
-    def while_streaming(state: tuple[StreamRequest, ReplyText, History]) -> bytes:
-        sr, acc, h = state
-        raw = feed(sr, pieces[-1:], acc)  # the last read
-        text = acc.result(raw)
+    def at_reply_end(state: tuple[RawStream, History]) -> bytes:
+        raw, h = state
+        text = reply_text(raw, Classifier().classify)  # the one decoder, then classify
         assert isinstance(text, str)
         m = {"role": "assistant", "content": text}
         h.add(m, dumps(m), tok.count(text))
         return finish_request(nxt.head, h.body(spec, nxt))
 
     def finished_stream() -> RawStream:
-        return feed(new_stream(), pieces, None)
+        return feed(new_stream(), pieces)
 
     mid = pieces[len(pieces) // 2 : len(pieces) // 2 + 1]
 
-    def read_setup(with_acc: bool) -> Callable[[], tuple[StreamRequest, ReplyText | None]]:
-        def setup() -> tuple[StreamRequest, ReplyText | None]:
-            sr, acc = new_stream(), ReplyText() if with_acc else None
-            feed(sr, pieces[: len(pieces) // 2], acc)
-            return sr, acc
+    def read_setup() -> StreamRequest:
+        sr = new_stream()
+        feed(sr, pieces[: len(pieces) // 2])
+        return sr
 
-        return setup
+    def one_read(sr: StreamRequest) -> None:
+        feed(sr, mid)
 
-    def one_read(state: tuple[StreamRequest, ReplyText | None]) -> None:
-        feed(state[0], mid, state[1])
-
-    def streamed_with_reply() -> RawStream:
-        acc = ReplyText()
-        raw = feed(new_stream(), pieces, acc)
-        acc.result(raw)  # hands its classification to the record
+    def replied() -> RawStream:
+        raw = feed(new_stream(), pieces)
+        reply_text(raw, Classifier().classify)  # hands its classification to the record
         return raw
 
     def build_record(raw: RawStream) -> object:
@@ -244,15 +244,13 @@ def main() -> int:
             return stop.value
 
     old_req = whole_stream_decode(finished_stream())
-    assert while_streaming(before_last_read()) == old_req  # the same bytes either way
+    assert at_reply_end(reply_ended()) == old_req  # the same bytes either way
 
     trace_prompt = " ".join(f"w{i % 997}" for i in range(1536))
 
     def dispatch_build() -> bytes:
-        body = request_body(
-            endpoint="completions", model="sim", prompt=trace_prompt, messages=None,
-            output_len=16, ignore_eos=False, extra_body={},
-        )  # fmt: skip
+        params = BodyParams("sim", False, True, {})
+        body = COMPLETIONS.body(Prompt(trace_prompt, None, 0, 16), params, NoOptions())
         headers = request_headers(TARGET, "wl-123", None, keep_alive=True)
         return build_request("/v1/completions", headers, body)
 
@@ -263,21 +261,16 @@ def main() -> int:
         "stream": {"output_tokens": args.output_len, "reads": len(pieces), "bytes": len(data)},
         "next_turn_us": {
             "whole_stream_decode": cpu_us(whole_stream_decode, finished_stream),
-            "while_streaming": cpu_us(while_streaming, before_last_read),
+            "at_reply_end": cpu_us(at_reply_end, reply_ended),
         },
-        "per_read_us": {
-            "capture_only": cpu_us(one_read, read_setup(False), n=2000),
-            "capture_and_reply_feed": cpu_us(one_read, read_setup(True), n=2000),
-        },
+        "per_read_us": {"capture_only": cpu_us(one_read, read_setup, n=2000)},
         "dispatch_build_us": cpu_us(dispatch_build, n=2000),
         "stream_object_us": cpu_us(new_stream, n=2000),  # a request's StreamRequest
         "record_us": {  # post-processing one finished stream into its record
             "classifying_every_event": cpu_us(build_record, finished_stream),
-            "events_classified_while_streaming": cpu_us(build_record, streamed_with_reply),
+            "events_classified_at_reply_end": cpu_us(build_record, replied),
         },
     }
-    nt = out["next_turn_us"]
-    out["next_turn_speedup"] = round(nt["whole_stream_decode"] / nt["while_streaming"], 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_head_parse.py [--n 50000] [--out benchmarks/results/head_parse.json]
 
-Issue 15 asks whether the hand-written HTTP head parser (``app.client.http_stream._parse_head``)
+Issue 15 asks whether the hand-written HTTP head parser (``app.client.http_response.parse_head``)
 earns its place over h11 (a dependency already). A stream's head is parsed once, in the read
 callback that completes it, so its cost is added to the client's processing of that read:
 it delays nothing stamped by the kernel, but it is CPU time on the measurement loop right
@@ -25,7 +25,7 @@ import h11
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.client.http_stream import _parse_head  # the parser in use
+from app.client.http_response import parse_head  # the parser in use
 
 HEADS = {
     "llama.cpp SSE": (
@@ -47,7 +47,7 @@ REQUEST = h11.Request(method="POST", target="/v1/chat/completions", headers=[("H
 
 
 def ours(head: bytes) -> tuple[int, dict[bytes, bytes]]:
-    return _parse_head(head[:-4])  # the caller passes the head without its blank line
+    return parse_head(head[:-4])  # the caller passes the head without its blank line
 
 
 def with_h11(head: bytes) -> tuple[int, dict[bytes, bytes]]:

@@ -75,7 +75,7 @@ def test_request_shaping_fields_reach_the_worker(api: Api) -> None:
         ({"num_prompts": "many"}, "num_prompts"),
         ({"base_url": "ftp://x"}, "base_url"),
         ({"bogus_flag": 1}, "bogus_flag"),
-        ({"endpoint": "embeddings"}, "endpoint"),
+        ({"endpoint": "moderations"}, "endpoint"),
         ({"goodput": {"ttft": -5}}, "goodput"),
         ({"requirements": {"min_gpu_memory_mb": -1}}, "min_gpu_memory_mb"),
         ({"request_rate": 0}, "request_rate"),

@@ -96,6 +96,30 @@ def test_choosing_a_dataset_shows_only_its_options(
     assert con.problems() == []
 
 
+@pytest.mark.parametrize("path", ["/launch", "/launch/sweep"])
+def test_choosing_an_endpoint_shows_only_its_options(
+    page: Page, lab_server: tuple[Lab, DashboardServer], path: str
+) -> None:
+    """The endpoints' own options (issue 25) follow the endpoint select the same way."""
+    lab, server = lab_server
+    con = Console(page)
+    sign_in(page, server, lab.secret, path)
+    page.wait_for_selector("body[data-dataset-options=ready]")
+    groups = ("embeddings", "rerank")  # chat and completions have no options of their own
+
+    def shown() -> list[str]:
+        return [e for e in groups if page.locator(f"#endpoint-options-{e}").is_visible()]
+
+    assert page.input_value("#f-endpoint") == "chat" and shown() == []
+    page.select_option("#f-endpoint", "embeddings")
+    assert shown() == ["embeddings"]
+    assert page.get_attribute("#f-eopt-embeddings-batch_size", "min") == "1"
+    page.select_option("#f-endpoint", "rerank")
+    assert shown() == ["rerank"] and page.locator("#f-eopt-rerank-rerank_api").is_visible()
+    assert _shown(page) == ["random"]  # the dataset's group is left as it was
+    assert con.problems() == []
+
+
 def test_a_bad_option_comes_back_beside_its_input_then_the_run_is_queued(
     page: Page, lab_server: tuple[Lab, DashboardServer]
 ) -> None:

@@ -142,7 +142,7 @@ def test_bench_profile_and_table_output(
         (["--request-rate", "fast"], "--request-rate"),
         (["--goodput", "ttft=5"], "--goodput"),
         (["--goodput", "latency:5"], "--goodput"),
-        (["--endpoint", "embeddings"], "--endpoint"),
+        (["--endpoint", "moderations"], "--endpoint"),
         (["--max-concurrency", "0"], "--max-concurrency"),
         (["--extra-body", "[1]"], "--extra-body"),
         (["--dataset-name", "jsonl"], "--dataset"),

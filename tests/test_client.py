@@ -24,13 +24,14 @@ import numpy as np
 import pytest
 
 from app.client.clocks import ClockMap, kernel_stamps_supported
-from app.client.http_request import parse_target, request_body, request_headers
+from app.client.http_request import parse_target, request_headers
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
 from app.client.runner import LoadResult, Progress, run_load, run_load_sync
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
 from app.domain import ClockSource, EventKind, RequestStatus
+from tests.endpoint_support import body_of, path_of
 from tests.record_support import finish_record
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "shared" / "sse"
@@ -248,19 +249,12 @@ async def one_request(
     finalize: bool = True,
 ) -> RawStream:
     target = parse_target(url)
-    body = request_body(
-        endpoint=endpoint,
-        model="m",
-        prompt="hello",
-        messages=None,
-        output_len=5,
-        ignore_eos=True,
-    )
+    body = body_of(endpoint)
     sr = StreamRequest(
         target,
         (target.host, target.port),
         socket.AF_INET,
-        target.path_for(endpoint),
+        path_of(target, endpoint),
         body,
         request_headers(target, "t-0", None),
         request_id="t-0",

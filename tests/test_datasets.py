@@ -100,7 +100,7 @@ def test_jsonl_prompts_and_messages(tmp_path: Path) -> None:
     [
         ("not json", "not valid JSON"),
         ("[1]", "expected a JSON object"),
-        ('{"text": "x"}', "'prompt' or 'messages'"),
+        ('{"text": "x"}', "'prompt', 'messages' or 'query'"),
         ('{"prompt": ""}', "'prompt' must be"),
         ('{"prompt": "x", "output_len": 0}', "output_len"),
         ('{"messages": []}', "'messages' must be"),

@@ -212,3 +212,59 @@ def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:
             f"of {[r['input_tokens'] for r in of_turn]} (share {share:.3f})"
         )
     assert rows[2]["cached_share"] > 0.5  # most of turn 2's prompt is turn 1's history
+
+
+def test_llamacpp_embeddings_real_model(tmp_path: Path) -> None:
+    """llama.cpp in its embeddings mode (``--embeddings``, mean pooling) answering the
+    embeddings surface: 4 requests of 2 inputs; every stored figure agrees with the stored
+    events and the server's usage, and an answer holds the model's own embeddings."""
+    _need("xllamacpp")
+    _gguf()
+    import httpx
+
+    from app.targets.llamacpp import MODEL_NAME, start_llamacpp_process
+
+    sessions = open_database(f"sqlite:///{tmp_path / 'emb.db'}")
+    server = start_llamacpp_process(parallel=2, threads=2, embeddings=True)
+    try:
+        spec = RunSpec(
+            base_url=server.base_url,
+            model=MODEL_NAME,
+            endpoint="embeddings",
+            endpoint_options={"batch_size": 2},
+            input_len=24,
+            num_prompts=4,
+            max_concurrency=2,
+            request_timeout_s=120,
+        )
+        out = execute_bench(spec, sessions=sessions, name="llama.cpp embeddings")
+        direct = httpx.post(
+            f"{server.base_url}/v1/embeddings",
+            json={"model": MODEL_NAME, "input": ["a b c", "d e"]},
+            timeout=60,
+        ).json()
+    finally:
+        server.stop()
+    assert out.run_id is not None and not out.failed
+    # the model's own embeddings: one per input, its hidden size (576 for SmolLM2-135M)
+    assert [len(d["embedding"]) for d in direct["data"]] == [576, 576]
+    with session_scope(sessions) as s:
+        records = [r for r in repo.load_records(s, out.run_id) if not r.warmup]
+        rows = {r["idx"]: r for r in browse.request_rows(s, out.run_id, limit=100, offset=0)}
+    assert len(records) == 4 and all(r.status is RequestStatus.OK for r in records)
+    e2e, tokens = [], 0
+    for r in records:
+        assert r.event_kind.tolist() == [5] and r.event_tokens.tolist() == [2]  # ANSWER, 2 inputs
+        assert r.usage_prompt_tokens is not None and r.input_tokens == r.usage_prompt_tokens > 0
+        assert r.output_tokens is None and r.sent_ns is not None
+        assert rows[r.index]["e2e_ns"] == int(r.event_t_ns[0]) - r.sent_ns
+        assert rows[r.index]["ttft_ns"] is None
+        e2e.append((int(r.event_t_ns[0]) - r.sent_ns) / 1e6)
+        tokens += r.input_tokens
+    m = out.report["metrics"]
+    window = m["window"]["duration_s"]
+    assert m["e2el_ms"]["p50"] == pytest.approx(float(np.percentile(e2e, 50)), rel=1e-9)
+    assert m["items_total"] == 8
+    assert m["items_per_s"] == pytest.approx(8 / window, rel=1e-9)
+    assert m["input_throughput_tok_s"] == pytest.approx(tokens / window, rel=1e-9)
+    assert m["ttft_ms"]["count"] == 0 and m["output_throughput_tok_s"] is None

@@ -1,7 +1,7 @@
-"""The next turn's pieces, built fast (app.client.reply, app.client.sessions): the reply text
-decoded while the stream arrives must be exactly what decoding the finished stream gives
-(``reply_text``), or say it cannot tell; the body built from the serialised history must be
-``request_body``'s bytes."""
+"""The next turn's pieces (app.client.sessions): the reply text, decoded where the reply
+ended by the one decoder (``RawStream.finalize``) and classified once (``reply_text``: its
+classification is the record's), whatever the framing and however the reads were cut; the
+body built from the serialised history must be the surface's own body bytes."""
 
 from __future__ import annotations
 
@@ -14,35 +14,34 @@ import numpy as np
 import pytest
 
 from app.client.clocks import ClockMap
+from app.client.events import Classifier
 from app.client.http_request import (
     build_request,
     finish_request,
     parse_target,
-    request_body,
     request_head,
     request_headers,
 )
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
-from app.client.reply import UNSURE, ReplyText
 from app.client.sessions import History, body_template, dumps, reply_text
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
+from tests.endpoint_support import body_of
 from tests.test_client import SSE_HEAD, chunk, content_ev, ev
 
 TARGET = parse_target("http://127.0.0.1:9/v1")
 CLOCK = ClockMap()
 
 
-def capture(response: bytes, cuts: list[int]) -> tuple[RawStream, ReplyText]:
+def capture(response: bytes, cuts: list[int]) -> RawStream:
     """``response`` through the read callback's bookkeeping, read by read (reads end at
-    ``cuts``), with a ``ReplyText`` fed after each read as the socket callback does."""
+    ``cuts``), as the socket callback captures it (nothing decoded)."""
     sr = StreamRequest(
         TARGET, ("127.0.0.1", 9), 2, "/v1/chat/completions", b"", [],
         request_id="x", timeout_s=5, clock=CLOCK, request_bytes=b"x",
     )  # fmt: skip
-    acc = ReplyText()
     t = 1_000
     prev = 0
     # "[DONE]" before the body's end arms a timer on the stream's loop (never run here)
@@ -56,7 +55,6 @@ def capture(response: bytes, cuts: list[int]) -> tuple[RawStream, ReplyText]:
             r.buf += response[prev:end]
             t += 1_000
             sr._took(old, end - prev, t, t)
-            acc.feed(r)
             prev = end
             if r.end_ns:  # the stream ended: the socket is no longer read
                 break
@@ -64,7 +62,7 @@ def capture(response: bytes, cuts: list[int]) -> tuple[RawStream, ReplyText]:
             sr._on_eof(t + 1)
     finally:
         loop.close()
-    return sr.raw, acc
+    return sr.raw
 
 
 def chat(text: str) -> bytes:
@@ -92,35 +90,46 @@ def length_framed(events: list[bytes]) -> bytes:
     return LEN_HEAD % len(body) + body
 
 
-CLAIMED: dict[str, bytes] = {  # the fast path must decide these itself
-    "chunked": chunked(EVENTS),
-    "several events a chunk": chunked(EVENTS, per_chunk=4),
-    "chunk extension": chunked(EVENTS, ext=b";x=1"),
-    "content-length": length_framed(EVENTS),
-    "until close": CLOSE_HEAD + b"".join(EVENTS),
-    "keep-alive comments": chunked([b": ping\n\n", *EVENTS[:3], b": ping\n\n", *EVENTS[3:]]),
-    "reasoning first": chunked(
-        [
-            ev({"choices": [{"delta": {"reasoning_content": "think"}}]}),
-            *EVENTS[1:],
-        ]
+TEXT = "Hello w\u00f6rld \\ \"q\" \U0001f600"
+# response -> the reply a next turn carries (None: the turn failed), read off the events
+# above by hand
+CASES: dict[str, tuple[bytes, str | None]] = {
+    "chunked": (chunked(EVENTS), TEXT),
+    "several events a chunk": (chunked(EVENTS, per_chunk=4), TEXT),
+    "chunk extension": (chunked(EVENTS, ext=b";x=1"), TEXT),
+    "content-length": (length_framed(EVENTS), TEXT),
+    "until close": (CLOSE_HEAD + b"".join(EVENTS), TEXT),
+    "keep-alive comments": (
+        chunked([b": ping\n\n", *EVENTS[:3], b": ping\n\n", *EVENTS[3:]]),
+        TEXT,
     ),
-    "events after done": chunked([*EVENTS, chat("after")]),
-    "error event": chunked([ROLE, chat("a"), ev({"error": {"message": "boom"}}), DONE]),
-    "non-JSON data": chunked([ROLE, chat("a"), b"data: {oops\n\n", DONE]),
-    "no token": chunked([ROLE, USAGE, DONE]),
-    "lone separators": chunked([ROLE, b"\n", chat("x"), b"\n\n", chat("y"), DONE]),
-    "multi-line data": chunked([ROLE, b'data: {"choices":\ndata: []}\n\n', chat("z"), DONE]),
-}
-OTHER: dict[str, bytes] = {  # the fast path may give up; the answer is then the exact one
-    "CRLF events": chunked([e.replace(b"\n", b"\r\n") for e in EVENTS]),
-    "no [DONE]": chunked(EVENTS[:-1]),
-    "cut short": (SSE_HEAD + chunked(EVENTS)[len(SSE_HEAD) :])[:-60],
-    "http 500": b"HTTP/1.1 500 Oops\r\nContent-Length: 2\r\n\r\n{}",
-    "json answer": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 60"
-    b"\r\n\r\n" + b'{"choices":[{"message":{"content":"whole"}}],"usage":null}    ',
-    "bad chunk size": SSE_HEAD + b"zz\r\n" + b"".join(EVENTS),
-    "bad chunk end": SSE_HEAD + chunk(EVENTS[1])[:-2] + b"XX" + chunked(EVENTS)[len(SSE_HEAD) :],
+    "reasoning first": (
+        chunked([ev({"choices": [{"delta": {"reasoning_content": "think"}}]}), *EVENTS[1:]]),
+        TEXT,  # reasoning left out
+    ),
+    "events after done": (chunked([*EVENTS, chat("after")]), TEXT),
+    "error event": (chunked([ROLE, chat("a"), ev({"error": {"message": "boom"}}), DONE]), None),
+    "non-JSON data": (chunked([ROLE, chat("a"), b"data: {oops\n\n", DONE]), None),
+    "no token": (chunked([ROLE, USAGE, DONE]), None),
+    "lone separators": (chunked([ROLE, b"\n", chat("x"), b"\n\n", chat("y"), DONE]), "xy"),
+    "multi-line data": (
+        chunked([ROLE, b'data: {"choices":\ndata: []}\n\n', chat("z"), DONE]),
+        "z",
+    ),
+    "CRLF events": (chunked([e.replace(b"\n", b"\r\n") for e in EVENTS]), TEXT),
+    "no [DONE]": (chunked(EVENTS[:-1]), TEXT),
+    "cut short": ((SSE_HEAD + chunked(EVENTS)[len(SSE_HEAD) :])[:-60], None),
+    "http 500": (b"HTTP/1.1 500 Oops\r\nContent-Length: 2\r\n\r\n{}", None),
+    "json answer": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 60"
+        b"\r\n\r\n" + b'{"choices":[{"message":{"content":"whole"}}],"usage":null}    ',
+        "whole",
+    ),
+    "bad chunk size": (SSE_HEAD + b"zz\r\n" + b"".join(EVENTS), None),
+    "bad chunk end": (
+        SSE_HEAD + chunk(EVENTS[1])[:-2] + b"XX" + chunked(EVENTS)[len(SSE_HEAD) :],
+        None,
+    ),
 }
 
 
@@ -151,43 +160,28 @@ def same_records(a: Any, b: Any) -> bool:
     )
 
 
-@pytest.mark.parametrize("name", sorted(CLAIMED) + sorted(OTHER))
-def test_reply_while_streaming_equals_the_finished_decode(name: str) -> None:
-    response = CLAIMED.get(name) or OTHER[name]
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_reply_is_read_off_the_decoded_stream(name: str) -> None:
+    """Whatever the framing and however the reads were cut, the reply is the one read off
+    the events by hand; the record built after it (reusing its classification) is the
+    record built from scratch."""
+    response, expected = CASES[name]
     for i, cuts in enumerate(cut_sets(len(response), seed=hash(name) & 0xFFFF)):
-        raw, acc = capture(response, cuts)
-        fast = acc.result(raw)
-        exact = reply_text(capture(response, cuts)[0])
-        if name in CLAIMED:
-            assert fast is not UNSURE and raw.ev_classified is not None, (name, i)
-        if fast is not UNSURE:
-            assert fast == exact, (name, i, fast, exact)
-        # the record, using the classification done while streaming, is the same
-        assert same_records(record(raw), record(capture(response, cuts)[0])), (name, i)
+        raw = capture(response, cuts)
+        assert reply_text(raw, Classifier().classify) == expected, (name, i)
+        if raw.status.value == "ok":
+            assert raw.ev_classified is not None and len(raw.ev_classified) == len(raw.ev_t)
+        assert same_records(record(raw), record(capture(response, cuts))), (name, i)
 
 
-def test_the_claimed_replies() -> None:
-    raw, acc = capture(CLAIMED["chunked"], [])
-    assert acc.result(raw) == "Hello w\u00f6rld \\ \"q\" \U0001f600"
-    raw, acc = capture(CLAIMED["error event"], [])
-    assert acc.result(raw) is None
-    raw, acc = capture(CLAIMED["reasoning first"], [])
-    assert acc.result(raw) == "Hello w\u00f6rld \\ \"q\" \U0001f600"  # reasoning left out
-
-
-def test_an_oversized_event_is_left_to_the_exact_decode() -> None:
-    big = chat("x" * 5000)
-    response = chunked([ROLE, big, DONE])
-    sr_raw, acc = capture(response, list(range(100, len(response), 700)))
-    sr_raw.max_event_bytes = 1024  # as a run's cap would be
-    raw = RawStream(request_id="y", max_event_bytes=1024)
-    acc2 = ReplyText()
-    raw.mode = sr_raw.mode
-    raw.http_status, raw.content_type, raw.body_start = 200, "text/event-stream", sr_raw.body_start
-    raw.buf = bytearray(response)
-    acc2.feed(raw)
-    assert acc2.result(raw) is UNSURE
-    assert acc.result(sr_raw) == "x" * 5000  # within the default cap
+def test_an_oversized_event_fails_the_reply() -> None:
+    """The run's event cap holds for a reply decoded where it ended, as for any stream."""
+    response = chunked([ROLE, chat("x" * 5000), DONE])
+    raw = capture(response, list(range(100, len(response), 700)))
+    raw.max_event_bytes = 1024  # as a run's cap would be
+    assert reply_text(raw, Classifier().classify) is None
+    assert "larger than 1024 bytes" in (raw.error or "")
+    assert reply_text(capture(response, [200]), Classifier().classify) == "x" * 5000
 
 
 def spec(**kw: Any) -> RunSpec:
@@ -227,9 +221,9 @@ def test_history_body_is_request_bodys_bytes(kw: dict[str, Any]) -> None:
             if "messages" in sp.extra_body or "note" in sp.extra_body:
                 assert tpl is None
             umsg = {"role": "user", "content": user}
-            expect = request_body(
-                endpoint="chat", model=sp.model, prompt=None, messages=[*messages, umsg],
-                output_len=out_len, ignore_eos=sp.ignore_eos, extra_body=sp.extra_body,
+            expect = body_of(
+                model=sp.model, prompt=None, messages=[*messages, umsg], output_len=out_len,
+                ignore_eos=sp.ignore_eos, extra_body=sp.extra_body,
             )  # fmt: skip
             nxt = _next(k + 1, user, out_len, tpl)
             assert h.body(sp, nxt) == expect

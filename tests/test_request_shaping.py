@@ -16,12 +16,12 @@ from app.analysis.metrics import compute_metrics
 from app.api.app import create_app  # noqa: F401  (the web package's import order)
 from app.cli.args import Parser, UsageError, add_bench_arguments, spec_from_args
 from app.client.execute import NO_STREAM_NOTE, execute
-from app.client.http_request import request_body
 from app.client.runner import run_load
 from app.client.shapes import ramp_rates, schedule_for
 from app.client.spec import RunSpec
 from app.domain import trace_from_records
 from app.web import launch_form
+from tests.endpoint_support import body_of
 from tests.test_client import Server, stream
 
 S = 1_000_000_000
@@ -99,30 +99,14 @@ def test_sampling_parameters_go_into_the_body() -> None:
                "--repetition-penalty", "1.1", "--frequency-penalty", "0.5",
                "--presence-penalty", "-0.5", "--extra-body", '{"seed": 3}'])  # fmt: skip
     body = json.loads(
-        request_body(
-            endpoint="chat",
-            model="m",
-            prompt="hi",
-            messages=None,
-            output_len=4,
-            ignore_eos=True,
-            extra_body=s.sampling_body(),
-        )
+        body_of(prompt="hi", output_len=4, extra_body=s.sampling_body())
     )
     assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p")} == {
         "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
     }  # fmt: skip
     assert body["repetition_penalty"] == 1.1 and body["frequency_penalty"] == 0.5
     assert body["presence_penalty"] == -0.5 and body["seed"] == 3
-    plain = request_body(
-        endpoint="chat",
-        model="m",
-        prompt="hi",
-        messages=None,
-        output_len=4,
-        ignore_eos=True,
-        extra_body=spec().sampling_body(),
-    )
+    plain = body_of(prompt="hi", output_len=4, extra_body=spec().sampling_body())
     assert "temperature" not in json.loads(plain)
     with pytest.raises(ValidationError, match="temperature: given both as a field and in"):
         spec(temperature=0.1, extra_body={"temperature": 0.2})

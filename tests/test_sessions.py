@@ -511,8 +511,8 @@ def test_sessions_without_streaming_carry_the_answers(tmp_path: Path) -> None:
 
 
 def _crlf_replier() -> Any:
-    """As ``replier``, its events ended by CRLF CRLF: ``ReplyText`` leaves those to the
-    exact decode (``reply_text``), so the next turn is sent from the session's task."""
+    """As ``replier``, its events ended by CRLF CRLF: the one decoder reads those too, so the
+    next turn still leaves from where the reply ended."""
 
     async def b(req: Req, w: Writer) -> None:
         rid = req.headers["x-request-id"]
@@ -533,24 +533,24 @@ def _crlf_replier() -> Any:
 
 @pytest.mark.parametrize(
     ("think_ms", "crlf", "from_callback"),
-    [(0.0, False, True), (20.0, False, False), (0.0, True, False)],
+    [(0.0, False, True), (20.0, False, False), (0.0, True, True)],
 )
 def test_where_the_next_turn_leaves_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, think_ms: float, crlf: bool,
     from_callback: bool,
 ) -> None:  # fmt: skip
     """Without think time, a turn leaves from the read callback where the reply before it
-    ended (no task is running there), its history exact; with think time, or a reply only
-    the exact decode reads, from the session's task. Either way the records are whole."""
+    ended (no task is running there), its history exact, whatever the reply's line ends;
+    with think time, from the session's task. Either way the records are whole."""
     from app.client import runner
 
     path = conversations(tmp_path, [["a", "b", "c"], ["x", "y"]])
     seen: dict[str, bool] = {}
     send_turn = runner._Run.send_turn
 
-    def spy(self: Any, rid: str, req: bytes, reply: Any = None) -> Any:
+    def spy(self: Any, rid: str, req: bytes, on_end: Any = None) -> Any:
         seen[rid] = asyncio.current_task() is None
-        return send_turn(self, rid, req, reply)
+        return send_turn(self, rid, req, on_end)
 
     monkeypatch.setattr(runner._Run, "send_turn", spy)
 

@@ -15,7 +15,8 @@ from app.client.spec import RunSpec
 from app.domain import RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from app.targets.simulator.prefix_cache import PrefixCache, prompt_tokens
+from app.targets.simulator.prefix_cache import PrefixCache
+from app.targets.simulator.surfaces import HANDLERS
 
 
 def test_blocks_hit_only_with_everything_before_them() -> None:
@@ -49,8 +50,9 @@ def test_a_forgotten_prefix_misses_then_is_remembered_again() -> None:
 def test_chat_tokens_mark_each_role() -> None:
     body = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant",
             "content": [{"type": "text", "text": "yo"}]}]}  # fmt: skip
-    assert prompt_tokens(body, "chat") == ["<|user|>", "hi", " there", "<|assistant|>", "yo"]
-    assert prompt_tokens({"prompt": [1, 2]}, "completions") == ["1", "2"]
+    chat = ["<|user|>", "hi", " there", "<|assistant|>", "yo"]
+    assert HANDLERS["chat"].prompt_tokens(body) == chat
+    assert HANDLERS["completions"].prompt_tokens({"prompt": [1, 2]}) == ["1", "2"]
 
 
 def test_config_bounds() -> None:

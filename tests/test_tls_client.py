@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from app.client.clocks import ClockMap, kernel_stamps_supported
-from app.client.http_request import parse_target, request_body, request_headers
+from app.client.http_request import parse_target, request_headers
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
 from app.client.runner import run_load_sync
@@ -36,6 +36,7 @@ from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_process, start_simulator_thread
 from app.targets.simulator.cli import build_arg_parser, config_from_args
 from app.targets.simulator.cli import main as sim_main
+from tests.endpoint_support import body_of, path_of
 from tests.record_support import finish_record
 
 LINUX = sys.platform.startswith("linux")
@@ -126,19 +127,12 @@ def make_request(
     request_id: str = "t-0",
 ) -> StreamRequest:
     target = parse_target(url)
-    body = request_body(
-        endpoint="chat",
-        model="m",
-        prompt="hello",
-        messages=None,
-        output_len=output_len,
-        ignore_eos=True,
-    )
+    body = body_of(output_len=output_len)
     return StreamRequest(
         target,
         (target.host, target.port),
         socket.AF_INET,
-        target.path_for("chat"),
+        path_of(target),
         body,
         request_headers(target, request_id, None),
         request_id=request_id,
@@ -500,19 +494,12 @@ def test_large_request_body_over_tls(certs: Certs) -> None:
         target_url = handle.base_url
         target = parse_target(target_url)
         prompt = "hello " * 600_000  # ~3.6 MB
-        body = request_body(
-            endpoint="chat",
-            model="m",
-            prompt=prompt,
-            messages=None,
-            output_len=3,
-            ignore_eos=True,
-        )
+        body = body_of(prompt=prompt, output_len=3)
         sr = StreamRequest(
             target,
             (target.host, target.port),
             socket.AF_INET,
-            target.path_for("chat"),
+            path_of(target),
             body,
             request_headers(target, "big", None),
             request_id="big",

@@ -377,6 +377,7 @@ def test_launch_form_covers_every_run_spec_field() -> None:
         "goodput": any(n.startswith("goodput_") for n in names),
         "dataset_options": bool(launch_form.DATASET_GROUPS),  # typed, per dataset type
         "limits": {f"limits_{k}" for k in ClientLimits.model_fields} <= names,
+        "endpoint_options": bool(launch_form.ENDPOINT_GROUPS),  # typed, per endpoint
     }
     for field in RunSpec.model_fields:
         assert field in names or covered.get(field), f"the launch form has no {field} field"

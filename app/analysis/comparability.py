@@ -6,9 +6,10 @@ distributions (spec lengths and the measured median lengths), dataset (and wheth
 conversations were replayed as multi-turn sessions: turn cap, think time), its own options
 (``dataset_options``: a range ratio, a shared prefix, ShareGPT's filters ...) and the file
 it read (the packaged ShareGPT version or the file's sha256, from the run's load
-statistics), seed, load shape, endpoint and hardware, and the **target**: the server the
-run measured, as its normalised base URL and the identity the server gave (the engine its
-``/metrics`` names, the models its ``/v1/models`` lists; ``target_key``). ``check`` reports
+statistics), seed, load shape, endpoint (and its own options, ``endpoint_options``) and
+hardware, and the **target**: the server the run measured, as its normalised base URL and
+the identity the server gave (the engine its ``/metrics`` names, the models its
+``/v1/models`` lists; ``target_key``). ``check`` reports
 every field where the runs differ; when more than the one variable under test differs, a
 comparison must say so before any verdict. A variable under test that makes another server
 (model, engine, its version, dtype, hardware: ``SERVER_FIELDS``) lets the target differ with
@@ -106,6 +107,16 @@ def dataset_options_text(spec: Mapping[str, Any]) -> str:
     spec stores only options that differ from the type's defaults)."""
     opts = spec.get("dataset_options") or {}
     return ", ".join(f"{k}={opts[k]}" for k in sorted(opts))
+
+
+def endpoint_text(spec: Mapping[str, Any]) -> str | None:
+    """The API surface and its own options (``embeddings (batch_size=16)``): a batch of 16
+    inputs per request is another workload than one."""
+    name = spec.get("endpoint")
+    opts = spec.get("endpoint_options") or {}
+    if name is None or not isinstance(opts, Mapping) or not opts:
+        return None if name is None else str(name)
+    return f"{name} ({', '.join(f'{k}={opts[k]}' for k in sorted(opts))})"
 
 
 def sampling_text(spec: Mapping[str, Any]) -> str:
@@ -250,7 +261,7 @@ def comparability_key(
         "load_shape": load if load is not None else load_shape(spec),
         "sampling": sampling_text(spec),
         "stream": spec.get("stream"),
-        "endpoint": spec.get("endpoint"),
+        "endpoint": endpoint_text(spec),
         "connections": connection_mode(spec),
         "hardware": hardware,
     }

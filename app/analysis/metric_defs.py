@@ -93,6 +93,28 @@ RATES: tuple[Metric, ...] = (
     ),
     Metric("goodput_req_s", "Goodput", "Goodput", "req/s", 2, "per_run", "run", better="higher"),
     Metric(
+        "input_throughput_tok_s",
+        "Input throughput",
+        "Input token throughput",
+        "tok/s",
+        1,
+        "per_run",
+        "run",
+        better="higher",
+    ),
+    # a surface that generates no tokens: the items its answers carried a second (inputs
+    # embedded, documents scored); a view names them by the run's endpoint (its ``items``)
+    Metric(
+        "items_per_s",
+        "Items/s",
+        "Items answered per second",
+        "items/s",
+        1,
+        "per_run",
+        "run",
+        better="higher",
+    ),
+    Metric(
         "total_token_throughput_tok_s",
         "Total token throughput",
         "Total token throughput",

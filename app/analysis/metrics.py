@@ -11,6 +11,10 @@ Vectorised over events through ``RunTrace.ev_offsets``: no Python loop per event
 
 Two aggregations, never mixed: per request (TTFT, TTFOT, E2E, TPOT: one sample per
 successful request) and pooled (ITL per token; ITL per chunk).
+
+A surface that generates no tokens (embeddings, rerank) answers once: E2E is its answer's
+arrival, the token metrics do not apply, items/s counts what its answers carried
+(``app.analysis.answers``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy.typing as npt
 
 from app.domain import TOKEN_KINDS, EventKind, PerRequestMetrics, RequestStatus, RunTrace
 
+from .answers import NO_TOKENS, answer_end_times, has_answers, items_answered
 from .metric_defs import AGGREGATION
 from .percentiles import Distribution, summarize
 from .phases import NO_PHASES, phase_summary, user_ttft_ns
@@ -181,6 +186,8 @@ def _per_request(trace: RunTrace, tokens: EventView) -> PerRequestMetrics:
     content = _content_view(trace, tokens)
     n = output_token_counts(trace, tokens)
     ttft = _since_sent(t_first, trace, valid)
+    if has_answers(trace):  # a whole answer (no tokens): E2E ends where it arrived
+        t_last = np.where(t_last >= 0, t_last, answer_end_times(trace))
     e2e = _since_sent(t_last, trace, valid)
     tpot = np.full(trace.n_requests, np.nan)
     # two token-bearing events at least: tokens that all came at once (a non-streamed
@@ -440,7 +447,7 @@ def good_requests(
     """
     good = ok.copy()
     ttft = per_request.ttft_ns
-    good &= np.isfinite(ttft)
+    good &= np.isfinite(per_request.e2e_ns)  # answered: a token, or a whole answer
     if "ttft" in slos_ms:
         good &= ttft <= slos_ms["ttft"] * NS_PER_MS
     if "user_ttft" in slos_ms:
@@ -463,6 +470,9 @@ class RunMetrics:
     window: Window | None
     input_tokens_total: int
     output_tokens_total: int
+    input_throughput_tok_s: float | None
+    items_total: int | None  # the items the answers carried (embeddings, rerank), else None
+    items_per_s: float | None
     request_throughput_req_s: float | None
     output_throughput_tok_s: float | None
     total_token_throughput_tok_s: float | None
@@ -487,6 +497,9 @@ class RunMetrics:
             "window": None if self.window is None else self.window.to_dict(),
             "input_tokens_total": self.input_tokens_total,
             "output_tokens_total": self.output_tokens_total,
+            "input_throughput_tok_s": self.input_throughput_tok_s,
+            "items_total": self.items_total,
+            "items_per_s": self.items_per_s,
             "request_throughput_req_s": self.request_throughput_req_s,
             "output_throughput_tok_s": self.output_throughput_tok_s,
             "total_token_throughput_tok_s": self.total_token_throughput_tok_s,
@@ -621,6 +634,13 @@ def compute_metrics(
     in_tokens = int(np.clip(trace.input_tokens[ok], 0, None).sum())
     user = user_ttft_ns(prm.ttft_ns, trace.phases) if trace.phases is not None else None
     dists, itl_reason = _distributions(trace, prm, tokens, ci, seed)
+    items = items_answered(trace, ok)
+    answers_only = items is not None and tokens.size == 0
+    if answers_only:  # nothing generated: the token metrics do not apply
+        for key in dists:
+            if key != "e2el_ms":
+                dists[key] = Distribution.no_data(NO_TOKENS)
+        itl_reason = NO_TOKENS
     n_good, notes = slo_goodput(prm, ok, slos, user)
     if counts.ok and bool(np.any(trace.input_tokens[ok] < 0)):
         notes.append(
@@ -631,8 +651,11 @@ def compute_metrics(
         window=window,
         input_tokens_total=in_tokens,
         output_tokens_total=out_tokens,
+        input_throughput_tok_s=_rate(in_tokens, window),
+        items_total=items,
+        items_per_s=None if items is None else _rate(items, window),
         request_throughput_req_s=_rate(counts.ok, window),
-        output_throughput_tok_s=_rate(out_tokens, window),
+        output_throughput_tok_s=None if answers_only else _rate(out_tokens, window),
         total_token_throughput_tok_s=_rate(in_tokens + out_tokens, window),
         slos_ms=slos,
         good_requests=n_good,
@@ -640,6 +663,7 @@ def compute_metrics(
         distributions=dists,
         summary_only=trace.summary_only,
         itl_no_data_reason=itl_reason,
+        e2e_end="answer" if answers_only else "last_token",
         notes=notes,
         phases=phase_summary(trace, ok),
     )

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from app.client.datasets import DATASETS
+from app.client.endpoints import ENDPOINTS, PATH_ALIASES
 from app.client.spec import RunSpec
 
 
@@ -34,6 +35,7 @@ FLAG_FOR_FIELD = {
     "base_url": "--base-url",
     "model": "--model",
     "endpoint": "--endpoint",
+    "endpoint_options": "--endpoint",
     "dataset": "--dataset-name",
     "dataset_path": "--dataset-path",
     "input_len": "--input-len",
@@ -122,6 +124,62 @@ def add_dataset_option_arguments(p: argparse.ArgumentParser) -> None:
             )
 
 
+def endpoint_option_flag(field: str) -> str:
+    """The flag of an endpoint's option: ``--<field>``, dashes for underscores
+    (``--batch-size``); surfaces sharing an option name share its flag."""
+    return "--" + field.replace("_", "-")
+
+
+def _endpoint_option_dest(field: str) -> str:
+    return f"endpoint_option__{field}"
+
+
+def add_endpoint_option_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per option of the registered surfaces (their ``options`` models)."""
+    seen: dict[str, Any] = {}
+    for name, kind in ENDPOINTS.items():
+        fields = kind.options.model_fields
+        if not fields:
+            continue
+        group = p.add_argument_group(f"{name} endpoint options (with --endpoint {name})")
+        for field, info in fields.items():
+            flag_type = _flag_type(info.annotation)
+            if field in seen:  # another surface's option of the same name: one flag
+                if seen[field] is not flag_type:
+                    raise TypeError(f"endpoint option {field} has two types")
+                continue
+            seen[field] = flag_type
+            default = "" if info.default is None else f" (default {info.default})"
+            group.add_argument(
+                endpoint_option_flag(field),
+                type=flag_type,
+                default=argparse.SUPPRESS,
+                dest=_endpoint_option_dest(field),
+                metavar=flag_type.__name__.upper(),
+                help=f"{info.description or field}{default}",
+            )
+
+
+def endpoint_options_from_args(ns: argparse.Namespace, endpoint: str) -> dict[str, object]:
+    """The options given for ``--endpoint``; one of another surface only is a
+    ``UsageError`` naming it."""
+    kind = ENDPOINTS.get(endpoint)
+    own = kind.options.model_fields if kind is not None else {}
+    chosen: dict[str, object] = {}
+    for name, other in ENDPOINTS.items():
+        for field in other.options.model_fields:
+            dest = _endpoint_option_dest(field)
+            if not hasattr(ns, dest) or field in chosen:
+                continue
+            if field not in own:
+                raise UsageError(
+                    f"{endpoint_option_flag(field)}: an option of --endpoint {name}, "
+                    f"not of {endpoint}"
+                )
+            chosen[field] = getattr(ns, dest)
+    return chosen
+
+
 def dataset_options_from_args(ns: argparse.Namespace) -> dict[str, object]:
     """The options given for ``--dataset-name``; one given for another type is a
     ``UsageError`` naming it."""
@@ -146,7 +204,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoint",
         default="chat",
-        help="chat | completions (or the path /v1/chat/completions, /v1/completions)",
+        help="; ".join(f"{k}: {e.summary}" for k, e in ENDPOINTS.items())
+        + " (or the path: "
+        + ", ".join(PATH_ALIASES)
+        + ")",
     )
     p.add_argument(
         "--dataset-name",
@@ -282,6 +343,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--token", default=None, help="API token for --server (scope run)")
     add_dataset_option_arguments(p)
+    add_endpoint_option_arguments(p)
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -311,8 +373,7 @@ def parse_headers(items: list[str]) -> dict[str, str]:
 
 
 def _endpoint(raw: str) -> str:
-    aliases = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-    return aliases.get(raw, raw)
+    return PATH_ALIASES.get(raw, raw)
 
 
 def _rate(raw: str) -> float:
@@ -337,10 +398,12 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
     arrival = ns.arrival or "poisson"
     if ns.arrival is None and ns.burstiness != 1.0:
         arrival = "gamma"
+    endpoint = _endpoint(ns.endpoint)
     fields: dict[str, object] = {
         "base_url": ns.base_url,
         "model": ns.model,
-        "endpoint": _endpoint(ns.endpoint),
+        "endpoint": endpoint,
+        "endpoint_options": endpoint_options_from_args(ns, endpoint),
         "dataset": ns.dataset_name,
         "dataset_path": ns.dataset_path,
         "dataset_options": dataset_options_from_args(ns),
@@ -395,6 +458,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
 
 
 _OPTION_ERROR = re.compile(r"dataset_options\.(\w+): (.*)", re.DOTALL)
+_ENDPOINT_OPTION_ERROR = re.compile(r"endpoint_options\.(\w+): (.*)", re.DOTALL)
 _LEADING_FIELD = re.compile(r"(\w+): (.*)", re.DOTALL)
 
 
@@ -420,6 +484,9 @@ def describe_validation_error(e: ValidationError, dataset: str | None = None) ->
     option = _OPTION_ERROR.match(msg)
     if option and dataset is not None:  # a dataset type's option: its flag
         return f"{option_flag(dataset, option[1])}: {option[2]}"
+    surface_option = _ENDPOINT_OPTION_ERROR.match(msg)
+    if surface_option:  # an endpoint's option: its flag
+        return f"{endpoint_option_flag(surface_option[1])}: {surface_option[2]}"
     lead = _LEADING_FIELD.match(msg)
     if not loc and lead and lead[1] in FLAG_FOR_FIELD:  # "field: reason" across fields
         return f"{FLAG_FOR_FIELD[lead[1]]}: {lead[2]}"

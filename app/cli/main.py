@@ -166,13 +166,15 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
         disable=ns.json or not err.is_terminal,
     ) as bar:
         task = bar.add_task("bench", total=total, info="")
+        generates = spec.surface()[0].generates  # embeddings, rerank: no tokens to count
 
         def on_progress(p: Any) -> None:
+            rate = f"  {p.tokens_per_s:,.0f} tok/s" if generates else ""
             bar.update(
                 task,
                 total=p.planned + spec.warmup_requests,  # multi-turn: the sessions' turns
                 completed=p.done,
-                info=f"errors {p.errors}  in flight {p.in_flight}  {p.tokens_per_s:,.0f} tok/s",
+                info=f"errors {p.errors}  in flight {p.in_flight}{rate}",
             )
 
         try:

@@ -8,9 +8,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.analysis.comparability import endpoint_text
 from app.analysis.metric_defs import metric
 from app.analysis.prefix_cache import responses_prefix_cache
 from app.analysis.verdict import verdict_of
+from app.client.endpoints import items_noun
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
@@ -45,7 +47,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if spec:
         console.print(
             f"target {spec.get('base_url')}  model {spec.get('model')}  endpoint "
-            f"{spec.get('endpoint')}  in/out {spec.get('input_len')}/{spec.get('output_len')} "
+            f"{endpoint_text(spec)}  in/out {spec.get('input_len')}/{spec.get('output_len')} "
             f"tokens  rate {spec.get('request_rate')} req/s  concurrency "
             f"{spec.get('max_concurrency') or '∞'}  seed {spec.get('seed')}  connections "
             f"{spec.get('connection_mode') or 'new (recorded before keep-alive)'}"
@@ -79,10 +81,15 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         ("error rate", m.get("error_rate"), 4),
         ("observation window (s)", window.get("duration_s"), 3),
         ("request throughput (req/s)", m.get("request_throughput_req_s"), 3),
+        *_answer_rows(m, spec),
+        ("input token throughput (tok/s)", m.get("input_throughput_tok_s"), 2),
         ("output throughput (tok/s)", m.get("output_throughput_tok_s"), 2),
         ("total token throughput (tok/s)", m.get("total_token_throughput_tok_s"), 2),
         ("goodput (req/s)", m.get("goodput_req_s"), 3),
     ):
+        if val is None and m.get("e2e_end") == "answer" and label.startswith("output"):
+            counts.add_row(label, "not applicable (no tokens generated)")
+            continue
         counts.add_row(label, fmt(val, digits) if isinstance(val, float) else fmt(val))
     load = report.get("load") or {}
     if load.get("achieved_send_rate_rps") is not None:
@@ -115,6 +122,18 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     prof = report.get("profile")
     if prof:
         render_profile(prof, console)
+
+
+def _answer_rows(m: dict[str, Any], spec: dict[str, Any]) -> list[tuple[str, Any, int]]:
+    """A run of a surface that generates no tokens: its items answered, and a second
+    (inputs for embeddings, documents for rerank)."""
+    if m.get("items_per_s") is None and m.get("items_total") is None:
+        return []
+    noun = items_noun(spec.get("endpoint"))
+    return [
+        (f"{noun} answered", m.get("items_total"), 0),
+        (f"{noun} throughput ({noun}/s)", m.get("items_per_s"), 2),
+    ]
 
 
 def render_turns(turns: list[dict[str, Any]], console: Console) -> None:

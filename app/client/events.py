@@ -1,4 +1,5 @@
-"""Classify one SSE event of an OpenAI-compatible stream (chat or completions).
+"""Classify one SSE event of an OpenAI-compatible stream (chat or completions: the classifier
+of both surfaces, ``app.client.endpoints``).
 
 ``classify(data)`` returns a ``Classified``: the ``EventKind``, the generated text (content or
 reasoning), the ``usage`` object when the event carries one (also when the same chunk carries
@@ -31,6 +32,7 @@ class Classified(NamedTuple):
     text: str
     usage: dict[str, Any] | None
     error: str | None
+    items: int = 0  # the results a whole non-generative answer carries (embeddings, scores)
 
 
 _OTHER = Classified(EventKind.OTHER, "", None, None)
@@ -73,7 +75,7 @@ def http_error_text(
     return f"HTTP {status} ({kind}, {size} bytes; not shown: not a JSON error)"
 
 
-def _error_message(err: object) -> str:
+def error_message(err: object) -> str:
     """An error object in the stream: its message (and code), bounded; nothing else of it."""
     if isinstance(err, dict):
         msg = err.get("message")
@@ -134,12 +136,15 @@ def classify(data: bytes | None) -> Classified:
         why = f"unexpected data line (JSON {type(obj).__name__}, {len(data):,} bytes; not shown)"
         return Classified(EventKind.OTHER, "", None, why)
     if obj.get("error"):
-        return Classified(EventKind.OTHER, "", None, _error_message(obj["error"]))
+        return Classified(EventKind.OTHER, "", None, error_message(obj["error"]))
     usage_obj = obj.get("usage")
     usage = usage_obj if isinstance(usage_obj, dict) else None
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices:
-        return Classified(EventKind.USAGE if usage else EventKind.OTHER, "", usage, None)
+        # a usage chunk has "choices" (empty, or with the finish); an object without it is
+        # not of this stream's shape (its usage is still read)
+        kind = EventKind.USAGE if usage and isinstance(choices, list) else EventKind.OTHER
+        return Classified(kind, "", usage, None)
     content: list[str] = []
     reasoning: list[str] = []
     for choice in choices:
@@ -240,7 +245,7 @@ class Classifier:
         if not prefix or not suffix:
             return
         probe = classify(prefix + json.dumps(_PROBE).encode() + suffix)
-        if probe != (c.kind, _PROBE, None, None):
+        if probe != Classified(c.kind, _PROBE, None, None):
             return
         if len(self._templates) >= _MAX_TEMPLATES:
             self._templates.pop()  # the oldest

@@ -88,7 +88,8 @@ async def execute(
     meta = run_meta(result, spec.max_error_rate)
     if not spec.stream:
         meta.load_stats["stream"] = False
-        meta.validity.append(NO_STREAM_NOTE)
+        if spec.surface()[0].streams:  # a surface that never streams needs no such note
+            meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
     served_models.record(meta.load_stats, meta.validity, spec.model, served)
     return Executed(spec, result, None, meta, scraped.series)

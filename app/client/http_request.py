@@ -1,17 +1,16 @@
-"""What the client sends: the target (``parse_target``), a request's JSON body
-(``request_body``), its headers (``request_headers``) and its bytes, formatted once before
-the request is due (``build_request``; ``request_head`` + ``finish_request`` for a body known
-later). ``is_json_type`` tells a JSON answer from an event stream.
+"""What the client sends: the target (``parse_target``) and a path on it (``Target.url_path``),
+a request's headers (``request_headers``) and its bytes, formatted once before the request
+is due (``build_request``; ``request_head`` + ``finish_request`` for a body known later). Its
+JSON body is its API surface's (``app.client.endpoints``). ``is_json_type`` tells a JSON
+answer from an event stream.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 USER_AGENT = "tokentrace/0.1"
@@ -34,10 +33,11 @@ class Target:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return host if self.port == default else f"{host}:{self.port}"
 
-    def path_for(self, endpoint: str) -> str:
-        tail = "/chat/completions" if endpoint == "chat" else "/completions"
-        base = self.base_path if self.base_path.endswith("/v1") else self.base_path + "/v1"
-        return base + tail
+    def url_path(self, path: str) -> str:
+        """A surface's path from the server's root (``/v1/chat/completions``) under the
+        target's base path: a base ending in ``/v1`` is the API root's ``/v1``."""
+        root = self.base_path[:-3] if self.base_path.endswith("/v1") else self.base_path
+        return root + path
 
 
 _default_contexts: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
@@ -60,38 +60,6 @@ def parse_target(base_url: str) -> Target:
         raise ValueError(f"unsupported target URL {base_url!r}")
     port = u.port or (443 if u.scheme == "https" else 80)
     return Target(u.scheme, u.hostname, port, u.path.rstrip("/"))
-
-
-def request_body(
-    *,
-    endpoint: str,
-    model: str,
-    prompt: str | None,
-    messages: list[dict[str, Any]] | None,
-    output_len: int,
-    ignore_eos: bool,
-    extra_body: Mapping[str, object] | None = None,
-    stream: bool = True,
-) -> bytes:
-    body: dict[str, Any] = {"model": model}
-    if endpoint == "chat":
-        body["messages"] = (
-            messages if messages is not None else [{"role": "user", "content": prompt or ""}]
-        )
-    else:
-        if prompt is None:
-            raise ValueError("the completions endpoint needs a text prompt, not messages")
-        body["prompt"] = prompt
-    body["max_tokens"] = output_len
-    body["stream"] = stream
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    if ignore_eos:
-        body["ignore_eos"] = True
-        body["min_tokens"] = output_len
-    if extra_body:
-        body.update(extra_body)
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def is_json_type(content_type: str | None) -> bool:

@@ -34,10 +34,11 @@ answer's: ``max_event_bytes``; an error status's body: ``ERROR_BODY_BYTES``) and
 ``BufferBudget`` (``max_buffered_bytes``), which each read is added to. No chunk decoding,
 SSE splitting or JSON happens there.
 
-``RawStream.finalize()`` (``app.client.raw_stream``; run by ``StreamRequest.run()``, or by the
-runner between I/O rounds) decodes the body, splits the SSE events and maps each event's
-last byte back to the read that delivered it: an event gets that read's stamp, the same
-semantics as decoding in the callback, at a fraction of the per-read cost.
+``RawStream.finalize()`` (``app.client.raw_stream``, the one decoder; run by
+``StreamRequest.run()``, by the runner between I/O rounds, or by a session where its reply
+ended) decodes the body, splits the SSE events and maps each event's last byte back to the
+read that delivered it: an event gets that read's stamp, the same semantics as decoding in
+the callback, at a fraction of the per-read cost.
 
 An EOF (read-until-close body) carries no segment, hence no kernel stamp: its read is
 stamped in user space and not counted against ``RawStream.clock``.
@@ -48,12 +49,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import re
 import socket
 import ssl
 import threading
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from app.client.clocks import (
     ANCBUF,
@@ -75,6 +76,7 @@ from app.client.connpool import (
 )
 from app.client.eventloop import StampingSelector, stamping_selector
 from app.client.http_request import Target, build_request, default_ssl_context, is_json_type
+from app.client.http_response import HEAD_END, LAST_CHUNK, MAX_HEAD_BYTES, done_at, parse_head
 from app.client.limits import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -100,63 +102,6 @@ _SOL_SOCKET = socket.SOL_SOCKET
 
 # --------------------------------------------------------------------------- one stream
 
-_LAST_CHUNK = b"\r\n0\r\n\r\n"
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-_MAX_HEAD_BYTES = 64 * 1024
-
-
-def _done_at(buf: bytearray, j: int, body_start: int) -> int:
-    """If ``buf[j:]`` starts a complete ``[DONE]`` line ending an event, the offset just past
-    that event's blank line, else -1. ``j`` points at ``[DONE]``."""
-    if buf[j - 6 : j] == b"data: ":
-        k = j - 6
-    elif buf[j - 5 : j] == b"data:":
-        k = j - 5
-    else:
-        return -1
-    if k > body_start and buf[k - 1] not in (10, 13):
-        return -1  # not at the start of a line
-    e = j + 6
-    tail = bytes(buf[e : e + 4])
-    if tail.startswith(b"\n\n") or tail.startswith(b"\r\r"):
-        return e + 2
-    if tail == b"\r\n\r\n":
-        return e + 4
-    return -1
-
-
-def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
-    """Status code and (lower-cased) headers of one response head; ValueError if malformed."""
-    lines = head.split(b"\n")
-    status_line = lines[0].rstrip(b"\r")
-    parts = status_line.split(b" ", 2)
-    # what a target sent is not quoted: a run must not read another service's banners
-    bad = f"bad status line ({len(status_line):,} bytes, not HTTP/1.x; not shown)"
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3:
-        raise ValueError(bad)
-    try:
-        status = int(parts[1])
-    except ValueError:
-        raise ValueError(bad) from None
-    headers: dict[bytes, bytes] = {}
-    for ln in lines[1:]:
-        ln = ln.rstrip(b"\r")
-        if not ln:
-            continue
-        name, sep, value = ln.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise ValueError(f"bad header line ({len(ln):,} bytes; not shown)")
-        key = name.lower()
-        v = value.strip()
-        if key in headers and key in (b"transfer-encoding",):
-            headers[key] = headers[key] + b"," + v
-        elif key == b"content-length" and key in headers and headers[key] != v:
-            raise ValueError("conflicting Content-Length headers")
-        else:
-            headers[key] = v
-    return status, headers
-
-
 _tls = threading.local()
 
 
@@ -174,19 +119,6 @@ def _read_buffer(size: int) -> list[memoryview]:
 DONE_GRACE_S = 0.5  # how long after "[DONE]" the body's own end may take
 
 
-class ReplyFeed(Protocol):
-    """Decodes a stream while it arrives (``app.client.reply.ReplyText``): ``feed`` is called
-    after each read that added bytes, ``reset`` when the request starts over, ``ended`` in
-    the callback where the response ended (status OK), once its connection was given back
-    (what is started from there can reuse it)."""
-
-    def feed(self, raw: RawStream) -> None: ...
-
-    def reset(self) -> None: ...
-
-    def ended(self, raw: RawStream) -> None: ...
-
-
 class StreamRequest:
     """One streaming request. ``await run()`` returns its ``RawStream``; ``abort()`` ends it.
 
@@ -200,6 +132,10 @@ class StreamRequest:
     connections, every request opens its own and closes it. A request that fails on a
     reused connection before any response byte (the server had closed it) is retried once
     on a new connection (``raw.retries``).
+
+    ``on_end``: called in the read callback where the response ended (status OK), once its
+    connection was given back (what it starts can reuse it): a session sends its next turn
+    from there (``app.client.sessions``), decoding the reply with ``RawStream.finalize``.
     """
 
     __slots__ = (
@@ -222,10 +158,10 @@ class StreamRequest:
         "_kernel",
         "_loop",
         "_max_bytes",
+        "_on_end",
         "_pool",
         "_rbuf",
         "_reader_fd",
-        "_reply",
         "_req_bytes",
         "_reserved",
         "_sel",
@@ -262,10 +198,10 @@ class StreamRequest:
         ssl_context: ssl.SSLContext | None = None,
         pool: ConnPool | None = None,
         done_grace_s: float = DONE_GRACE_S,
-        reply: ReplyFeed | None = None,
+        on_end: Callable[[RawStream], None] | None = None,
     ) -> None:
         self._target = target
-        self._reply = reply
+        self._on_end = on_end
         self._reserved: Conn | None = None  # a pooled connection taken ahead (``reserve``)
         self._addr = addr
         self._family = family
@@ -369,11 +305,10 @@ class StreamRequest:
             and (r.mode != MODE_LENGTH or len(r.buf) == r.body_end)
         )
         self._finish(RequestStatus.OK, None, stamp)
-        reply = self._reply
-        if reply is not None:
-            reply.feed(r)  # the last read, decoded here (its read callback then does not)
-            self._close_out()  # give the connection back now: ``ended`` may start the next
-            reply.ended(r)
+        on_end = self._on_end
+        if on_end is not None:
+            self._close_out()  # give the connection back now: ``on_end`` may start the next
+            on_end(r)
 
     # ---- run
 
@@ -504,9 +439,7 @@ class StreamRequest:
             try:
                 in_bio = ssl.MemoryBIO()
                 out_bio = ssl.MemoryBIO()
-                ssl_obj = self._ssl_ctx.wrap_bio(
-                    in_bio, out_bio, server_hostname=self._target.host
-                )
+                ssl_obj = self._ssl_ctx.wrap_bio(in_bio, out_bio, server_hostname=self._target.host)
             except (ssl.SSLError, ValueError) as e:
                 self._finish(RequestStatus.ERROR, _os_error("tls setup", e), time.monotonic_ns())
                 return
@@ -587,8 +520,6 @@ class StreamRequest:
         else:
             conn.close()
         r.retries += 1
-        if self._reply is not None:
-            self._reply.reset()
         r.drop_capture()
         r.mode, r.body_start, r.body_end = MODE_HEAD, -1, -1
         r.kernel_reads = r.user_reads = 0
@@ -795,8 +726,6 @@ class StreamRequest:
         old = len(buf)
         buf += rbuf[0][:n]
         self._took(old, n, stamp, t_user)
-        if self._reply is not None and not self._finished:
-            self._reply.feed(r)
 
     def _on_readable_tls(self) -> None:
         """``_on_readable`` for TLS: the read's stamp goes to the plaintext it made
@@ -857,8 +786,6 @@ class StreamRequest:
             old = len(buf)
             buf += data
             self._took(old, len(data), stamp, t_user)
-            if self._reply is not None and not self._finished:
-                self._reply.feed(r)
         if self._finished:
             return
         if closed:
@@ -905,7 +832,7 @@ class StreamRequest:
             if mode == MODE_HEAD or self._finished:
                 return
         if mode == MODE_CHUNKED:
-            if buf.endswith(_LAST_CHUNK):
+            if buf.endswith(LAST_CHUNK):
                 self._end(END_BODY, stamp)
                 return
         elif mode == MODE_LENGTH and total >= r.body_end:
@@ -914,7 +841,7 @@ class StreamRequest:
         if not self._done_seen:
             bs = r.body_start
             j = buf.find(b"[DONE]", max(bs, old - 12))
-            if j >= 0 and r.http_status == 200 and _done_at(buf, j, bs) >= 0:
+            if j >= 0 and r.http_status == 200 and done_at(buf, j, bs) >= 0:
                 # the response ends where its body does, whatever the framing: what follows
                 # it (a session's next turn, a request on its connection) never overtakes it
                 self._done_seen, self._done_stamp = True, stamp
@@ -950,13 +877,13 @@ class StreamRequest:
         buf = r.buf
         pos = r.body_start if r.body_start > 0 else 0  # after a 1xx head
         while True:
-            m = _HEAD_END.search(buf, pos)
+            m = HEAD_END.search(buf, pos)
             if m is None:
-                if len(buf) - pos > _MAX_HEAD_BYTES:
+                if len(buf) - pos > MAX_HEAD_BYTES:
                     self._finish(RequestStatus.ERROR, "HTTP protocol error: head too large", stamp)
                 return
             try:
-                status, headers = _parse_head(bytes(buf[pos : m.start()]))
+                status, headers = parse_head(bytes(buf[pos : m.start()]))
             except ValueError as e:
                 self._finish(RequestStatus.ERROR, f"HTTP protocol error: {e}", stamp)
                 return

@@ -32,6 +32,7 @@ MODE_CHUNKED = 1
 MODE_LENGTH = 2  # Content-Length (or an empty body: 204/304, HEAD)
 MODE_CLOSE = 3  # read until the server closes
 FINALIZE_STEP_EVENTS = 64  # events stamped per resumable piece of RawStream.finalize_steps
+SMALL_BODY_BYTES = 16 << 10  # a body this small is decoded and split in one piece
 _DONE = b"[DONE]"
 
 # How the capture ended (RawStream.end_kind), decided in the read callback; ``finalize``
@@ -181,8 +182,8 @@ class RawStream:
     read_to_close: bool = False  # the response was framed by the server closing
     server_close: bool = False  # the response said "Connection: close" (or HTTP/1.0)
     content_type: str | None = None
-    # the first events' classification, already done while the stream arrived (a session's
-    # ``app.client.reply.ReplyText``): the record uses it for those events
+    # the events' classification, already done where the stream ended (a session's reply,
+    # ``app.client.sessions.reply_text``): the record uses it for those events
     ev_classified: list[Classified] | None = field(default=None, repr=False)
 
     @property
@@ -251,7 +252,8 @@ class RawStream:
             )
         self.buf = bytearray()  # decoded: the raw bytes are not needed any more
         self.body_bytes = len(payload)
-        yield
+        if len(payload) > SMALL_BODY_BYTES:  # I/O between decoding and splitting a big body
+            yield
         if self.http_status != 200:
             if self.status is RequestStatus.OK:  # the body ended, was cut off, or closed
                 self.status = RequestStatus.ERROR

@@ -19,6 +19,12 @@ tokenizer never saw); ``tokenizer_input_tokens`` keeps the client's.
 
 ``cached_prompt_tokens``: the prompt tokens the server says it served from its prefix cache
 (``app.client.events.cached_prompt_tokens``; None where it did not say).
+
+The run's surface (``app.client.endpoints``) classifies the events (``classify``). A surface
+that generates no tokens (embeddings, rerank) gives a ``ResultRule``: its answer event must
+carry the results it names, counts its items (the event's tokens column: inputs embedded,
+documents scored) and the record has no output tokens. An answer of another surface's shape
+fails its request naming what was expected (``answer``) and what came.
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ from typing import Any
 import numpy as np
 
 from app.client.chunk_tokens import ChunkTokens
+from app.client.endpoints.base import ClassifyFn, ResultRule, wrong_shape
 from app.client.events import Classifier, cached_prompt_tokens
 from app.client.raw_stream import RawStream
 from app.client.spec import TokenCounting
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
-from app.domain import TOKEN_KINDS, RequestRecord, RequestStatus
+from app.domain import TOKEN_KINDS, EventKind, RequestRecord, RequestStatus
 
 RECORD_STEP_EVENTS = 16  # events classified per resumable piece of record_steps
 
@@ -64,12 +71,16 @@ def record_steps(
     token_counting: TokenCounting,
     warmup: bool = False,
     input_tokens: int | None = None,
+    classify: ClassifyFn | None = None,
+    rule: ResultRule | None = None,
+    answer: str | None = None,
 ) -> Generator[None, None, RequestRecord]:
     """Build the record in resumable pieces: yields between pieces (finalizing the stream,
     every ``RECORD_STEP_EVENTS`` events classified, token counting) and returns the record."""
     yield from raw.finalize_steps()  # nothing to do when already decoded
-    yield
     n = len(raw.ev_t)
+    if n > RECORD_STEP_EVENTS:  # a short stream (an answer) is recorded in one piece
+        yield
     kind_list = bytearray()  # one EventKind per event
     chunk_tokens = ChunkTokens(tokenizer)  # the token events' texts, counted as they come
     add_text = chunk_tokens.add
@@ -77,15 +88,22 @@ def record_steps(
     usage: dict[str, Any] | None = None
     usage_data: bytes | None = None  # the event that carried ``usage``
     stream_error: str | None = None
-    classify = Classifier().classify
+    shaped = False  # an event of the surface's own shape came (any but OTHER)
+    answer_i = -1  # a non-generative surface's answer event, and its results
+    answer_items = 0
+    if classify is None:
+        classify = Classifier().classify
     done = raw.ev_classified or []  # the first events, classified as they arrived
     if len(done) > n:
         done = []
     for i, data in enumerate(raw.ev_data):
         if i % RECORD_STEP_EVENTS == RECORD_STEP_EVENTS - 1:
             yield
-        kind, text, ev_usage, ev_error = done[i] if i < len(done) else classify(data)
+        kind, text, ev_usage, ev_error, items = done[i] if i < len(done) else classify(data)
         kind_list.append(kind)
+        shaped = shaped or kind is not EventKind.OTHER
+        if rule is not None and kind is EventKind.ANSWER and answer_i < 0:
+            answer_i, answer_items = i, items
         if ev_usage is not None:
             usage, usage_data = ev_usage, data
         if ev_error is not None and stream_error is None:
@@ -95,12 +113,13 @@ def record_steps(
             token_idx.append(i)
     kinds = np.frombuffer(kind_list, np.int8) if kind_list else np.zeros(0, np.int8)
 
-    yield
+    if n > RECORD_STEP_EVENTS:
+        yield
     counts = chunk_tokens.finish()
     tok_total = sum(counts)
     usage_ct = _int_or_none(usage, "completion_tokens")
     ev_tokens = np.zeros(n, np.int32)
-    source: str
+    source: str | None
     output_tokens: int
     if token_counting != "tokenizer" and usage_ct is not None:
         source = "usage"
@@ -115,10 +134,25 @@ def record_steps(
 
     status = raw.status
     error = raw.error
+    out_tokens: int | None = output_tokens
+    tok_out: int | None = tok_total
+    if rule is not None:  # one answer, no tokens generated: it counts its items
+        out_tokens = tok_out = usage_ct = None
+        source = None
+        if answer_i >= 0:
+            ev_tokens[answer_i] = rule.items
     if status is RequestStatus.OK:
+        first = next((d for d in raw.ev_data if d is not None and d != b"[DONE]"), None)
         if stream_error is not None:
             status, error = RequestStatus.ERROR, stream_error
-        elif not token_idx:
+        elif rule is not None and answer_i < 0:
+            status, error = RequestStatus.ERROR, wrong_shape(answer or "an answer", first)
+        elif rule is not None and answer_items != rule.results:
+            status = RequestStatus.ERROR
+            error = f"the answer carries {answer_items:,} results; {rule.results:,} were asked for"
+        elif rule is None and not token_idx and not shaped and first is not None and answer:
+            status, error = RequestStatus.ERROR, wrong_shape(answer, first)
+        elif rule is None and not token_idx:
             status, error = RequestStatus.ERROR, "stream ended without any generated token"
 
     def rel(t: int | None) -> int | None:
@@ -139,8 +173,8 @@ def record_steps(
         error=error,
         http_status=raw.http_status,
         input_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        tokenizer_output_tokens=tok_total,
+        output_tokens=out_tokens,
+        tokenizer_output_tokens=tok_out,
         usage_prompt_tokens=usage_pt,
         usage_completion_tokens=usage_ct,
         cached_prompt_tokens=cached_prompt_tokens(usage, usage_data),

@@ -44,14 +44,9 @@ from app.client import eventloop
 from app.client.clocks import ClockMap, kernel_stamps_supported
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
-from app.client.http_request import (
-    Target,
-    build_request,
-    parse_target,
-    request_body,
-    request_headers,
-)
-from app.client.http_stream import ReplyFeed, StreamRequest, reserve_fds, resolve
+from app.client.endpoints.base import ClassifyFn
+from app.client.http_request import Target, build_request, parse_target, request_headers
+from app.client.http_stream import StreamRequest, reserve_fds, resolve
 from app.client.limits import BufferBudget
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
@@ -187,7 +182,8 @@ class _Run:
         self.run_tag = run_tag
         self.tok = tok
         self.target = target
-        self.path = target.path_for(spec.endpoint)
+        self.endpoint, self.endpoint_options = spec.surface()
+        self.path = target.url_path(self.endpoint.path(self.endpoint_options))
         self.on_progress = on_progress
         self.stop = stop
         self.on_record: Callable[[RequestRecord], None] | None = None
@@ -220,7 +216,7 @@ class _Run:
         self.sleepers: set[asyncio.Future[None]] = set()  # ``wait_until``s: ``halt`` wakes them
         self.holding = 0  # waits in their last stretch that asked post-processing to pause
         self.phase = "warmup"
-        self.body_extra = spec.sampling_body()  # sampling parameters + extra_body
+        self.body_params = spec.body_params()  # sampling parameters + extra_body, ...
         self.measure_start_ns = 0
         self.sent_measured = 0
         self.sent_total = 0
@@ -304,16 +300,7 @@ class _Run:
         for it in items:
             if self.halted:
                 break
-            body = request_body(
-                endpoint=spec.endpoint,
-                model=spec.model,
-                prompt=it.prompt.prompt,
-                messages=it.prompt.messages,
-                output_len=it.prompt.output_len,
-                ignore_eos=spec.ignore_eos,
-                extra_body=self.body_extra,
-                stream=spec.stream,
-            )
+            body = self.endpoint.body(it.prompt, self.body_params, self.endpoint_options)
             # the request bytes are built before the request is due: starting it is then
             # only socket setup, connect and one send
             rid = f"{self.run_tag}-{it.index}"
@@ -373,7 +360,7 @@ class _Run:
             await asyncio.wait(set(self.tasks))
 
     def stream(
-        self, rid: str, req: bytes, reply: ReplyFeed | None = None
+        self, rid: str, req: bytes, on_end: Callable[[RawStream], None] | None = None
     ) -> StreamRequest | None:
         """The request, ready to start (None when the target's address is unknown)."""
         if self.addr is None:
@@ -393,7 +380,7 @@ class _Run:
             kernel_stamps=self.kernel_stamps,
             request_bytes=req,
             pool=self.pool,
-            reply=reply,
+            on_end=on_end,
             max_event_bytes=lim.max_event_bytes,
             max_response_bytes=lim.max_response_bytes,
             max_response_events=lim.max_response_events,
@@ -458,15 +445,19 @@ class _Run:
         return raw
 
     def send_turn(
-        self, rid: str, req: bytes, reply: ReplyFeed | None = None
+        self, rid: str, req: bytes, on_end: Callable[[RawStream], None] | None = None
     ) -> StreamRequest | RawStream:
         """Send one turn of a multi-turn session (``app.client.sessions``) now: its stream,
         started. No await on the way, so a loop callback may call it (the turn after a
         reply, sent from where that reply ended). ``track_turn`` must follow, on a slot the
-        caller then holds; ``reply`` decodes the stream as it arrives."""
+        caller then holds; ``on_end`` is called where its response ended."""
         self.sent_total += 1
         self.sent_measured += 1
-        return self.launch(self.stream(rid, req, reply), rid)
+        return self.launch(self.stream(rid, req, on_end), rid)
+
+    def classifier(self) -> ClassifyFn:
+        """A fresh classifier of one answer of the run's surface."""
+        return self.endpoint.classifier(self.endpoint_options)
 
     def track_turn(
         self,
@@ -539,6 +530,9 @@ class _Run:
                 token_counting=self.spec.token_counting,
                 warmup=it.warmup,
                 input_tokens=it.prompt.input_tokens,
+                classify=self.classifier(),
+                rule=self.endpoint.result(it.prompt, self.endpoint_options),
+                answer=self.endpoint.answer,
             )
         except Exception as e:  # a bug here must not lose the run
             rec = RequestRecord(

@@ -32,17 +32,10 @@ from typing import Any, Protocol
 from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Prompt, Workload
 from app.client.datasets.conversations import Conversation, Sessions, Turn, build_sessions
-from app.client.events import Classifier
-from app.client.http_request import (
-    Target,
-    finish_request,
-    request_body,
-    request_head,
-    request_headers,
-)
-from app.client.http_stream import ReplyFeed, StreamRequest
+from app.client.endpoints.base import ClassifyFn
+from app.client.http_request import Target, finish_request, request_head, request_headers
+from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
-from app.client.reply import UNSURE, ReplyText
 from app.client.spec import RunSpec
 from app.domain import TOKEN_KINDS, EventKind, RequestStatus
 
@@ -80,8 +73,10 @@ class SessionHost(Protocol):
     ) -> None: ...
 
     def send_turn(
-        self, rid: str, req: bytes, reply: ReplyFeed | None = None
+        self, rid: str, req: bytes, on_end: Callable[[RawStream], None] | None = None
     ) -> StreamRequest | RawStream: ...
+
+    def classifier(self) -> ClassifyFn: ...
 
     def track_turn(
         self,
@@ -118,18 +113,19 @@ def warmup_workload(sessions: Sessions, tok: AnyTokenizer) -> Workload:
     return Workload([_first_turn(c, tok) for c in sessions.warmup], [], sessions.source)
 
 
-def reply_text(raw: RawStream) -> str | None:
+def reply_text(raw: RawStream, classify: ClassifyFn) -> str | None:
     """The reply the server streamed (content events' text), or None when the turn failed
-    by the record's rules (``app.client.records``): not OK, an error event, no token."""
-    for _ in raw.finalize_steps():
-        pass
+    by the record's rules (``app.client.records``): not OK, an error event, no token. The
+    stream is decoded here (``RawStream.finalize``, idempotent: the one decoder) and its
+    events' classification left in ``raw.ev_classified`` for its record."""
+    raw.finalize()
     if raw.status is not RequestStatus.OK:
         return None
-    classify = Classifier().classify
+    classified = [classify(data) for data in raw.ev_data]
+    raw.ev_classified = classified
     parts: list[str] = []
     tokens = 0
-    for data in raw.ev_data:
-        kind, text, _usage, error = classify(data)
+    for kind, text, _usage, error, _items in classified:
         if error is not None:
             return None
         if kind in TOKEN_KINDS:
@@ -169,9 +165,7 @@ async def drive_sessions(
             due = scheduled
         else:
             due = max(scheduled, released.popleft())
-        task = asyncio.create_task(
-            _session(host, s, conv, scheduled, due, index, active, released)
-        )
+        task = asyncio.create_task(_session(host, s, conv, scheduled, due, index, active, released))
         host.tasks.add(task)
         task.add_done_callback(host.tasks.discard)
         burst += 1
@@ -202,20 +196,17 @@ def dumps(obj: object) -> bytes:
 _MARK = "\x00tokentrace-history\x00"
 
 
+def turn_body(spec: RunSpec, messages: list[Any], output_len: int) -> bytes:
+    """The body of a turn: the run's surface's body for these messages."""
+    kind, options = spec.surface()
+    return kind.body(Prompt(None, messages, 0, output_len), spec.body_params(), options)
+
+
 def body_template(spec: RunSpec, output_len: int) -> BodyTemplate | None:
-    """The template of a turn asking ``output_len`` tokens, from ``request_body`` itself
-    (with a one-message marker list); None when the marker does not show exactly once
+    """The template of a turn asking ``output_len`` tokens, from ``turn_body`` itself (with
+    a one-message marker list); None when the marker does not show exactly once
     (``extra_body`` replacing ``messages``): such turns are serialised whole."""
-    full = request_body(
-        endpoint="chat",
-        model=spec.model,
-        prompt=None,
-        messages=[_MARK],  # type: ignore[list-item]
-        output_len=output_len,
-        ignore_eos=spec.ignore_eos,
-        extra_body=spec.sampling_body(),
-        stream=spec.stream,
-    )
+    full = turn_body(spec, [_MARK], output_len)
     mark = b"[" + dumps(_MARK) + b"]"
     i = full.find(mark)
     if i < 0 or full.find(mark, i + 1) >= 0:
@@ -277,16 +268,7 @@ class History:
     def body(self, spec: RunSpec, nxt: _NextTurn) -> bytes:
         """The body of turn ``nxt``: these messages, then its own."""
         if nxt.template is None:
-            return request_body(
-                endpoint="chat",
-                model=spec.model,
-                prompt=None,
-                messages=[*self.messages, nxt.user],
-                output_len=nxt.turn.output_len,
-                ignore_eos=spec.ignore_eos,
-                extra_body=spec.sampling_body(),
-                stream=spec.stream,
-            )
+            return turn_body(spec, [*self.messages, nxt.user], nxt.turn.output_len)
         inner = self.json + b"," + nxt.user_json if self.json else nxt.user_json
         return nxt.template.body(inner)
 
@@ -298,7 +280,7 @@ class _Sent:
     index: int
     k: int  # 1-based
     prompt: Prompt
-    acc: ReplyText | None  # decodes the reply; None for the last turn (not sent back)
+    replied: bool  # its reply goes into the next turn (False for the last turn)
     stream: StreamRequest | RawStream
     due_ns: int
 
@@ -310,18 +292,15 @@ class _Chain:
     behind the rest of the loop's round of reads (~0.2 ms, ~0.8 ms at p99 with 256
     sessions streaming)."""
 
-    __slots__ = ("acc", "early", "error", "history", "host", "index", "nxt", "s", "turns")
+    __slots__ = ("early", "error", "history", "host", "index", "nxt", "s", "turns")
 
-    def __init__(
-        self, host: SessionHost, s: int, conv: Conversation, index: Iterator[int]
-    ) -> None:
+    def __init__(self, host: SessionHost, s: int, conv: Conversation, index: Iterator[int]) -> None:
         self.host = host
         self.s = s
         self.index = index
         self.turns = conv.turns
         self.history = History(conv.system, host.tok)
         self.nxt: _NextTurn | None = _prepare(host, s, 1, conv.turns[0])
-        self.acc: ReplyText | None = None  # the reply on its way
         self.early: _Sent | None = None
         self.error: Exception | None = None
 
@@ -338,13 +317,10 @@ class _Chain:
             history.tokens + nxt.user_tokens,
             nxt.turn.output_len,
         )
-        if nxt.k == len(self.turns):
-            acc = None
-        else:
-            acc = ReplyText(on_end=self._ended if host.spec.turn_delay_ms <= 0 else None)
-        self.acc = acc
-        stream = host.send_turn(nxt.rid, req, acc)
-        return _Sent(next(self.index), nxt.k, prompt, acc, stream, due_ns)
+        replied = nxt.k < len(self.turns)
+        early = replied and host.spec.turn_delay_ms <= 0
+        stream = host.send_turn(nxt.rid, req, self._ended if early else None)
+        return _Sent(next(self.index), nxt.k, prompt, replied, stream, due_ns)
 
     def advance(self) -> None:
         """The turn just sent joins the history; prepare the one after it."""
@@ -360,13 +336,12 @@ class _Chain:
         self.history.add(message, dumps(message), self.host.tok.count(reply))
 
     def _ended(self, raw: RawStream) -> None:
-        """Where the reply ended (a read callback): send the next turn from here when the
-        fast decode is sure of the reply; else the task decides, the exact way."""
-        acc = self.acc
-        if self.nxt is None or acc is None or self.host.halted:
+        """Where the reply ended (a read callback): decode it (``reply_text``) and send the
+        next turn from here; a failed turn is left to the task (its session ends)."""
+        if self.nxt is None or self.host.halted:
             return
-        reply = acc.result(raw)
-        if not isinstance(reply, str):
+        reply = reply_text(raw, self.host.classifier())
+        if reply is None:
             return
         try:
             self.add_reply(reply)
@@ -415,12 +390,10 @@ async def _session(
                 raw = await pending
             if chain.error is not None:
                 raise chain.error
-            if sent.acc is None or chain.nxt is None or chain.early is not None:
+            if not sent.replied or chain.nxt is None or chain.early is not None:
                 continue  # done, or the next turn already left from where this reply ended
-            reply = sent.acc.result(raw)
-            if reply is UNSURE:
-                reply = reply_text(raw)
-            if not isinstance(reply, str):
+            reply = reply_text(raw, host.classifier())
+            if reply is None:
                 return  # the failed turn's record carries the error; the session ends
             due_ns = raw.wire_end_ns + think_ns
             chain.add_reply(reply)

@@ -1,7 +1,8 @@
 """What a run asks for: ``RunSpec``, everything needed to repeat a benchmark run (flag
 names follow ``vllm bench serve``). Its workload fields are the dataset type's
 (``app.client.datasets``): ``dataset`` names the type, ``dataset_options`` holds its own
-fields, checked by the type.
+fields, checked by the type. Likewise its API surface (``app.client.endpoints``):
+``endpoint`` names it, ``endpoint_options`` holds its own fields.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.client.datasets import DATASETS, dataset_type, parse_options
 from app.client.datasets.base import MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS, WorkloadParams
+from app.client.endpoints import ENDPOINTS, endpoint_type, parse_endpoint_options
+from app.client.endpoints.base import BodyParams, EndpointType, SpecFacts
 from app.client.limits import ClientLimits
 from app.domain import MAX_JSON_DEPTH, json_depth
 
 SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
-Endpoint = Literal["chat", "completions"]
 Arrival = Literal["poisson", "gamma", "constant"]
 TokenCounting = Literal["auto", "usage", "tokenizer"]
 ConnectionMode = Literal["keep-alive", "new"]
@@ -61,6 +63,20 @@ DATASET_OPTIONS_HELP = (
     + "); another type's or an unknown field is refused (422 naming "
     "dataset_options.<field>); see docs/workloads.md"
 )
+
+ENDPOINT_HELP = "an API surface: " + "; ".join(f"{k}: {e.summary}" for k, e in ENDPOINTS.items())
+ENDPOINT_OPTIONS_HELP = (
+    "the endpoint's own fields, by name ("
+    + "; ".join(
+        f"{k}: {', '.join(e.options.model_fields)}"
+        for k, e in ENDPOINTS.items()
+        if e.options.model_fields
+    )
+    + "); another endpoint's or an unknown field is refused (422 naming "
+    "endpoint_options.<field>); see docs/endpoints.md"
+)
+# the goodput SLOs of a surface that generates no tokens (one answer: its latency only)
+ANSWER_SLOS = frozenset({"e2el"})
 
 DEFAULT_NUM_PROMPTS = 100  # a dataset type that is not timed; a trace: its every line
 TARGETS_SUFFIX = "_TARGETS"  # TOKENTRACE_TARGET_KEY_<NAME>_TARGETS: where <NAME> may go
@@ -121,7 +137,13 @@ class RunSpec(BaseModel):
 
     base_url: str = Field(description="Target server, e.g. http://127.0.0.1:8000")
     model: str = Field(min_length=1, max_length=255)  # runs.model is VARCHAR(255)
-    endpoint: Endpoint = "chat"
+    endpoint: str = Field(
+        "chat", description=ENDPOINT_HELP, json_schema_extra={"enum": list(ENDPOINTS)}
+    )
+    endpoint_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description=ENDPOINT_OPTIONS_HELP,
+    )
     # workload
     dataset: str = Field("random", description=DATASET_HELP)
     dataset_path: str | None = None
@@ -241,8 +263,7 @@ class RunSpec(BaseModel):
     def _api_key_env(cls, v: str | None) -> str | None:
         if v is not None and v.endswith(TARGETS_SUFFIX):
             raise ValueError(
-                f"api_key_env: {v} names a key's binding (the targets it may be sent to), "
-                "not a key"
+                f"api_key_env: {v} names a key's binding (the targets it may be sent to), not a key"
             )
         return v
 
@@ -361,6 +382,52 @@ class RunSpec(BaseModel):
             raise ValueError(f"dataset_options is nested deeper than {MAX_JSON_DEPTH} levels")
         return v
 
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_name(cls, v: str) -> str:
+        endpoint_type(v)  # a ValueError names the known surfaces
+        return v
+
+    @field_validator("endpoint_options")
+    @classmethod
+    def _endpoint_options_depth(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if json_depth(v) > MAX_JSON_DEPTH:
+            raise ValueError(f"endpoint_options is nested deeper than {MAX_JSON_DEPTH} levels")
+        return v
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> RunSpec:
+        """The surface's own options and checks, and what does not apply to it: a stream
+        (one answer: ``stream`` is stored false), sampling and the token SLOs (no tokens
+        generated), a conversation."""
+        kind, options = self.surface()
+        name = self.endpoint
+        if self.multi_turn and not kind.conversation:
+            takes = " or ".join(repr(k) for k, e in ENDPOINTS.items() if e.conversation)
+            raise ValueError(
+                f"endpoint: multi_turn sessions send the chat history; endpoint {name!r} "
+                f"takes no conversation: endpoint must be {takes}"
+            )
+        if not kind.generates:
+            for field in SAMPLING_FIELDS:
+                if getattr(self, field) is not None:
+                    raise ValueError(
+                        f"{field}: endpoint {name!r} generates no tokens: sampling does not apply"
+                    )
+            slos = sorted(set(self.goodput) - ANSWER_SLOS)
+            if slos:
+                raise ValueError(
+                    f"goodput: endpoint {name!r} answers once, with no tokens: only the "
+                    f"e2el SLO applies ({slos[0]} given)"
+                )
+        if not kind.streams:
+            self.stream = False
+        facts = SpecFacts(self.dataset, dataset_type(self.dataset).timed, self.multi_turn)
+        kind.check(facts, options)
+        # stored less the surface's defaults, as dataset_options
+        self.endpoint_options = options.model_dump(exclude_defaults=True)
+        return self
+
     @model_validator(mode="after")
     def _workload(self) -> RunSpec:
         """The dataset type's own checks, then the client's budget for prompts built in
@@ -393,10 +460,6 @@ class RunSpec(BaseModel):
             if self.max_turns is not None or self.turn_delay_ms:
                 raise ValueError("multi_turn: max_turns and turn_delay_ms need multi_turn")
             return self
-        if self.endpoint != "chat":
-            raise ValueError(
-                "endpoint: multi_turn sessions send the chat history: endpoint must be 'chat'"
-            )
         if self.dataset not in ("sharegpt", "jsonl"):
             raise ValueError(
                 f"dataset: multi_turn replays conversations: dataset must be 'sharegpt' or "
@@ -412,10 +475,23 @@ class RunSpec(BaseModel):
             raise ValueError("num_prompts: a trace's request count is known once it is read")
         return self.num_prompts
 
+    def surface(self) -> tuple[EndpointType, BaseModel]:
+        """The run's API surface and its options (checked)."""
+        kind = endpoint_type(self.endpoint)
+        return kind, parse_endpoint_options(kind, self.endpoint_options)
+
+    def body_params(self) -> BodyParams:
+        """What every request body reads of the run (its prompt apart)."""
+        return BodyParams(self.model, self.ignore_eos, self.stream, self.sampling_body())
+
     def workload_params(self) -> WorkloadParams:
+        """The dataset's fields: its prompts are the requests' times the prompts one request
+        carries (an embeddings batch)."""
+        kind, options = self.surface()
+        batch = kind.batch(options)
         return WorkloadParams(
-            num_prompts=self.num_prompts,
-            warmup_requests=self.warmup_requests,
+            num_prompts=None if self.num_prompts is None else self.num_prompts * batch,
+            warmup_requests=self.warmup_requests * batch,
             input_len=self.input_len,
             output_len=self.output_len,
             seed=self.seed,

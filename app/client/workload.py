@@ -1,4 +1,5 @@
-"""The run's workload: its dataset type builds the warm-up and measured prompts."""
+"""The run's workload: its dataset type builds the warm-up and measured prompts, its API
+surface makes them its requests (``app.client.endpoints``: batched, checked)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ def build_workload(
     dataset_dirs: Sequence[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> Workload:
-    """Prompts for a run (``dataset_dirs``: see ``open_dataset``; ``cancelled``: polled,
-    ``WorkloadCancelled``); a dataset that refuses raises ``DatasetError``."""
+    """Requests for a run (``dataset_dirs``: see ``open_dataset``; ``cancelled``: polled,
+    ``WorkloadCancelled``); a dataset, or a surface, that refuses raises ``DatasetError``."""
     kind = dataset_type(spec.dataset)
     options = parse_options(kind, spec.dataset_options)
+    surface, surface_options = spec.surface()
     ctx = BuildContext(tok, dataset_dirs, cancelled)
     with dataset_errors():
-        return kind.build(spec.workload_params(), options, ctx)
+        prompts = kind.build(spec.workload_params(), options, ctx)
+        return surface.requests(prompts, surface_options)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.analysis.answers import NO_TOKENS, has_answers
 from app.analysis.metric_defs import metric
 from app.analysis.metrics import (
     EVENT_BLOCK,
@@ -137,6 +138,8 @@ def dist_samples(
 ) -> tuple[F64, str]:
     """The samples (ms) behind a distribution key and the reason when there are none."""
     attr = DIST_PLOTS[key][1]
+    if key != "e2el_ms" and tokens.size == 0 and has_answers(trace):  # embeddings, rerank
+        return np.zeros(0), NO_TOKENS
     if attr == "itl":
         if trace.summary_only:
             return np.zeros(0), "no per-token data (" + SUMMARY_ONLY_REASON + ")"

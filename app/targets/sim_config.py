@@ -12,7 +12,10 @@ Timing model (all times from the moment the request was fully received, ``receiv
 - when the server falls behind (overload), a stream's events that are already overdue are
   written together in one write (``coalesce_late``): fewer syscalls, same per-event stamps;
 - the optional role-only chunk (chat only) and the response headers are written as soon as
-  the request has been received, like real servers do.
+  the request has been received, like real servers do;
+- a surface that generates no tokens (embeddings, rerank) answers once, whole, at
+  ``received + ttft_ms + per_input_token_ms * input_tokens`` (embeddings of
+  ``embedding_dim`` floats, seeded by each input's text; scores likewise).
 
 Faults are decided per request from ``seed`` and the request counter (1, 2, ... in order of
 arrival, reset by ``POST /_sim/reset``). One uniform draw picks at most one fault, so the
@@ -65,6 +68,7 @@ class SimConfig:
     reasoning_tokens: int = 0  # first K output tokens sent as delta.reasoning_content (chat)
     chat_template_tokens: int = 0  # prompt tokens a chat template adds (usage counts them)
     created: int | None = None  # fixed "created" field (None: wall clock at receipt)
+    embedding_dim: int = 8  # an embedding's length (the embeddings surface), unless asked
     seed: int = 0
     # faults (per request, mutually exclusive; sum <= 1)
     error_rate: float = 0.0
@@ -116,6 +120,7 @@ class SimConfig:
         _check(self.eos_len is None or self.eos_len >= 1, "eos_len must be >= 1")
         _check(self.reasoning_tokens >= 0, "reasoning_tokens must be >= 0")
         _check(self.chat_template_tokens >= 0, "chat_template_tokens must be >= 0")
+        _check(1 <= self.embedding_dim <= 65_536, "embedding_dim must be in 1..65536")
         _check(
             self.fault_after_tokens is None or self.fault_after_tokens >= 0,
             "fault_after_tokens must be >= 0",

@@ -261,12 +261,14 @@ def render_form(
     principal: Principal | None,
     status_code: int | None = None,
     dataset_groups: Any = (),
+    endpoint_groups: Any = (),
     extra: dict[str, Any] | None = None,
 ) -> Response:
     """A launch form page (run, sweep, probe): its fields by group, the values shown, the
     messages beside fields, and whether the principal may submit (the ``run`` scope);
-    ``dataset_groups``: each dataset type's own option fields (run and sweep forms);
-    ``extra``: more of the template's context (the series picker's names).
+    ``dataset_groups``, ``endpoint_groups``: each dataset type's and endpoint's own option
+    fields (run and sweep forms); ``extra``: more of the template's context (the series
+    picker's names).
     Status: ``status_code`` when given, else 422 with messages and 200 without."""
     return render(
         request,
@@ -278,6 +280,7 @@ def render_form(
             "values": values,
             "errors": errors,
             "dataset_groups": dataset_groups,
+            "endpoint_groups": endpoint_groups,
             "can_run": principal is not None and principal.has("run"),
         }
         | (extra or {}),

@@ -69,7 +69,11 @@ def _bounds(info: FieldInfo) -> tuple[str, str]:
     return low, high
 
 
-def option_field(dataset: str, option: str, info: FieldInfo) -> OptionField:
+def option_field(
+    dataset: str, option: str, info: FieldInfo, *, prefix: str = PREFIX
+) -> OptionField:
+    """The form input of one option of an options model (``prefix``: ``opt`` for a dataset
+    type's, ``eopt`` for an endpoint's, ``app.web.endpoint_fields``)."""
     plain = _plain(info.annotation)
     label = option.replace("_", " ").capitalize()
     default = None if info.is_required() else info.get_default(call_default_factory=True)
@@ -77,7 +81,7 @@ def option_field(dataset: str, option: str, info: FieldInfo) -> OptionField:
     if default is None and not info.is_required():
         help_ = f"{help_}; blank: the default" if help_ else "blank: the default"
     common: dict[str, Any] = {
-        "name": option_name(dataset, option),
+        "name": f"{prefix}-{dataset}-{option}",
         "option": option,
         "label": label,
         "help": help_,

@@ -85,6 +85,7 @@ def _launch(
         principal=principal,
         status_code=status_code,
         dataset_groups=launch_form.DATASET_GROUPS,
+        endpoint_groups=launch_form.ENDPOINT_GROUPS,
         extra={"series_names": series_picker.names(request)},
     )
 

@@ -12,14 +12,18 @@ from pydantic import ValidationError
 
 from app.api.schemas import RunCreate
 from app.client.datasets import DATASETS
+from app.client.endpoints import ENDPOINTS
 from app.client.limits import ClientLimits
 from app.client.spec import RunSpec
 from app.settings import Settings
-from app.web import dataset_fields
+from app.web import dataset_fields, endpoint_fields
 from app.web.dataset_fields import DatasetGroup
+from app.web.endpoint_fields import EndpointGroup
 
 # the dataset types' own options, one group each, shown after the dataset path
 DATASET_GROUPS: tuple[DatasetGroup, ...] = dataset_fields.GROUPS
+# the endpoints' own options, one group each, shown after the endpoint
+ENDPOINT_GROUPS: tuple[EndpointGroup, ...] = endpoint_fields.GROUPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +46,13 @@ FIELDS: tuple[FormField, ...] = (
     FormField("name", "Run name", help="shown in the runs table", group="Target"),
     FormField("base_url", "Base URL", required=True, help=_help("base_url")),
     FormField("model", "Model", required=True, help="the model name the server expects"),
-    FormField("endpoint", "Endpoint", "select", choices=("chat", "completions")),
+    FormField(
+        "endpoint",
+        "Endpoint",
+        "select",
+        choices=tuple(ENDPOINTS),
+        help="; ".join(f"{k}: {e.summary}" for k, e in ENDPOINTS.items()),
+    ),
     FormField(
         "api_key",
         "API key",
@@ -234,7 +244,8 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
     out: dict[str, str] = {"base_url": url, "model": model}
     for name, info in RunSpec.model_fields.items():
         if name in JSON_FIELDS or name in (
-            "base_url", "model", "goodput", "tags", "api_key", "dataset_options", "limits"
+            "base_url", "model", "goodput", "tags", "api_key", "dataset_options",
+            "endpoint_options", "limits",
         ):  # fmt: skip
             continue
         default = info.get_default(call_default_factory=True)
@@ -243,9 +254,10 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
         out[name] = "on" if RunSpec.model_fields[name].default else ""
     for key in LIMIT_KEYS:
         out[f"limits_{key}"] = _text(ClientLimits.model_fields[key].default)
-    for group in DATASET_GROUPS:
-        for f in group.fields:
-            out[f.name] = _text(f.default)
+    for groups in (DATASET_GROUPS, ENDPOINT_GROUPS):
+        for group in groups:
+            for f in group.fields:
+                out[f.name] = _text(f.default)
     return out
 
 
@@ -279,6 +291,12 @@ def values_from_spec(
         for f in group.fields:
             if f.option in options:
                 out[f.name] = _text(options[f.option])
+    surface_options = spec.get("endpoint_options")
+    surface = endpoint_fields.BY_ENDPOINT.get(str(spec.get("endpoint")))
+    if surface is not None and isinstance(surface_options, dict):
+        for f in surface.fields:
+            if f.option in surface_options:
+                out[f.name] = _text(surface_options[f.option])
     return out
 
 
@@ -311,7 +329,7 @@ def _headers(text: str) -> dict[str, str]:
 def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
     if not loc:  # a model validator's message names its field first ("metrics_url must ...")
         first = msg.split(" ", 1)[0].rstrip(":")
-        if first.startswith("dataset_options."):  # a dataset type's option: its input
+        if first.startswith(("dataset_options.", "endpoint_options.")):  # an option: its input
             return first
         first = first.split(".", 1)[0]
         if first in FIELD_NAMES:
@@ -364,6 +382,7 @@ def form_body(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     if limits:
         body["limits"] = limits
     body["dataset_options"] = dataset_fields.options_of(form)
+    body["endpoint_options"] = endpoint_fields.options_of(form)
     for key in LIST_FIELDS:
         body[key] = _list(form.get(key) or "")
     for key, example in JSON_FIELDS.items():
@@ -406,13 +425,16 @@ def validation_errors(e: ValidationError, field_of: Any = None) -> dict[str, str
 
 
 def place_option_errors(errors: dict[str, str], form: dict[str, str]) -> dict[str, str]:
-    """Errors keyed ``dataset_options.<option>`` moved beside that option's input of the
-    chosen dataset type (else beside the dataset select)."""
+    """Errors keyed ``dataset_options.<option>`` (``endpoint_options.<option>``) moved beside
+    that option's input of the chosen dataset type (endpoint), else beside its select."""
     dataset = (form.get("dataset") or "").strip()
+    endpoint = (form.get("endpoint") or "").strip()
     out: dict[str, str] = {}
     for key, msg in errors.items():
         if key.startswith("dataset_options"):
             key = dataset_fields.field_of_error(dataset, key) or "dataset"
+        elif key.startswith("endpoint_options"):
+            key = endpoint_fields.field_of_error(endpoint, key) or "endpoint"
         out.setdefault(key, msg)
     return out
 

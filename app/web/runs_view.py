@@ -8,6 +8,7 @@ from typing import Any
 
 from app.analysis.metric_defs import metric
 from app.analysis.verdict import Issue, Verdict, verdict_of
+from app.client.endpoints import items_noun
 from app.services.client_health import as_float as _f
 from app.services.runs import run_dict
 from app.storage.models import Job, Run
@@ -276,17 +277,39 @@ def summary_cards(
             served,
             id="throughput",
         ),
-        Card(
-            "Output throughput",
-            _rate(m.get("output_throughput_tok_s"), "tok/s"),
-            f"total {_rate(m.get('total_token_throughput_tok_s'), 'tok/s')}",
-        ),
+        *_answer_cards(m, report.get("spec") or {}),
         Card(
             "Goodput",
             _rate(m.get("goodput_req_s"), "req/s"),
             (f"{good} good requests; " if good is not None else "") + slo_text,
             id="goodput",
         ),
+    ]
+
+
+def _answer_cards(m: dict[str, Any], spec: dict[str, Any]) -> list[Card]:
+    """The throughput cards: output tokens a second, or, for a surface that generates no
+    tokens (embeddings, rerank), its items a second (inputs, documents); input tokens a
+    second either way."""
+    input_rate = _rate(m.get("input_throughput_tok_s"), "tok/s")
+    if m.get("e2e_end") != "answer":
+        return [
+            Card(
+                "Output throughput",
+                _rate(m.get("output_throughput_tok_s"), "tok/s"),
+                f"total {_rate(m.get('total_token_throughput_tok_s'), 'tok/s')}; "
+                f"input {input_rate}",
+            )
+        ]
+    noun = items_noun(spec.get("endpoint"))
+    return [
+        Card(
+            f"{noun.capitalize()} throughput",
+            _rate(m.get("items_per_s"), f"{noun}/s"),
+            f"{m.get('items_total') or 0:,} {noun} answered; input {input_rate}",
+            id="items-throughput",
+        ),
+        Card("Output throughput", "n/a", "no tokens generated: one answer a request"),
     ]
 
 

@@ -130,6 +130,7 @@ def _form(
         principal=principal,
         status_code=status_code,
         dataset_groups=launch_form.DATASET_GROUPS,
+        endpoint_groups=launch_form.ENDPOINT_GROUPS,
         extra={"series_names": series_picker.names(request)},
     )
 

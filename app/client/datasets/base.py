@@ -52,6 +52,9 @@ class Prompt:
     messages: list[dict[str, Any]] | None  # chat messages from a dataset file
     input_tokens: int  # by the client's tokenizer (for messages: their contents)
     output_len: int
+    # several texts in one request: the documents a rerank query (``prompt``) scores, or the
+    # inputs one embeddings request embeds (``app.client.endpoints``); None for one prompt
+    inputs: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

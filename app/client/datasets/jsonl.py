@@ -1,7 +1,10 @@
 """Dataset type ``jsonl``: prompts from a JSONL file (``dataset_path``).
 
 One object per line, ``{"prompt": "..."}`` or ``{"messages": [...]}``, optionally
-``"output_len": N`` (1 to ``MAX_OUTPUT_LEN``). Blank lines are skipped; anything else is a
+``"output_len": N`` (1 to ``MAX_OUTPUT_LEN``); or, for the rerank endpoint, a query and the
+documents it scores: ``{"query": "...", "documents": ["...", ...]}`` (at most
+``MAX_DOCUMENTS``; its input tokens: the query's once for each document, as a cross-encoder
+reads each pair, plus the documents'). Blank lines are skipped; anything else is a
 ``ValueError`` naming the line. The run records the file's sha256 (``Workload.source``).
 When the file has fewer prompts than asked for, it is cycled; warm-ups come from the end of
 the file, so the measured prompts do not depend on the warm-up count.
@@ -30,7 +33,7 @@ from app.client.datasets.base import (
 
 
 def _parse_line(line: str, lineno: int, tok: AnyTokenizer, out_len: int) -> Prompt:
-    obj = json_object_line(line, lineno, " with 'prompt' or 'messages'")
+    obj = json_object_line(line, lineno, " with 'prompt', 'messages' or 'query'")
     return parse_prompt_line(obj, f"dataset_path line {lineno}", tok, out_len)
 
 
@@ -44,9 +47,28 @@ def output_len_of(obj: dict[str, Any], where: str, default: int) -> int:
     return ol
 
 
+MAX_DOCUMENTS = 10_000  # documents one rerank line may carry
+
+
+def _query_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_len: int) -> Prompt:
+    query, docs = obj["query"], obj.get("documents")
+    if not isinstance(query, str) or not query:
+        raise ValueError(f"{where}: 'query' must be a non-empty string")
+    if not isinstance(docs, list) or not docs or len(docs) > MAX_DOCUMENTS:
+        raise ValueError(
+            f"{where}: 'documents' must be a list of 1 to {MAX_DOCUMENTS:,} strings beside 'query'"
+        )
+    if not all(isinstance(d, str) and d for d in docs):
+        raise ValueError(f"{where}: each of 'documents' must be a non-empty string")
+    n_in = tok.count(query) * len(docs) + sum(tok.count(d) for d in docs)
+    return Prompt(query, None, n_in, out_len, tuple(docs))
+
+
 def parse_prompt_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_len: int) -> Prompt:
     """A line's object as a prompt (``where`` names the line in errors)."""
     ol = output_len_of(obj, where, out_len)
+    if "query" in obj:
+        return _query_line(obj, where, tok, ol)
     if "prompt" in obj:
         p = obj["prompt"]
         if not isinstance(p, str) or not p:
@@ -66,7 +88,7 @@ def parse_prompt_line(obj: dict[str, Any], where: str, tok: AnyTokenizer, out_le
             elif c is not None and not isinstance(c, list):
                 raise ValueError(f"{where}: message 'content' must be a string or a list")
         return Prompt(None, msgs, n_in, ol)
-    raise ValueError(f"{where}: expected a 'prompt' or 'messages' key")
+    raise ValueError(f"{where}: expected a 'prompt', 'messages' or 'query' key")
 
 
 def load_jsonl(
@@ -90,7 +112,10 @@ def load_jsonl(
 
 class JsonlDataset:
     name = "jsonl"
-    summary = "prompts or chat messages from a JSONL file (dataset_path)"
+    summary = (
+        "prompts, chat messages, or a query and its documents (rerank) from a JSONL file "
+        "(dataset_path)"
+    )
     options: type[BaseModel] = NoOptions
     timed = False
 

@@ -8,7 +8,8 @@ kept as ground truth (``GET /_sim/ground_truth``, described in ``records``).
 ``time.monotonic_ns()`` is the clock a client process on the same host sees, so a client's
 timings can be checked against it.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream true/false),
+Endpoints: every path of every registered API surface (``surfaces``: chat and completions,
+streamed or not; embeddings; rerank in vLLM's, Cohere's and TEI's shapes),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM-like names),
 ``GET /_sim/ground_truth``, ``POST /_sim/reset``. The timing model and the faults are
 described in ``app.targets.sim_config``. With ``tls_certfile``/``tls_keyfile`` it serves
@@ -18,8 +19,10 @@ which encrypts and hands the bytes to the socket in the same call).
 Modules, bottom up: ``plan`` (a request's plan, faults, seeded draws), ``records`` (ground
 truth), ``stamps`` (kernel receive stamps), ``http`` (one connection: parsing, responses,
 keep-alive), ``generator`` (tokens and their timing), ``scheduler`` (the deadline heap),
-``metrics`` (Prometheus text), ``server`` (routes and shared state), ``handles`` (thread and
-process starters), ``cli`` (``tokentrace sim``); ``python -m app.targets.simulator`` runs
+``metrics`` (Prometheus text), ``surfaces`` (each surface's handler: its body's plan, its
+stream's shape or its whole answer), ``answer`` (one whole answer, written when due),
+``server`` (routes and shared state), ``handles`` (thread and process starters), ``cli``
+(``tokentrace sim``); ``python -m app.targets.simulator`` runs
 ``cli.main``. This package exports the starters the tests, demos and benchmarks use.
 """
 

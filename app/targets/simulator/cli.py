@@ -62,6 +62,12 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
         help="stop after this many tokens unless ignore_eos/min_tokens say otherwise",
     )
     p.add_argument("--reasoning-tokens", type=int, default=d.reasoning_tokens)
+    p.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=d.embedding_dim,
+        help="an embedding's length (embeddings surface), unless a request asks dimensions",
+    )
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--disconnect-rate", type=float, default=0.0)
     p.add_argument("--stall-rate", type=float, default=0.0)
@@ -130,6 +136,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         output_len=ns.output_len,
         eos_len=ns.eos_len,
         reasoning_tokens=ns.reasoning_tokens,
+        embedding_dim=ns.embedding_dim,
         error_rate=ns.error_rate,
         disconnect_rate=ns.disconnect_rate,
         stall_rate=ns.stall_rate,

@@ -88,6 +88,7 @@ class Gen:
         "rec",
         "rng",
         "sent",
+        "shape",
         "srv",
         "state",
         "suffix",
@@ -128,29 +129,26 @@ class Gen:
         self.text_offset = h64(cfg.seed, "text", plan.text_seed) & _TAPE_MASK
         self.pos = self.text_offset
         self.created = cfg.created if cfg.created is not None else int(time.time())
-        chat = plan.endpoint == "chat"
-        self.ident = f"{'chatcmpl' if chat else 'cmpl'}-sim-{seq}"
+        shape = plan.shape
+        assert shape is not None  # a generating surface's plan
+        self.shape = shape
+        self.ident = f"{shape.ident}-sim-{seq}"
         head = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":[{"index":0,' % (
             self.ident.encode(),
-            b"chat.completion.chunk" if chat else b"text_completion",
+            shape.chunk_object,
             self.created,
             json_bytes(plan.model),
         )
-        if chat:
-            self.c_prefix = head + b'"delta":{"content":"'
-            self.r_prefix = head + b'"delta":{"reasoning_content":"'
-            self.suffix = b'"},"finish_reason":null}]}\n\n'
-        else:
-            self.c_prefix = self.r_prefix = head + b'"text":"'
-            self.suffix = b'","logprobs":null,"finish_reason":null}]}\n\n'
+        self.c_prefix = head + shape.content_open
+        self.r_prefix = head + shape.reasoning_open
+        self.suffix = shape.close
         self.tail = self._tail()
 
     # chunk JSON -------------------------------------------------------------
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        chat = self.plan.endpoint == "chat"
         obj: dict[str, Any] = {
             "id": self.ident,
-            "object": "chat.completion.chunk" if chat else "text_completion",
+            "object": self.shape.chunk_object.decode(),
             "created": self.created,
             "model": self.plan.model,
             "choices": choices,
@@ -180,11 +178,7 @@ class Gen:
 
     def _tail(self) -> bytes:
         plan = self.plan
-        if plan.endpoint == "chat":
-            finish = {"index": 0, "delta": {}, "finish_reason": plan.finish_reason}
-        else:
-            finish = {"index": 0, "text": "", "logprobs": None, "finish_reason": plan.finish_reason}
-        out = _frame(self._chunk([finish]))
+        out = _frame(self._chunk([self.shape.finish_choice(plan.finish_reason)]))
         if plan.include_usage:
             out += _frame(self._chunk([], usage=self.usage()))
         return out + _frame(_DONE_PAYLOAD) + b"0\r\n\r\n"
@@ -198,28 +192,11 @@ class Gen:
         off = self.text_offset
         reasoning = self._text(off, self.kr)
         content = self._text(off + self.kr, self.n - self.kr)
-        if plan.endpoint == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if self.kr:
-                message["reasoning_content"] = reasoning
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": message,
-                "finish_reason": plan.finish_reason,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": content,
-                "logprobs": None,
-                "finish_reason": plan.finish_reason,
-            }
-            obj = "text_completion"
+        choice = self.shape.whole_choice(content, reasoning, plan.finish_reason)
         return json_bytes(
             {
                 "id": self.ident,
-                "object": obj,
+                "object": self.shape.answer_object,
                 "created": self.created,
                 "model": plan.model,
                 "choices": [choice],

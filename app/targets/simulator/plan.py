@@ -1,8 +1,10 @@
-"""What a completion request asks for and what the simulator will answer, decided before a
-byte is written: the request body's checks and token counts (``plan_request`` -> ``Plan``,
-``BadRequest`` on bad input), the fault the ``seq``-th request gets and the event it strikes
-before (``decide_fault``, ``fault_event``), and the seed's deterministic draws (``h64``,
-``unit``) that every other random choice of the simulator is made from.
+"""What a request asks for and what the simulator will answer, decided before a byte is
+written: a ``Plan`` (each surface's handler, ``app.targets.simulator.surfaces``, checks its
+body and counts its tokens; ``generation_plan`` is the part every generating surface shares;
+``BadRequest`` on bad input), the stream's wire shape of a generating surface
+(``StreamShape``), the fault the ``seq``-th request gets and the event it strikes before
+(``decide_fault``, ``fault_event``), and the seed's deterministic draws (``h64``, ``unit``)
+that every other random choice of the simulator is made from.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from app.client.tokenizer import PRETOKEN
 from app.targets.sim_config import FAULT_ORDER, Fault, SimConfig
@@ -43,11 +45,28 @@ def decide_fault(config: SimConfig, seq: int) -> Fault:
     return Fault.NONE
 
 
+class StreamShape(Protocol):
+    """How a generating surface's stream and whole answer are written (its handler's)."""
+
+    ident: str  # the answer id's prefix: "chatcmpl"
+    chunk_object: bytes  # a chunk's "object": b"chat.completion.chunk"
+    answer_object: str  # a whole answer's "object": "chat.completion"
+    content_open: bytes  # a content chunk's choice up to its text: b'"delta":{"content":"'
+    reasoning_open: bytes  # ... a reasoning chunk's
+    close: bytes  # after the text, to the chunk's end (its blank line included)
+    role_chunk: bool  # a role-only chunk opens the stream (when the config says so)
+    reasoning: bool  # it streams reasoning first (config.reasoning_tokens)
+
+    def finish_choice(self, finish_reason: str) -> dict[str, Any]: ...
+
+    def whole_choice(self, content: str, reasoning: str, finish_reason: str) -> dict[str, Any]: ...
+
+
 @dataclass(slots=True)
 class Plan:
-    """What one completion request asked for, and what the simulator will answer."""
+    """What one request asked for, and what the simulator will answer."""
 
-    endpoint: str  # "chat" | "completions"
+    endpoint: str  # its surface (app.client.endpoints): "chat", "embeddings", ...
     stream: bool
     model: str
     input_tokens: int
@@ -57,6 +76,10 @@ class Plan:
     include_usage: bool
     text_seed: str
     cached_tokens: int = 0  # prompt tokens the prefix cache held (``SimServer``)
+    shape: StreamShape | None = None  # a generating surface's; None: one whole answer
+    path: str = ""  # the request's path (a surface may answer in the shape its path asks)
+    items: int = 0  # a whole answer's inputs (embeddings) or documents (rerank)
+    answer: bytes | None = None  # the whole answer of a surface that does not generate
 
 
 class BadRequest(ValueError):
@@ -74,7 +97,7 @@ def text_of_content(content: object) -> str:
     raise BadRequest("message content must be a string, a list of parts or null")
 
 
-def _count_chat_input(messages: object) -> int:
+def count_chat_input(messages: object) -> int:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
     total = 0
@@ -85,17 +108,17 @@ def _count_chat_input(messages: object) -> int:
     return total
 
 
-def _count_prompt(prompt: object) -> int:
+def count_prompt(prompt: object) -> int:
     if isinstance(prompt, str):
         return count_tokens(prompt)
     if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
         return len(prompt)
     if isinstance(prompt, list):
-        return sum(_count_prompt(p) for p in prompt)
+        return sum(count_prompt(p) for p in prompt)
     raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids")
 
 
-def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+def int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
     v = body.get(name, default)
     if v is None:
         return default
@@ -104,26 +127,30 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
     return v
 
 
-def plan_request(body: dict[str, Any], endpoint: str, config: SimConfig) -> Plan:
-    if endpoint == "chat":
-        source: object = body.get("messages")
-        input_tokens = _count_chat_input(source) + config.chat_template_tokens
-    else:
-        source = body.get("prompt", "")
-        input_tokens = _count_prompt(source)
-    max_tokens = _int_field(body, "max_tokens", None)
+def generation_plan(
+    body: dict[str, Any],
+    endpoint: str,
+    shape: StreamShape,
+    source: object,
+    input_tokens: int,
+    config: SimConfig,
+) -> Plan:
+    """The plan of a generating surface's request: ``source`` is its prompt (or messages)
+    and ``input_tokens`` their count; the output length from ``max_tokens`` (or
+    ``max_completion_tokens``), ``min_tokens``, ``ignore_eos`` and the config's ``eos_len``."""
+    max_tokens = int_field(body, "max_tokens", None)
     if max_tokens is None:
-        max_tokens = _int_field(body, "max_completion_tokens", config.output_len)
+        max_tokens = int_field(body, "max_completion_tokens", config.output_len)
     assert max_tokens is not None
     if max_tokens < 1:
         raise BadRequest("'max_tokens' must be >= 1")
-    min_tokens = _int_field(body, "min_tokens", 0) or 0
+    min_tokens = int_field(body, "min_tokens", 0) or 0
     n = max_tokens
     if not body.get("ignore_eos", False) and config.eos_len is not None:
         n = min(max_tokens, max(min_tokens, config.eos_len))
     opts = body.get("stream_options")
     model = body.get("model")
-    reasoning = min(config.reasoning_tokens, n) if endpoint == "chat" else 0
+    reasoning = min(config.reasoning_tokens, n) if shape.reasoning else 0
     return Plan(
         endpoint=endpoint,
         stream=bool(body.get("stream", False)),
@@ -134,6 +161,7 @@ def plan_request(body: dict[str, Any], endpoint: str, config: SimConfig) -> Plan
         finish_reason="length" if n >= max_tokens else "stop",
         include_usage=isinstance(opts, dict) and bool(opts.get("include_usage", False)),
         text_seed=json.dumps(source, sort_keys=True),
+        shape=shape,
     )
 
 

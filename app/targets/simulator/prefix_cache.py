@@ -2,35 +2,16 @@
 prefix caching counts it: a prompt is cut into blocks of ``block`` tokens (built-in
 tokenizer; a chat message's tokens follow a marker of its role), each full block named by a
 hash chained over every block before it, so a block hits only when the whole prompt up to
-its end was seen before. A request's cached tokens are its leading blocks found in the cache;
-then its full blocks are remembered, least recently used ones forgotten past ``capacity``
-blocks. The TTFT charges ``per_input_token_ms`` for the uncached tokens only, usage reports
-``prompt_tokens_details.cached_tokens`` and ``/metrics`` vLLM's
+its end was seen before (a surface's handler gives the prompt's tokens,
+``app.targets.simulator.surfaces``). A request's cached tokens are its leading blocks found
+in the cache; then its full blocks are remembered, least recently used ones forgotten past
+``capacity`` blocks. The TTFT charges ``per_input_token_ms`` for the uncached tokens only,
+usage reports ``prompt_tokens_details.cached_tokens`` and ``/metrics`` vLLM's
 ``prefix_cache_queries_total`` / ``prefix_cache_hits_total`` (tokens)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
-
-from app.client.tokenizer import PRETOKEN
-from app.targets.simulator.plan import text_of_content
-
-
-def prompt_tokens(body: dict[str, Any], endpoint: str) -> list[str]:
-    """The request's prompt as tokens (checked already by ``plan_request``)."""
-    if endpoint == "chat":
-        out: list[str] = []
-        for m in body.get("messages") or []:
-            out.append(f"<|{m.get('role', '')}|>")
-            out += PRETOKEN.findall(text_of_content(m.get("content")))
-        return out
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, str):
-        return PRETOKEN.findall(prompt)
-    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
-        return [str(p) for p in prompt]
-    return [t for p in prompt if isinstance(p, str) for t in PRETOKEN.findall(p)]
 
 
 class PrefixCache:

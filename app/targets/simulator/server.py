@@ -1,9 +1,10 @@
 """The simulator server: ``SimServer`` binds the listening socket (TLS when configured,
-``server_ssl_context``), starts the scheduler task, routes each whole request (completions,
-``/v1/models``, ``/health``, ``/metrics``, ``/_sim/ground_truth``, ``/_sim/reset``), turns a
-completion request into its plan, fault, ground-truth record and generation, and holds the
-state they share: the request counter, the batch counters and the records. ``serve`` runs
-it until cancelled.
+``server_ssl_context``), starts the scheduler task, routes each whole request (every path of
+every registered surface, ``app.targets.simulator.surfaces.ROUTES``; ``/v1/models``,
+``/health``, ``/metrics``, ``/_sim/ground_truth``, ``/_sim/reset``), turns a surface's
+request into its plan (its handler's), fault, ground-truth record and generation (a stream,
+``generator.Gen``, or one whole answer, ``answer.Answer``), and holds the state they share:
+the request counter, the batch counters and the records. ``serve`` runs it until cancelled.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from typing import Any
 import h11
 
 from app.targets.sim_config import Fault, SimConfig
+from app.targets.simulator.answer import Answer
 from app.targets.simulator.generator import Gen, build_tape
 from app.targets.simulator.http import HttpProtocol, error_body, json_bytes
 from app.targets.simulator.metrics import metrics_text
-from app.targets.simulator.plan import BadRequest, Plan, decide_fault, plan_request
-from app.targets.simulator.prefix_cache import PrefixCache, prompt_tokens
+from app.targets.simulator.plan import BadRequest, Plan, decide_fault
+from app.targets.simulator.prefix_cache import PrefixCache
 from app.targets.simulator.records import EVENT_KINDS, K_ERROR, K_ROLE, Record
 from app.targets.simulator.scheduler import Scheduler
 from app.targets.simulator.stamps import clock_offset, listen_socket
+from app.targets.simulator.surfaces import HANDLERS, routes
+from app.targets.simulator.surfaces.base import Surface
 
 
 class SimServer:
@@ -34,6 +38,7 @@ class SimServer:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.surfaces = routes(HANDLERS)  # every path of every registered surface
         self.tape = build_tape(config.seed)
         self.per_active_ns = round(config.itl_per_active_ms * 1e6)
         self.port = 0
@@ -138,17 +143,15 @@ class SimServer:
                 lambda: proto.send_simple(200, json_bytes(self.ground_truth())),
             ),
             "/_sim/reset": ("POST", lambda: self._reset_route(proto)),
-            "/v1/chat/completions": (
-                "POST",
-                lambda: self._complete(proto, req, body, received_ns, "chat"),
-            ),
-            "/v1/completions": (
-                "POST",
-                lambda: self._complete(proto, req, body, received_ns, "completions"),
-            ),
         }
+        surface = self.surfaces.get(path)
         route = routes.get(path)
-        if route is None:
+        if surface is not None:
+            if method != "POST":
+                proto.send_simple(405, error_body(f"{method} not allowed", "invalid_request", 405))
+            else:
+                self._complete(proto, req, body, received_ns, surface, path)
+        elif route is None:
             proto.send_simple(404, error_body(f"no route {path}", "not_found", 404))
         elif method != route[0]:
             proto.send_simple(405, error_body(f"{method} not allowed", "invalid_request", 405))
@@ -175,15 +178,21 @@ class SimServer:
         )
 
     def _complete(
-        self, proto: HttpProtocol, req: h11.Request, body: bytes, received_ns: int, endpoint: str
+        self,
+        proto: HttpProtocol,
+        req: h11.Request,
+        body: bytes,
+        received_ns: int,
+        surface: Surface,
+        path: str,
     ) -> None:
         try:
             payload = json.loads(body)
             if not isinstance(payload, dict):
                 raise BadRequest("the body must be a JSON object")
-            plan = plan_request(payload, endpoint, self.config)
-            if self.prefix_cache is not None:
-                tokens = prompt_tokens(payload, endpoint)
+            plan = surface.plan(payload, path, self.config)
+            tokens = surface.prompt_tokens(payload) if self.prefix_cache is not None else None
+            if self.prefix_cache is not None and tokens is not None:
                 plan.cached_tokens = self.prefix_cache.lookup(tokens, plan.input_tokens)
         except (ValueError, RecursionError) as e:
             proto.send_simple(400, error_body(str(e), "invalid_request_error", 400))
@@ -218,12 +227,18 @@ class SimServer:
         fault: Fault,
         received_ns: int,
     ) -> None:
-        gen = Gen(self, proto, rec if self.config.record_ground_truth else None, plan, seq, fault)
-        proto.gen = gen
+        kept = rec if self.config.record_ground_truth else None
         self.waiting += 1
         self.kv_tokens += plan.input_tokens
+        if plan.shape is None:  # one whole answer (a surface that does not generate)
+            answer = Answer(self, proto, kept, plan, fault)
+            proto.gen = answer
+            self._sched.add(answer.first_due(received_ns), answer)
+            return
+        gen = Gen(self, proto, kept, plan, seq, fault)
+        proto.gen = gen
         if plan.stream:
-            role = self.config.role_chunk and plan.endpoint == "chat"
+            role = self.config.role_chunk and plan.shape.role_chunk
             t = proto.start_stream(gen.role_chunk() if role else b"")
             rec.headers_ns, rec.status = t, 200
             if role:
