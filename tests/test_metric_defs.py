@@ -38,22 +38,29 @@ def test_every_reported_distribution_is_defined() -> None:
     report = compute_metrics(_trace()).to_dict()  # type: ignore[arg-type]
     dists = {k for k, v in report.items() if k.endswith("_ms") and isinstance(v, dict)}
     dists.discard("slos_ms")  # the goodput SLOs asked for, not a measurement
-    assert dists == {m.key for m in md.LATENCIES}
-    assert report["aggregation"] == {m.key: m.aggregation for m in md.LATENCIES}
-    for m in md.RATES:
+    assert dists == {m.key for m in md.latencies()}
+    assert report["aggregation"] == {m.key: m.aggregation for m in md.latencies()}
+    for m in md.rates():
         assert m.key in report, m.key
 
 
 def test_the_readers_read_the_definition() -> None:
-    for key, label, per in render.LATENCY_ROWS:
+    for key, label, per in render.latency_rows():
         assert (label, per) == (md.metric(key).label, md.metric(key).per)
-    for key, title in runs_view.METRIC_ROWS:
-        assert title == md.metric(key).title
-    for key, (title, source) in run_figures.DIST_PLOTS.items():
-        assert (title, source) == (md.metric(key).title, md.metric(key).source)
-        assert run_figures.DIST_AXES[key] == md.metric(key).label
-    for key, label in (compare_svc.LATENCY_METRICS | compare_svc.SCALARS).items():
-        assert label == md.metric(key).label
+    assert [k for k, _, _ in render.latency_rows()] == [m.key for m in md.latencies()]
+    report = {"metrics": compute_metrics(_trace()).to_dict()}  # type: ignore[arg-type]
+    rows = runs_view.metric_rows(report)
+    assert [(r.key, r.label) for r in rows] == [(m.key, m.title) for m in md.shown("page")]
+    figs = run_figures.run_figures(_trace()).figures  # type: ignore[arg-type]
+    for m in md.shown("figures"):
+        cdf = figs[f"cdf_{m.short_key}"]
+        assert cdf["layout"]["xaxis"]["title"]["text"] == m.heading
+    assert compare_svc.latency_labels() == {
+        m.key: m.label for m in md.shown("compare") if m.aggregation != "per_run"
+    }
+    assert [m.key for m in compare_svc.scalar_metrics()] == [
+        m.key for m in md.shown("compare") if m.aggregation == "per_run"
+    ]
 
 
 def test_formats_follow_the_unit() -> None:
