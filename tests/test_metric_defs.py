@@ -4,6 +4,7 @@ page, its figures and the comparisons read that definition."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from app.analysis import metric_defs as md
 from app.analysis.metrics import compute_metrics
@@ -70,3 +71,54 @@ def test_formats_follow_the_unit() -> None:
     assert md.format_relative(0.1234) == "+12.3%"
     assert md.format_value(None, "ttft_ms") == "—"
     assert md.metric("e2el_ms").heading == "E2E latency (ms)"
+
+
+def test_the_registry_is_consistent() -> None:
+    """Each metric's seeds are its own (a new metric moves no other interval), its short
+    key is unique, a column it names exists, and every SLO is one a spec, the CLI and the
+    launch form take."""
+    from app.cli.args import parse_goodput
+    from app.client.spec import RunSpec
+    from app.storage.models import Request
+    from app.web.launch_form import SLO_KEYS
+
+    ms = list(md.METRICS.values())
+    seeds = [m.seed for m in ms if m.aggregation != "per_run"]
+    assert len(seeds) == len(set(seeds))
+    compared = [m.compare_seed for m in md.shown("compare") if m.aggregation != "per_run"]
+    assert len(compared) == len(set(compared))
+    assert len({m.short_key for m in ms}) == len(ms)
+    for m in ms:
+        assert m.column is None or m.column in Request.__table__.c, m.key
+    slos = {name: 100.0 for name in md.slo_metrics()}
+    assert RunSpec(base_url="http://h:1", model="m", goodput=slos).goodput == slos
+    assert parse_goodput([f"{k}:100" for k in slos]) == slos
+    assert set(SLO_KEYS) == set(slos) == {"ttft", "user_ttft", "tpot", "e2el"}
+
+
+def test_an_unknown_slo_is_refused_naming_the_known_ones() -> None:
+    import pydantic
+
+    from app.client.spec import RunSpec
+
+    with pytest.raises(pydantic.ValidationError, match="unknown SLO 'ttfb'; expected one of ttft"):
+        RunSpec(base_url="http://h:1", model="m", goodput={"ttfb": 1.0})
+
+
+def test_metrics_of_a_run_follow_its_surface(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metric limited to some surfaces or stream modes is left out of a run's views
+    elsewhere (the endpoint registry marks TTFT/ITL/TPOT not applicable where no stream is)."""
+    import dataclasses
+
+    only_stream = dataclasses.replace(md.TPOT, streams=frozenset({"stream"}))
+    only_chat = dataclasses.replace(md.TPOT, surfaces=frozenset({"chat"}))
+    assert only_stream.applies("chat", True) and not only_stream.applies("chat", False)
+    assert only_chat.applies("chat", None) and not only_chat.applies("embeddings", True)
+    assert md.applies_to(only_chat, {"endpoint": "chat"})
+    assert not md.applies_to(only_chat, {"endpoint": "embeddings"})
+    assert md.applies_to(only_chat, None)  # an import says neither: it applies
+    monkeypatch.setitem(md.METRICS, md.TPOT.key, only_chat)
+    embeddings = {"endpoint": "embeddings", "stream": False}
+    assert md.TPOT.key not in [k for k, _, _ in render.latency_rows(embeddings)]
+    assert md.TPOT.key in [k for k, _, _ in render.latency_rows({"endpoint": "chat"})]
+    assert md.TPOT.key not in [m.key for m in runs_view.applying("page", embeddings)]

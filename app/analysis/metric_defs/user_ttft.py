@@ -37,6 +37,7 @@ USER_TTFT = Metric(
     unit="ms",
     decimals=2,
     aggregation="per_request",
+    short="User-perceived TTFT",
     per_request=_user_ttft,
     requires="connection phases",
     no_data=NO_PHASES,
