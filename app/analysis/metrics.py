@@ -222,6 +222,7 @@ def compute_metrics(
     in_tokens = int(np.clip(trace.input_tokens[ok], 0, None).sum())
     values = per_request_values(b)
     dists = {m.key: b.distribution(m.key) for m in latencies()}
+    b.forget_samples()
     n_good, notes = slo_goodput(values, ok, slos)
     if counts.ok and bool(np.any(trace.input_tokens[ok] < 0)):
         notes.append(

@@ -253,6 +253,11 @@ class RunBasis:
         """The pooled ITL samples (ns) of the token-bearing events."""
         return itl_samples(self.trace, self.tokens)
 
+    def forget_samples(self) -> None:
+        """Drop the pooled ITL samples (a run of 10M events holds two arrays of them) once
+        their distributions are computed."""
+        self.__dict__.pop("itl", None)
+
     def since_sent(self, t_ns: I64) -> F64:
         """``t - sent`` per request in ns, NaN where not valid or ``t`` unknown (-1)."""
         return since_sent(t_ns, self.trace, self.valid)
