@@ -234,3 +234,6 @@ class PerRequestMetrics:
     e2e_ns: F64  # last token-bearing chunk - sent
     tpot_ns: F64  # (tn - t1) / (n - 1)
     n_tokens: I64  # output tokens used (-1 unknown)
+    # the other per-request values read from the events, by metric key (base unit, ns), that
+    # have no column of their own: stored as ``requests.metric_values`` (no migration)
+    extra: dict[str, F64] = field(default_factory=dict)

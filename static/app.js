@@ -242,7 +242,7 @@
   "use strict";
   function fmtMs(v) {
     if (v === null || v === undefined || !isFinite(v)) return "—";
-    return v.toFixed(2); // ms: 2 decimals everywhere (app/analysis/metric_labels.py)
+    return v.toFixed(2); // ms: 2 decimals everywhere (app/analysis/metric_defs)
   }
   function fmtRate(v, digits) {
     if (v === null || v === undefined || !isFinite(v)) return "—";
@@ -253,7 +253,9 @@
     if (el) el.textContent = text;
   }
   function showLive(s) {
-    ["ttft", "tpot", "e2e"].forEach(function (key) {
+    // the live table's rows name their metrics (app/web/runs_live.py: the registry's)
+    document.querySelectorAll("#live-table tr[data-metric]").forEach(function (row) {
+      var key = row.getAttribute("data-metric");
       ["p50", "p90", "p99"].forEach(function (p) {
         setText("live-" + key + "-" + p, fmtMs(s[key] ? s[key][p] : null));
       });

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.analysis.prefix_cache import responses_prefix_cache
-from app.analysis.turns import CSV_COLUMNS, flat_rows, turn_table
+from app.analysis.turns import csv_columns, flat_rows, turn_table
 from app.cli.render import prefix_cache_line
 from app.client.events import cached_prompt_tokens, classify
 from app.client.raw_stream import RawStream
@@ -206,7 +206,7 @@ def test_per_turn_cached_share_against_a_hand_computation() -> None:
     table = turn_table(RECS)
     _check_turns(table)
     flat = flat_rows(table)
-    assert "cached_share" in CSV_COLUMNS and "cached_prompt_tokens_mean" in CSV_COLUMNS
+    assert "cached_share" in csv_columns() and "cached_prompt_tokens_mean" in csv_columns()
     assert [r["cached_share"] for r in flat] == [0.0, pytest.approx(0.75), None]
     assert responses_prefix_cache(turn_table(RECS[5:])) is None  # nobody said
 

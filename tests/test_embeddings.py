@@ -293,7 +293,7 @@ def test_the_report_cli_and_run_page_show_it(tmp_path: Path) -> None:
     text = buf.getvalue()
     rate, tokens = f"{m['items_per_s']:,.2f}", f"{m['input_throughput_tok_s']:,.2f}"
     assert re.search(rf"inputs throughput \(inputs/s\)\s*│ {re.escape(rate)}", text)
-    assert re.search(rf"input token throughput \(tok/s\)\s*│ {re.escape(tokens)}", text)
+    assert re.search(rf"input throughput \(tok/s\)\s*│ {re.escape(tokens)}", text)
     assert "endpoint embeddings (batch_size=2)" in text
     assert "not streamed" not in text  # the chat note: an embeddings answer is never streamed
     assert "not applicable (no tokens generated)" in text and "TTFT" in text

@@ -100,18 +100,18 @@ def test_example_a_run_metrics() -> None:
     assert m.counts.sent == 4 and m.counts.ok == 3 and m.counts.failed == 1
     assert m.counts.failed_by_status == {"timeout": 1}
     assert m.counts.error_reasons == [("timed out", 1)]
-    assert m.request_throughput_req_s == pytest.approx(6.0)
-    assert m.output_throughput_tok_s == pytest.approx(16.0)
+    assert m.rate("request_throughput_req_s") == pytest.approx(6.0)
+    assert m.rate("output_throughput_tok_s") == pytest.approx(16.0)
     assert m.good_requests == 2
-    assert m.goodput_req_s == pytest.approx(4.0)
+    assert m.rate("goodput_req_s") == pytest.approx(4.0)
 
 
 def test_example_a_explicit_window() -> None:
     trace = example_a()
     m = compute_metrics(trace, window_ns=(0, 500 * MS))
     assert m.window is not None and m.window.source == "explicit"
-    assert m.request_throughput_req_s == pytest.approx(6.0)
-    assert m.goodput_req_s is None and m.good_requests is None  # no SLOs in force
+    assert m.rate("request_throughput_req_s") == pytest.approx(6.0)
+    assert m.rate("goodput_req_s") is None and m.good_requests is None  # no SLOs in force
     with pytest.raises(ValueError):
         compute_metrics(trace, window_ns=(10, 5))
 
@@ -174,8 +174,8 @@ def test_example_b_summary_only() -> None:
     assert ttft.percentiles[95.0] == pytest.approx(552.0, abs=1e-9)
     assert m.window is not None and m.window.duration_s == pytest.approx(4.36)
     assert m.output_tokens_total == 240
-    assert m.output_throughput_tok_s is not None
-    assert round(m.output_throughput_tok_s, 2) == 55.05
+    assert m.rate("output_throughput_tok_s") is not None
+    assert round(m.rate("output_throughput_tok_s"), 2) == 55.05
     assert m.input_tokens_total == 1024 + 4096 + 512
     # per-token views say "no per-token data", never compute ITL from two events
     assert m.summary_only
@@ -278,8 +278,8 @@ def test_empty_run_is_no_data() -> None:
     m = compute_metrics(trace_from_records([]), slos_ms={"ttft": 100})
     assert m.window is None
     assert m.counts.sent == 0 and m.counts.error_rate is None
-    assert m.request_throughput_req_s is None and m.output_throughput_tok_s is None
-    assert m.goodput_req_s is None
+    assert m.rate("request_throughput_req_s") is None and m.rate("output_throughput_tok_s") is None
+    assert m.rate("goodput_req_s") is None
     for dist in m.distributions.values():
         assert dist.count == 0 and dist.mean is None
         assert all(v is None for v in dist.percentiles.values())
@@ -300,7 +300,7 @@ def test_all_failed_run() -> None:
     assert m.counts.failed_by_status == {"error": 1}
     assert dict(m.counts.error_reasons) == {"HTTP 500": 1}
     assert m.dist("ttft_ms").count == 0 and m.dist("itl_ms").count == 0
-    assert m.request_throughput_req_s == 0.0
+    assert m.rate("request_throughput_req_s") == 0.0
     assert m.output_tokens_total == 0
 
 
@@ -357,7 +357,7 @@ def test_window_default_uses_last_event_or_end() -> None:
 def test_total_token_throughput() -> None:
     recs = [rec(0, 0, tokens_at(100, 200), inp=10, end_ms=1000), rec(1, 0, tokens_at(50), inp=6)]
     m = compute_metrics(trace_from_records(recs))
-    assert m.total_token_throughput_tok_s == pytest.approx((10 + 6 + 2 + 1) / 1.0)
+    assert m.rate("total_token_throughput_tok_s") == pytest.approx((10 + 6 + 2 + 1) / 1.0)
 
 
 def test_ci_reported_and_optional() -> None:

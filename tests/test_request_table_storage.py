@@ -94,7 +94,8 @@ def test_sorts_filters_and_neighbours(sessions) -> None:  # type: ignore[no-unty
         cols = request_table.live_columns(s, run_id)
     order = np.argsort(cols.sent_ns)  # live_columns has no order: line it up by send time
     assert cols.ok[order].tolist() == [True, False, True, True, False, True]
-    assert np.allclose(cols.ttft_ns[order], [_nan(r[1]) for r in ROWS.values()], equal_nan=True)
+    ttft = cols.values["ttft"][order]
+    assert np.allclose(ttft, [_nan(r[1]) for r in ROWS.values()], equal_nan=True)
     assert cols.output_tokens[order].tolist() == [10, -1, 20, 5, -1, 8]
 
 

@@ -320,9 +320,11 @@ def test_live_figures_by_hand() -> None:
         ok=np.array([True, True, True, False, True]),
         sent_ns=np.array([0, 100 * ms, 200 * ms, 300 * ms, -1], np.int64),  # last: never sent
         end_ns=np.array([400 * ms, 600 * ms, 2000 * ms, 500 * ms, -1], np.int64),
-        ttft_ns=np.array([10 * ms, 30 * ms, 20 * ms, np.nan, np.nan]),
-        tpot_ns=np.array([2 * ms, 4 * ms, np.nan, np.nan, np.nan]),
-        e2e_ns=np.array([400 * ms, 500 * ms, 1800 * ms, 200 * ms, np.nan]),
+        values={
+            "ttft": np.array([10 * ms, 30 * ms, 20 * ms, np.nan, np.nan]),
+            "tpot": np.array([2 * ms, 4 * ms, np.nan, np.nan, np.nan]),
+            "e2e": np.array([400 * ms, 500 * ms, 1800 * ms, 200 * ms, np.nan]),
+        },
         output_tokens=np.array([10, 20, 30, 99, -1], np.int64),
     )
     got = live_figures(cols)
@@ -346,9 +348,7 @@ def test_live_figures_without_requests() -> None:
     cols = LiveColumns(
         np.zeros(0, np.bool_),
         *(np.zeros(0, np.int64) for _ in range(2)),
-        empty,
-        empty,
-        empty,
+        {"ttft": empty, "tpot": empty, "e2e": empty},
         np.zeros(0, np.int64),
     )
     got = live_figures(cols)

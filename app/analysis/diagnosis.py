@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.analysis.compare import rank_average
+from app.analysis.metric_defs import TPOT, TTFT
 from app.analysis.sweep import DEFAULT_MIN_RATIO, StepSummary
 
 F64 = npt.NDArray[np.float64]
@@ -189,11 +190,11 @@ def queueing_saturation(
     rate_steps = sorted((s for s in steps if s.load_kind == "rate"), key=lambda s: s.load)
     if len(rate_steps) < 2:
         return None
-    base = rate_steps[0].latency("ttft_ms", "p50")
+    base = rate_steps[0].latency(TTFT.key, "p50")
     if base is None or base <= 0:
         return None
     for i, s in enumerate(rate_steps):
-        ttft = s.latency("ttft_ms", "p50")
+        ttft = s.latency(TTFT.key, "p50")
         fell = s.achieved_rps is not None and s.achieved_rps < min_ratio * s.load
         if fell and ttft is not None and ttft >= QUEUE_RISE * base:
             where = f"above {rate_steps[i - 1].load:g} req/s" if i else f"at {s.load:g} req/s"
@@ -234,7 +235,7 @@ def tpot_grows_with_load(steps: Sequence[StepSummary]) -> Note | None:
     ordered = sorted(steps, key=lambda s: s.load)
     if len(ordered) < 2:
         return None
-    lo, hi = ordered[0].latency("tpot_ms", "p50"), ordered[-1].latency("tpot_ms", "p50")
+    lo, hi = ordered[0].latency(TPOT.key, "p50"), ordered[-1].latency(TPOT.key, "p50")
     if lo is None or hi is None or lo <= 0 or hi / lo < TPOT_LOAD_RISE:
         return None
     return Note(

@@ -68,16 +68,6 @@ def phase_summary(trace: RunTrace, ok: BoolArr) -> dict[str, object]:
     return out
 
 
-def user_ttft_ms_of_row(r: dict[str, object]) -> float | None:
-    """One stored request's user-perceived TTFT in ms (``*_ns`` columns): connect + tls +
-    TTFT; None without a TTFT or without recorded phases."""
-    ttft, connect, tls = r.get("ttft_ns"), r.get("connect_ns"), r.get("tls_ns")
-    if not isinstance(ttft, int | float) or r.get("conn_id") is None:
-        return None
-    setup = sum(v for v in (connect, tls) if isinstance(v, int | float))
-    return float(ttft + setup) / 1e6
-
-
 def send_lag_ns(
     sent: int | None, scheduled: int, queued: int | None, connect: int | None, tls: int | None
 ) -> int | None:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from app.domain import TOKEN_KINDS, EventKind, RunTrace
 
+from .metric_defs import AGG_TEXT, shown
 from .metrics import (
     NS_PER_MS,
     EventView,
@@ -217,50 +218,15 @@ def _no_per_chunk(label: str, definition: str, aggregation: str, reason: str) ->
 
 def _tokentrace(ctx: _Ctx, window_ns: tuple[int, int] | None) -> ProfileResult:
     m = compute_metrics(ctx.trace, window_ns=window_ns, ci=False)
-    d = m.distributions
-    per_req = "per request"
-    metrics = {
-        "ttft": _from_dist(d["ttft_ms"], "TTFT", "ms", "first token-bearing chunk - send", per_req),
-        "ttfot": _from_dist(
-            d["ttfot_ms"], "TTFOT", "ms", "first content (non-reasoning) chunk - send", per_req
-        ),
-        "itl": _from_dist(
-            d["itl_ms"],
-            "ITL",
-            "ms",
-            "per-token gap: a chunk of k tokens after gap g gives k samples g/k",
-            "per token, pooled",
-        ),
-        "itl_chunk": _from_dist(
-            d["itl_chunk_ms"],
-            "ITL (per chunk)",
-            "ms",
-            "gap between consecutive token-bearing chunks",
-            "per chunk, pooled",
-        ),
-        "tpot": _from_dist(
-            d["tpot_ms"], "TPOT", "ms", "(t_last - t_first) / (n - 1), n >= 2", per_req
-        ),
-        "e2el": _from_dist(d["e2el_ms"], "E2E", "ms", "last token-bearing chunk - send", per_req),
-        "request_throughput": _scalar(
-            "Request throughput",
-            "req/s",
-            "successful requests / window",
-            m.request_throughput_req_s,
-        ),
-        "output_throughput": _scalar(
-            "Output token throughput",
-            "tok/s",
-            "output tokens of successful requests / window",
-            m.output_throughput_tok_s,
-        ),
-        "total_token_throughput": _scalar(
-            "Total token throughput",
-            "tok/s",
-            "input + output tokens of successful requests / window",
-            m.total_token_throughput_tok_s,
-        ),
-    }
+    metrics: dict[str, ProfileMetric] = {}
+    for md in shown("profile"):
+        row = md.profile
+        assert row is not None  # the profile view needs its row
+        if md.aggregation == "per_run":
+            metrics[row.key] = _scalar(row.label, md.unit, row.definition, m.rate(md.key))
+        else:
+            agg = AGG_TEXT[md.aggregation]
+            metrics[row.key] = _from_dist(m.dist(md.key), row.label, md.unit, row.definition, agg)
     return ProfileResult(
         profile="tokentrace",
         tool="tokentrace (SPEC)",

@@ -1,5 +1,7 @@
 """A run's per-request values without its events: what goodput under any SLO, the
-diagnosis and the server-metrics overlay need (one row per measured request)."""
+diagnosis, comparisons and the server-metrics overlay need (one row per measured request).
+``values`` holds every per-request metric of the registry by key (base unit, ns), so a new
+metric travels with the stored summary without a change here."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.analysis.metrics import per_request_metrics, valid_requests
-from app.analysis.phases import user_ttft_ns
-from app.domain import PerRequestMetrics, RunTrace
+from app.analysis.metric_defs import RunBasis, metric
+from app.analysis.metrics import basis, per_request_values
+from app.domain import RunTrace
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -25,23 +27,29 @@ class RequestColumns:
     end_ns: I64  # -1 where unknown
     input_tokens: I64  # -1 where unknown
     valid: BoolArr  # ``valid_requests``: ok and sent
-    prm: PerRequestMetrics
-    user_ttft_ns: F64 | None  # None when the run recorded no connection phases
+    n_tokens: I64  # output tokens used (-1 unknown)
+    # metric key -> per-request values (ns); a metric the run did not record is absent
+    # (user-perceived TTFT without connection phases)
+    values: dict[str, F64]
 
     @property
     def n_requests(self) -> int:
         return int(self.sent_ns.shape[0])
 
+    def ms(self, key: str) -> F64 | None:
+        """A per-request metric's values in its unit (ms), or None when not recorded."""
+        v = self.values.get(key)
+        return None if v is None else v / metric(key).per_unit
 
-def request_columns(trace: RunTrace, prm: PerRequestMetrics | None = None) -> RequestColumns:
-    """The per-request values of ``trace`` (``prm``: its ``per_request_metrics`` if known)."""
-    p = prm if prm is not None else per_request_metrics(trace)
-    user = user_ttft_ns(p.ttft_ns, trace.phases) if trace.phases is not None else None
+
+def request_columns(trace: RunTrace, b: RunBasis | None = None) -> RequestColumns:
+    """The per-request values of ``trace`` (``b``: its metrics' basis, if one is built)."""
+    b = b if b is not None else basis(trace)
     return RequestColumns(
         sent_ns=trace.sent_ns,
         end_ns=trace.end_ns,
         input_tokens=trace.input_tokens,
-        valid=valid_requests(trace),
-        prm=p,
-        user_ttft_ns=user,
+        valid=b.valid,
+        n_tokens=b.n_tokens.astype(np.int64),
+        values=per_request_values(b),
     )

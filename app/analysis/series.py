@@ -3,10 +3,10 @@ point (a value and its 95% bootstrap interval per metric and statistic, from the
 report), the trend of one metric, its change points described, threshold checks and the
 gate (a run against its series).
 
-**Point.** ``point_of(report_metrics)``: for each latency of ``metric_defs.LATENCIES``
+**Point.** ``point_of(report_metrics)``: for each latency of ``metric_defs.latencies()``
 its mean and percentiles with the run's own 95% interval (``percentiles.summarize``:
 bootstrap, or the order-statistic interval past ``BOOTSTRAP_MAX_N`` samples), for each
-rate of ``RATES`` its value (one number per run: no interval), and the error rate.
+rate of ``rates()`` its value (one number per run: no interval), and the error rate.
 
 **Trend.** The values of one metric/statistic over the series' runs in order. Change
 points (``change_points.e_divisive``) are found on the runs that count: members whose
@@ -35,7 +35,7 @@ import numpy as np
 
 from app.analysis import change_points as cp
 from app.analysis.comparability import KEY_FIELDS, allowed_to_differ, check
-from app.analysis.metric_defs import LATENCIES, METRICS, RATES, metric
+from app.analysis.metric_defs import METRICS, TTFT, latencies, metric, rates
 from app.analysis.percentiles import PERCENTILES, percentile_key
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
@@ -46,13 +46,12 @@ ERROR_RATE = "error_rate"
 GATE_WINDOW = 10  # runs before the gated one it is judged against, at most
 MemberState = Literal["pending", "member", "flagged", "refused"]
 Verdict = Literal["regressed", "improved", "no significant change", "no data"]
-# short names a user types (``ttft:p99``) -> report keys
-SHORT_NAMES: dict[str, str] = {m.key.removesuffix("_ms"): m.key for m in LATENCIES} | {
-    "output_throughput": "output_throughput_tok_s",
-    "request_throughput": "request_throughput_req_s",
-    "goodput": "goodput_req_s",
-    "total_token_throughput": "total_token_throughput_tok_s",
-}
+
+
+def short_names() -> dict[str, str]:
+    """The names a user types (``ttft:p99``, ``output_throughput``: ``Metric.short_key``)
+    -> report keys."""
+    return {m.short_key: m.key for m in METRICS.values()}
 
 
 def check_name(name: str) -> str:
@@ -71,7 +70,7 @@ class MetricRef:
 
     @property
     def text(self) -> str:
-        short = next((s for s, k in SHORT_NAMES.items() if k == self.key), self.key)
+        short = metric(self.key).short_key if self.key in METRICS else self.key
         return short if self.stat == RATE_STAT else f"{short}:{self.stat}"
 
     @property
@@ -90,25 +89,27 @@ class MetricRef:
         return "lower" if self.key == ERROR_RATE else metric(self.key).better
 
 
-DEFAULT_REF = MetricRef("ttft_ms", "p99")
+DEFAULT_REF = MetricRef(TTFT.key, "p99")
 DEFAULT_REF_CELL = (DEFAULT_REF.key, DEFAULT_REF.stat)
 
 
 def parse_metric(text: str) -> MetricRef:
-    """``ttft:p99``, ``ttft_ms:p50``, ``e2el:mean``, ``output_throughput``, ``error_rate``
-    -> a ``MetricRef``; ValueError naming what is wrong."""
+    """``ttft:p99``, ``e2el:mean``, ``output_throughput``, ``error_rate`` (a metric's
+    ``short_key`` or its key, and a statistic) -> a ``MetricRef``; ValueError naming what is
+    wrong."""
     raw = str(text).strip()
     name, _, stat = raw.partition(":")
-    key = SHORT_NAMES.get(name, name)
+    names = short_names()
+    key = names.get(name, name)
     if key == ERROR_RATE:
         if stat not in ("", RATE_STAT):
             raise ValueError("metric error_rate has no statistic: write error_rate")
         return MetricRef(ERROR_RATE, RATE_STAT)
     if key not in METRICS:
-        names = ", ".join([*SHORT_NAMES, ERROR_RATE])
-        raise ValueError(f"metric {name[:60]!r} is not known: choose from {names}")
+        known = ", ".join([*names, ERROR_RATE])
+        raise ValueError(f"metric {name[:60]!r} is not known: choose from {known}")
     m = METRICS[key]
-    if m in RATES:
+    if m.aggregation == "per_run":
         if stat not in ("", RATE_STAT):
             raise ValueError(f"metric {name} is one number per run: write {name} alone")
         return MetricRef(key, RATE_STAT)
@@ -121,10 +122,20 @@ def parse_metric(text: str) -> MetricRef:
     return MetricRef(key, stat)
 
 
+def gate_defaults() -> list[str]:
+    """The trends a gate checks unless told which (each metric's ``gate`` statistics), as
+    a user writes them: ``ttft:p99``, ``output_throughput``."""
+    return [
+        m.short_key if stat == RATE_STAT else f"{m.short_key}:{stat}"
+        for m in METRICS.values()
+        for stat in m.gate
+    ]
+
+
 def refs() -> list[MetricRef]:
     """Every trend a series offers, in the pages' order."""
-    out = [MetricRef(m.key, s) for m in LATENCIES for s in LATENCY_STATS]
-    out += [MetricRef(m.key, RATE_STAT) for m in RATES]
+    out = [MetricRef(m.key, s) for m in latencies() for s in LATENCY_STATS]
+    out += [MetricRef(m.key, RATE_STAT) for m in rates()]
     return [*out, MetricRef(ERROR_RATE, RATE_STAT)]
 
 
@@ -144,7 +155,7 @@ def point_of(metrics: Mapping[str, Any]) -> dict[str, dict[str, Cell]]:
     """The compact point of one run from its report's ``metrics``: metric -> statistic ->
     [value, low, high] (None where there is no data or no interval)."""
     out: dict[str, dict[str, Cell]] = {}
-    for m in LATENCIES:
+    for m in latencies():
         d = metrics.get(m.key)
         if not isinstance(d, Mapping):
             continue
@@ -157,7 +168,7 @@ def point_of(metrics: Mapping[str, Any]) -> dict[str, dict[str, Cell]]:
                 lo, hi = _num(bounds[0]), _num(bounds[1])
             cells[stat] = [_num(d.get(stat)), lo, hi]
         out[m.key] = cells
-    for m in RATES:
+    for m in rates():
         out[m.key] = {RATE_STAT: [_num(metrics.get(m.key)), None, None]}
     out[ERROR_RATE] = {RATE_STAT: [_num(metrics.get(ERROR_RATE)), None, None]}
     return out

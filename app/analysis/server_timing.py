@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from app.analysis.metric_defs import ITL, TPOT, TTFT, Metric
 from app.protocol.prometheus import Series, counter_increase
 
 
@@ -80,6 +81,11 @@ def server_timing(series: Sequence[Series], *, requests: int) -> dict[str, Any] 
     }
 
 
+def client_mean_key(m: Metric) -> str:
+    """The key of the client's mean of ``m`` beside the server's timing: "client_<key>_mean"."""
+    return f"client_{m.key}_mean"
+
+
 def beside_client(timing: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
     """The server's own times (ms) beside the client's TTFT, ITL and TPOT means (ms): the
     server's prefill is part of TTFT (the rest is the wait for a free slot or a scheduler
@@ -99,8 +105,8 @@ def beside_client(timing: dict[str, Any], metrics: dict[str, Any]) -> dict[str, 
         "source": timing.get("source"),
         "basis": timing.get("basis"),
         "server_prefill_ms_per_request": ms("prefill_s_per_request"),
-        "client_ttft_ms_mean": mean("ttft_ms"),
+        client_mean_key(TTFT): mean(TTFT.key),
         "server_decode_ms_per_token": ms("decode_s_per_token"),
-        "client_itl_ms_mean": mean("itl_ms"),
-        "client_tpot_ms_mean": mean("tpot_ms"),
+        client_mean_key(ITL): mean(ITL.key),
+        client_mean_key(TPOT): mean(TPOT.key),
     }

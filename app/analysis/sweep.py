@@ -35,6 +35,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from app.analysis.metric_defs import slo_metrics
+
 I64 = npt.NDArray[np.int64]
 BoolArr = npt.NDArray[np.bool_]
 
@@ -154,9 +156,9 @@ def meets_slo(
         return None
     if step.error_rate is None or step.error_rate > max_error_rate:
         return False
-    names = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
+    by_slo = slo_metrics()
     for key, limit in slos_ms.items():
-        value = step.latency(names[key], SLO_PERCENTILE)
+        value = step.latency(by_slo[key].key, SLO_PERCENTILE)
         if value is None or value > limit:
             return False
     return True

@@ -1,9 +1,10 @@
 """Multi-turn sessions' metrics grouped by turn index (pure).
 
 For each turn number (1-based, ``RequestRecord.turn``) over the measured requests: how many
-were sent and succeeded, and over the successful ones TTFT, TTFT per prompt token (each
-request's TTFT divided by its prompt tokens: with prefix caching it falls after turn 1, as
-the history is already cached), TPOT and prompt tokens (mean, p50, p99; linear percentiles).
+were sent and succeeded, and over the successful ones each metric the registry shows by
+turn (``Metric.views`` "turns": TTFT, TPOT), TTFT per prompt token (each request's TTFT
+divided by its prompt tokens: with prefix caching it falls after turn 1, as the history is
+already cached) and prompt tokens (mean, p50, p99; linear percentiles).
 
 Where the server reported the prompt tokens it served from its prefix cache
 (``RequestRecord.cached_prompt_tokens``): their statistics over the successful requests that
@@ -22,10 +23,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.analysis.metrics import per_request_metrics
+from app.analysis.metric_defs import TTFT, Metric, shown
+from app.analysis.metrics import basis, per_request_values
 from app.domain import RequestRecord, trace_from_records
 
-NS_PER_MS = 1e6
+F64 = npt.NDArray[np.float64]
+PER_TOKEN = "ttft_per_prompt_token_ms"  # TTFT / prompt tokens, by turn
+
+
+def turn_metrics() -> list[Metric]:
+    """The metrics a turn's row summarises, in order."""
+    return shown("turns")
 
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:
@@ -42,13 +50,12 @@ def turn_table(records: Sequence[RequestRecord]) -> list[dict[str, object]]:
     if not recs:
         return []
     trace = trace_from_records(recs)
-    prm = per_request_metrics(trace)
+    values = per_request_values(basis(trace))
     turns = np.array([r.turn for r in recs], np.int64)
     return turn_table_of(
         turns,
         trace.ok,
-        prm.ttft_ns,
-        prm.tpot_ns,
+        {m.key: values[m.key] for m in turn_metrics()},
         trace.input_tokens,
         cached_prompt_tokens=_floats([r.cached_prompt_tokens for r in recs]),
         usage_prompt_tokens=_floats([r.usage_prompt_tokens for r in recs]),
@@ -71,18 +78,17 @@ def _known(values: npt.ArrayLike | None, n: int) -> npt.NDArray[np.float64]:
 def turn_table_of(
     turns: npt.NDArray[np.int64],
     ok: npt.NDArray[np.bool_],
-    ttft_ns: npt.NDArray[np.float64],
-    tpot_ns: npt.NDArray[np.float64],
+    values: Mapping[str, F64],
     input_tokens: npt.ArrayLike,
     *,
     cached_prompt_tokens: npt.ArrayLike | None = None,
     usage_prompt_tokens: npt.ArrayLike | None = None,
 ) -> list[dict[str, object]]:
     """``turn_table`` from per-request columns (measured requests of a turn, aligned):
-    status ok, TTFT and TPOT (NaN where none), prompt tokens (<= 0 or NaN: unknown), and
-    the server's cached and prompt token counts (NaN or negative: not reported; None: no
-    request reported any), as a run's stored request rows give them
-    (``app.storage.turn_rows``)."""
+    status ok, each turn metric's values by key (base unit, ns; NaN where none), prompt
+    tokens (<= 0 or NaN: unknown), and the server's cached and prompt token counts (NaN or
+    negative: not reported; None: no request reported any), as a run's stored request rows
+    give them (``app.storage.turn_rows``)."""
     inp = np.asarray(input_tokens, np.float64).copy()
     inp[~(inp > 0)] = np.nan
     cached = _known(cached_prompt_tokens, turns.shape[0])
@@ -91,17 +97,21 @@ def turn_table_of(
     rows: list[dict[str, object]] = []
     for k in sorted(set(turns.tolist())):
         sel = (turns == k) & ok
-        ttft = ttft_ns[sel]
         both = sel & np.isfinite(cached) & np.isfinite(basis)
         cached_sum, basis_sum = float(cached[both].sum()), float(basis[both].sum())
+        row: dict[str, object] = {
+            "turn": int(k),
+            "requests": int((turns == k).sum()),
+            "ok": int(sel.sum()),
+        }
+        for m in turn_metrics():
+            shown_values = values[m.key][sel] / m.per_unit
+            row[m.key] = _stats(shown_values)
+            if m is TTFT:
+                row[PER_TOKEN] = _stats(shown_values / inp[sel])
         rows.append(
-            {
-                "turn": int(k),
-                "requests": int((turns == k).sum()),
-                "ok": int(sel.sum()),
-                "ttft_ms": _stats(ttft / NS_PER_MS),
-                "ttft_per_prompt_token_ms": _stats(ttft / NS_PER_MS / inp[sel]),
-                "tpot_ms": _stats(tpot_ns[sel] / NS_PER_MS),
+            row
+            | {
                 "prompt_tokens": _stats(inp[sel]),
                 "cached_prompt_tokens": _stats(cached[sel]),
                 "cached_share": cached_sum / basis_sum if basis_sum > 0 else None,
@@ -114,28 +124,29 @@ def turn_table_of(
 
 # the per-turn export's columns (``flat_rows``): each statistic as <quantity>_<stat>
 STATS = ("mean", "p50", "p99")
-QUANTITIES = (
-    "ttft_ms",
-    "ttft_per_prompt_token_ms",
-    "tpot_ms",
-    "prompt_tokens",
-    "cached_prompt_tokens",
-)
-CSV_COLUMNS = (
-    "turn",
-    "requests",
-    "ok",
-    *(f"{q}_{st}" for q in QUANTITIES for st in STATS),
-    "cached_share",
-)
+
+
+def quantities() -> list[str]:
+    """What a turn's row summarises, in order: each turn metric (TTFT followed by TTFT per
+    prompt token), the prompt tokens and the cached prompt tokens."""
+    out: list[str] = []
+    for m in turn_metrics():
+        out += [m.key, PER_TOKEN] if m is TTFT else [m.key]
+    return [*out, "prompt_tokens", "cached_prompt_tokens"]
+
+
+def csv_columns() -> tuple[str, ...]:
+    """The per-turn export's columns."""
+    stats = (f"{q}_{st}" for q in quantities() for st in STATS)
+    return ("turn", "requests", "ok", *stats, "cached_share")
 
 
 def flat_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A turn table's rows with one column per statistic (``CSV_COLUMNS``; None: no value)."""
+    """A turn table's rows with one column per statistic (``csv_columns``; None: no value)."""
     out: list[dict[str, Any]] = []
     for row in table:
         flat: dict[str, Any] = {c: row.get(c) for c in ("turn", "requests", "ok")}
-        for q in QUANTITIES:
+        for q in quantities():
             stats = row.get(q)
             for st in STATS:
                 flat[f"{q}_{st}"] = stats.get(st) if isinstance(stats, Mapping) else None

@@ -10,6 +10,7 @@ import anyio
 from fastapi import APIRouter, Path, Query, status
 from pydantic import ConfigDict, Field
 
+from app.analysis import series as sa
 from app.analysis.series import NAME_RE
 from app.api.deps import Reader, Runner, SecretBoxDep, SessionDep, SessionsDep, SettingsDep
 from app.protocol.nul import NoNul
@@ -203,7 +204,7 @@ async def gate(
             sessions,
             name,
             run_id,
-            metrics=metric or list(series_gate.DEFAULT_METRICS),
+            metrics=metric or sa.gate_defaults(),
             threshold_pct=threshold_pct,
             allow_invalid=allow_invalid,
         )

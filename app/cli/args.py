@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
+from app.analysis.metric_defs import slo_metrics
 from app.client.datasets import DATASETS
 from app.client.endpoints import ENDPOINTS, PATH_ALIASES
 from app.client.spec import RunSpec
@@ -352,8 +353,9 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
         key, sep, value = item.partition(":")
         if not sep:
             raise UsageError(f"--goodput: expected KEY:MS, got {item!r}")
-        if key not in ("ttft", "tpot", "e2el", "user_ttft"):
-            raise UsageError(f"--goodput: unknown SLO {key!r} (use ttft, tpot, e2el, user_ttft)")
+        known = slo_metrics()
+        if key not in known:
+            raise UsageError(f"--goodput: unknown SLO {key!r} (use {', '.join(known)})")
         try:
             slos[key] = float(value)
         except ValueError:

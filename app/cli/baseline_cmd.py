@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis import series as sa
+from app.analysis.metric_defs import OUTPUT_THROUGHPUT, shown
 from app.cli.args import (
     UsageError,
     add_bench_arguments,
@@ -72,8 +74,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
         "--metric",
         action="append",
         default=None,
-        help="with --series: the metrics judged (repeatable; default ttft:p99 tpot:p50 "
-        "e2el:p99 output_throughput)",
+        help="with --series: the metrics judged (repeatable; default "
+        + " ".join(sa.gate_defaults())
+        + ")",
     )
     cmp_.add_argument("--threshold-pct", type=float, default=5.0)
     cmp_.add_argument("--alpha", type=float, default=0.01)
@@ -288,7 +291,7 @@ def cmd_series_gate(ns: argparse.Namespace, console: Console) -> int:
             sessions,
             name,
             ns.runs[0],
-            metrics=ns.metric or list(series_gate.DEFAULT_METRICS),
+            metrics=ns.metric or sa.gate_defaults(),
             threshold_pct=ns.threshold_pct,
             allow_invalid=ns.allow_invalid,
         )
@@ -384,8 +387,11 @@ def join_sweep_here(sessions: Any, name: str, sweep_id: str, err: Console) -> No
 
 def render_sweep(summary: dict[str, Any], console: Console) -> None:
     table = Table(title=f"sweep {summary['id']} ({summary['mode']})")
-    for col in ("step", "load", "achieved req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-                "E2E p99", "errors", "run"):  # fmt: skip
+    lat_cols = [  # p50 and p99 of each latency a sweep charts (the sweep page's table)
+        (m.key, st, f"{m.name} {st}") for m in shown("sweep_figures") for st in ("p50", "p99")
+    ]
+    for col in ("step", "load", "achieved req/s", "tok/s", *(h for _, _, h in lat_cols),
+                "errors", "run"):  # fmt: skip
         table.add_column(col)
     for s in summary["steps"]:
         lat = s["latency_ms"]
@@ -394,11 +400,8 @@ def render_sweep(summary: dict[str, Any], console: Console) -> None:
             str(s["index"]) + (" (probe)" if s["role"] != "step" else ""),
             f"{load} {'req/s' if s['load_kind'] == 'rate' else 'conc'}",
             _num(s["achieved_rps"]),
-            _num(s["output_throughput_tok_s"]),
-            _num(lat["ttft_ms"]["p50"]),
-            _num(lat["ttft_ms"]["p99"]),
-            _num(lat["tpot_ms"]["p50"]),
-            _num(lat["e2el_ms"]["p99"]),
+            _num(s[OUTPUT_THROUGHPUT.key]),
+            *(_num((lat.get(key) or {}).get(st)) for key, st, _ in lat_cols),
             "—" if s["error_rate"] is None else f"{s['error_rate']:.1%}",
             s["run_id"] or "",
         )

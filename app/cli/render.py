@@ -9,19 +9,33 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.analysis.comparability import endpoint_text
-from app.analysis.metric_defs import metric
+from app.analysis.metric_defs import (
+    ITEMS_PER_S,
+    ITL,
+    TPOT,
+    TTFT,
+    Metric,
+    applies_to,
+    headline_cells,
+    headline_heading,
+    latencies,
+    rates,
+)
 from app.analysis.prefix_cache import responses_prefix_cache
+from app.analysis.server_timing import client_mean_key
+from app.analysis.turns import PER_TOKEN, turn_metrics
 from app.analysis.verdict import verdict_of
 from app.client.endpoints import items_noun
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
 
-# the latency rows of the report, in the order shown: (key, label, what one sample is)
-LATENCY_ROWS = tuple(
-    (k, metric(k).label, metric(k).per)
-    for k in ("ttft_ms", "user_ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "itl_chunk_ms", "e2el_ms")
-)
+
+
+def latency_rows(spec: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
+    """The report's latency rows, in the order shown: (key, label, what one sample is), of
+    every distribution of the registry that applies to a run of ``spec``."""
+    return [(m.key, m.label, m.per) for m in latencies() if applies_to(m, spec)]
 
 
 def fmt(v: Any, digits: int = 2) -> str:
@@ -80,12 +94,13 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         ("cancelled (cut by the client)", req.get("cancelled"), 0),
         ("error rate", m.get("error_rate"), 4),
         ("observation window (s)", window.get("duration_s"), 3),
-        ("request throughput (req/s)", m.get("request_throughput_req_s"), 3),
         *_answer_rows(m, spec),
-        ("input token throughput (tok/s)", m.get("input_throughput_tok_s"), 2),
-        ("output throughput (tok/s)", m.get("output_throughput_tok_s"), 2),
-        ("total token throughput (tok/s)", m.get("total_token_throughput_tok_s"), 2),
-        ("goodput (req/s)", m.get("goodput_req_s"), 3),
+        # each rate with one decimal more than the pages show (a terminal has the room)
+        *(
+            (_rate_label(r, spec), m.get(r.key), r.decimals + 1)
+            for r in rates()
+            if applies_to(r, spec) and not (r is ITEMS_PER_S and m.get(r.key) is None)
+        ),
     ):
         if val is None and m.get("e2e_end") == "answer" and label.startswith("output"):
             counts.add_row(label, "not applicable (no tokens generated)")
@@ -101,7 +116,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if none_ok:
         console.print("no request succeeded: no latencies to show")
     else:
-        _render_latencies(m, console)
+        _render_latencies(m, console, spec)
         _render_errors(req, console)
     turns = report.get("turns")
     turn_rows = [r for r in turns if isinstance(r, dict)] if isinstance(turns, list) else []
@@ -125,32 +140,34 @@ def render_report(report: dict[str, Any], console: Console) -> None:
 
 
 def _answer_rows(m: dict[str, Any], spec: dict[str, Any]) -> list[tuple[str, Any, int]]:
-    """A run of a surface that generates no tokens: its items answered, and a second
-    (inputs for embeddings, documents for rerank)."""
-    if m.get("items_per_s") is None and m.get("items_total") is None:
+    """A run of a surface that generates no tokens: the items its answers carried (inputs
+    for embeddings, documents for rerank)."""
+    if m.get("items_total") is None:
         return []
-    noun = items_noun(spec.get("endpoint"))
-    return [
-        (f"{noun} answered", m.get("items_total"), 0),
-        (f"{noun} throughput ({noun}/s)", m.get("items_per_s"), 2),
-    ]
+    return [(f"{items_noun(spec.get('endpoint'))} answered", m.get("items_total"), 0)]
+
+
+def _rate_label(r: Metric, spec: dict[str, Any]) -> str:
+    """A rate's row label: items/s named by the run's surface ("documents/s")."""
+    if r is ITEMS_PER_S:
+        noun = items_noun(spec.get("endpoint"))
+        return f"{noun} throughput ({noun}/s)"
+    return f"{r.label.lower()} ({r.unit})"
 
 
 def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
     """A multi-turn run's metrics by turn index (``report["turns"]``)."""
     t = Table(title="By turn (multi-turn sessions; ok requests)")
-    for col in (
-        "turn",
-        "requests",
-        "ok",
-        "prompt tokens mean",
-        "TTFT mean (ms)",
-        "TTFT p50 (ms)",
-        "TTFT/prompt token mean (ms)",
-        "TPOT mean (ms)",
-        "cached prompt tokens mean",
-        "cached share",
-    ):
+    metric_cols: list[tuple[str, str, str, int]] = []  # (row key, statistic, heading, digits)
+    for m in turn_metrics():
+        for st in ("mean", "p50"):
+            metric_cols.append((m.key, st, f"{m.label} {st} ({m.unit})", m.decimals))
+        if m is TTFT:
+            metric_cols.append((PER_TOKEN, "mean", "TTFT/prompt token mean (ms)", 4))
+    heads = [h for _, _, h, _ in metric_cols]
+    for col in ("turn", "requests", "ok", "prompt tokens mean", *heads):
+        t.add_column(col, justify="right")
+    for col in ("cached prompt tokens mean", "cached share"):
         t.add_column(col, justify="right")
     for row in turns:
         t.add_row(
@@ -158,10 +175,7 @@ def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
             fmt(row.get("requests")),
             fmt(row.get("ok")),
             fmt(_pct(row.get("prompt_tokens") or {}, "mean"), 1),
-            fmt(_pct(row.get("ttft_ms") or {}, "mean")),
-            fmt(_pct(row.get("ttft_ms") or {}, "p50")),
-            fmt(_pct(row.get("ttft_per_prompt_token_ms") or {}, "mean"), 4),
-            fmt(_pct(row.get("tpot_ms") or {}, "mean")),
+            *(fmt(_pct(row.get(key) or {}, st), d) for key, st, _, d in metric_cols),
             fmt(_pct(row.get("cached_prompt_tokens") or {}, "mean"), 1),
             _share(row.get("cached_share")),
         )
@@ -203,13 +217,13 @@ def render_server_timing(t: dict[str, Any], console: Console) -> None:
         "prefill per request",
         fmt(t.get("server_prefill_ms_per_request"), 3),
         "TTFT",
-        fmt(t.get("client_ttft_ms_mean"), 3),
+        fmt(t.get(client_mean_key(TTFT)), 3),
     )
     table.add_row(
         "decode per token",
         fmt(t.get("server_decode_ms_per_token"), 3),
         "ITL / TPOT",
-        f"{fmt(t.get('client_itl_ms_mean'), 3)} / {fmt(t.get('client_tpot_ms_mean'), 3)}",
+        f"{fmt(t.get(client_mean_key(ITL)), 3)} / {fmt(t.get(client_mean_key(TPOT)), 3)}",
     )
     console.print(table)
     if t.get("basis"):
@@ -227,7 +241,7 @@ def _render_errors(req: dict[str, Any], console: Console) -> None:
         console.print(et)
 
 
-def _render_latencies(m: dict[str, Any], console: Console) -> None:
+def _render_latencies(m: dict[str, Any], console: Console, spec: dict[str, Any]) -> None:
     table = Table(title="Latency (ms); TTFOT = time to first output (non-reasoning) token")
     table.add_column("metric")
     table.add_column("per")
@@ -235,7 +249,7 @@ def _render_latencies(m: dict[str, Any], console: Console) -> None:
     table.add_column("mean", justify="right")
     for key in PCT_KEYS:
         table.add_column(key.replace("_", "."), justify="right")
-    for key, label, agg in LATENCY_ROWS:
+    for key, label, agg in latency_rows(spec):
         dist = m.get(key)
         if not isinstance(dist, dict):
             continue
@@ -336,19 +350,8 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
         console.print("No runs yet. Start one with: tokentrace bench --base-url URL --model NAME")
         return
     t = Table(title="Runs")
-    for col in (
-        "id",
-        "created",
-        "source",
-        "model",
-        "status",
-        "verdict",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "TPOT p50 ms",
-        "out tok/s",
-        "error rate",
-    ):
+    heads = [headline_heading(hm, stat) for hm, stat, _ in headline_cells()]
+    for col in ("id", "created", "source", "model", "status", "verdict", *heads, "error rate"):
         t.add_column(col)
     for r in runs:
         s = r.get("summary") or {}
@@ -360,10 +363,7 @@ def render_runs(runs: list[dict[str, Any]], console: Console) -> None:
             str(spec.get("model") or r.get("name") or ""),
             str(r.get("status")),
             _valid_cell(r),
-            fmt(s.get("ttft_ms_p50")),
-            fmt(s.get("ttft_ms_p99")),
-            fmt(s.get("tpot_ms_p50")),
-            fmt(s.get("output_throughput_tok_s")),
+            *(fmt(s.get(key)) for _, _, key in headline_cells()),
             fmt(s.get("error_rate"), 4),
         )
     console.print(t)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.analysis.metric_defs import slo_metrics
 from app.client.datasets import DATASETS, dataset_type, parse_options
 from app.client.datasets.base import MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS, WorkloadParams
 from app.client.endpoints import ENDPOINTS, endpoint_type, parse_endpoint_options
@@ -21,7 +22,7 @@ from app.client.endpoints.base import BodyParams, EndpointType, SpecFacts
 from app.client.limits import ClientLimits
 from app.domain import MAX_JSON_DEPTH, json_depth
 
-SLOMetric = Literal["ttft", "tpot", "e2el", "user_ttft"]
+SLOMetric = str  # an SLO name of the metric registry (``metric_defs.slo_metrics``)
 Arrival = Literal["poisson", "gamma", "constant"]
 TokenCounting = Literal["auto", "usage", "tokenizer"]
 ConnectionMode = Literal["keep-alive", "new"]
@@ -289,7 +290,12 @@ class RunSpec(BaseModel):
     @field_validator("goodput")
     @classmethod
     def _slos(cls, v: dict[SLOMetric, float]) -> dict[SLOMetric, float]:
+        known = slo_metrics()
         for k, ms in v.items():
+            if k not in known:
+                raise ValueError(
+                    f"goodput: unknown SLO {k[:40]!r}; expected one of {', '.join(known)}"
+                )
             if not (ms > 0 and math.isfinite(ms)):
                 raise ValueError(f"goodput SLO {k} must be a positive number of ms")
         return v

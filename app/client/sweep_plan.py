@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from app.analysis.metric_defs import GOODPUT, OUTPUT_THROUGHPUT, REQUEST_THROUGHPUT, shown
 from app.analysis.sweep import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_RATIO,
@@ -105,8 +106,8 @@ def step_summary_of(
     sent_ns, end_ns, ok = requests
     m = report["metrics"]
     lat = {
-        k: {p: (m.get(k) or {}).get(p) for p in ("p50", "p90", "p99")}
-        for k in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
+        md.key: {p: (m.get(md.key) or {}).get(p) for p in ("p50", "p90", "p99")}
+        for md in shown("sweep")
     }
     return StepSummary(
         index=index,
@@ -118,9 +119,9 @@ def step_summary_of(
             ok,
             closed_loop=kind == "concurrency" or math.isinf(load),
         ),
-        request_throughput_rps=m.get("request_throughput_req_s"),
-        output_throughput_tok_s=m.get("output_throughput_tok_s"),
-        goodput_rps=m.get("goodput_req_s"),
+        request_throughput_rps=m.get(REQUEST_THROUGHPUT.key),
+        output_throughput_tok_s=m.get(OUTPUT_THROUGHPUT.key),
+        goodput_rps=m.get(GOODPUT.key),
         error_rate=m.get("error_rate"),
         latency_ms=lat,
         run_id=run_id,
@@ -136,7 +137,7 @@ def step_dict(s: StepSummary, role: str = "step") -> dict[str, Any]:
         "role": role,
         "achieved_rps": s.achieved_rps,
         "request_throughput_rps": s.request_throughput_rps,
-        "output_throughput_tok_s": s.output_throughput_tok_s,
+        OUTPUT_THROUGHPUT.key: s.output_throughput_tok_s,
         "goodput_rps": s.goodput_rps,
         "error_rate": s.error_rate,
         "latency_ms": {k: dict(v) for k, v in s.latency_ms.items()},
@@ -152,7 +153,7 @@ def step_from_dict(d: dict[str, Any]) -> StepSummary:
         load_kind=d["load_kind"],
         achieved_rps=d.get("achieved_rps"),
         request_throughput_rps=d.get("request_throughput_rps"),
-        output_throughput_tok_s=d.get("output_throughput_tok_s"),
+        output_throughput_tok_s=d.get(OUTPUT_THROUGHPUT.key),
         goodput_rps=d.get("goodput_rps"),
         error_rate=d.get("error_rate"),
         latency_ms=d.get("latency_ms") or {},

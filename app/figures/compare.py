@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.analysis.metric_defs import metric
+from app.analysis.metric_defs import OUTPUT_THROUGHPUT
+from app.analysis.metric_defs import metric as metric_def
 from app.figures.common import MAX_POINTS, Figure, _layout, downsample_note, empty_figure, evenly
 from app.figures.common import values as jvalues
 
@@ -94,7 +95,7 @@ def delta_figure(pair: Mapping[str, Any], *, title: str) -> Figure:
     for key, mc in pair["metrics"].items():
         for p in mc["percentiles"]:
             base, r = p["baseline"], p["rel_delta"]
-            labels.append(f"{metric(key).label} {p['key']}")
+            labels.append(f"{metric_def(key).label} {p['key']}")
             rel.append(None if r is None else round(100 * r, 3))
             ok = r is not None and base and p["ci_low"] is not None
             lo.append(round(100 * (r - p["ci_low"] / abs(base)), 3) if ok else 0.0)
@@ -144,7 +145,7 @@ def sweep_latency_figure(
     for i, sw in enumerate(sweeps):
         name = sweep_name(sw, baseline)
         steps = [s for s in sw["steps"] if s["role"] == "step"]
-        x = [s["output_throughput_tok_s"] for s in steps]
+        x = [s[OUTPUT_THROUGHPUT.key] for s in steps]
         for p, dash in (("p50", "solid"), ("p99", "dash")):
             y = [(s["latency_ms"].get(metric) or {}).get(p) for s in steps]
             traces.append(
@@ -168,7 +169,7 @@ def sweep_latency_figure(
                     "type": "scatter",
                     "mode": "markers",
                     "name": f"{name} max goodput",
-                    "x": jvalues(np.array([s["output_throughput_tok_s"]], np.float64)),
+                    "x": jvalues(np.array([s[OUTPUT_THROUGHPUT.key]], np.float64)),
                     "y": jvalues(
                         np.array([(s["latency_ms"].get(metric) or {}).get("p99")], np.float64)
                     ),
@@ -178,8 +179,9 @@ def sweep_latency_figure(
             )
     if not traces:
         return empty_figure(title, "no steps")
-    name = metric.removesuffix("_ms").upper().replace("E2EL", "E2E latency")
-    layout = _layout(title, "achieved output throughput (tok/s)", f"{name} (ms)", showlegend=True)
+    layout = _layout(
+        title, "achieved output throughput (tok/s)", metric_def(metric).heading, showlegend=True
+    )
     layout["legend"] = {"orientation": "h", "y": -0.3}
     layout["height"] = 360
     if slo_ms is not None:
@@ -223,9 +225,8 @@ def sweep_latency_load_figure(
             )
     if not any(t["x"] for t in traces):
         return empty_figure(title, "no steps")
-    name = metric.removesuffix("_ms").upper().replace("E2EL", "E2E latency")
     xt = "offered load (req/s or concurrency)"
-    layout = _layout(title, xt, f"{name} (ms)", showlegend=True)
+    layout = _layout(title, xt, metric_def(metric).heading, showlegend=True)
     layout["legend"] = {"orientation": "h", "y": -0.3}
     layout["height"] = 360
     if slo_ms is not None:

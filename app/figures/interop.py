@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from app.analysis.metric_defs import E2EL, TTFT
 from app.analysis.request_columns import RequestColumns, request_columns
 from app.domain import RunTrace
 from app.figures import common as fg
@@ -83,12 +84,13 @@ def server_metrics_figure_of(
             data.append(_line(f"KV cache %: {_label(s)}", t, v * scale, "y3", next(color)))
         else:
             data.append(_line(_label(s), t, v, "y3", next(color), "linear"))
-    prm = trace.prm
-    ok = np.isfinite(prm.ttft_ns) & np.isfinite(sent)
+    ttft = trace.values[TTFT.key]
+    ok = np.isfinite(ttft) & np.isfinite(sent)
     if ok.any():
         order = np.argsort(sent[ok], kind="stable")
-        for name, arr in (("TTFT ms", prm.ttft_ns), ("E2E ms", prm.e2e_ns)):
-            when, lat_ms = sent[ok][order], arr[ok][order] / 1e6
+        for m in (TTFT, E2EL):
+            name, arr = f"{m.name} {m.unit}", trace.values[m.key]
+            when, lat_ms = sent[ok][order], arr[ok][order] / m.per_unit
             keep = fg.minmax_keep(lat_ms, fg.MAX_POINTS)  # SVG: many browsers lack WebGL
             data.append(
                 {

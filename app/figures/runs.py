@@ -1,7 +1,9 @@
 """From a run's ``RunTrace`` to the arrays its plots show, vectorised with numpy.
 
-Per-request latencies come from ``app.analysis`` (``per_request_metrics``); this module only
-rearranges times for display (run-relative seconds, per-token gaps with their positions).
+Per-request latencies come from ``app.analysis`` (the registry's metrics, over one
+``RunBasis``); this module only rearranges times for display (run-relative seconds,
+per-token gaps with their positions). The distribution figures are those of the metrics
+the registry shows there (``Metric.views`` "figures").
 """
 
 from __future__ import annotations
@@ -13,20 +15,19 @@ import numpy as np
 import numpy.typing as npt
 
 from app.analysis.answers import NO_TOKENS, has_answers
-from app.analysis.metric_defs import metric
+from app.analysis.metric_defs import TTFT, Metric, RunBasis, shown
 from app.analysis.metrics import (
     EVENT_BLOCK,
     NS_PER_MS,
     NS_PER_S,
     SUMMARY_ONLY_REASON,
     EventView,
+    basis,
     event_requests,
     event_view,
-    itl_samples_ms,
-    per_request_metrics,
     valid_requests,
 )
-from app.domain import PerRequestMetrics, RunTrace
+from app.domain import RunTrace
 from app.figures import common as fg
 from app.figures.phases import phase_breakdown_figure, wait_figures
 
@@ -34,11 +35,6 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 IPos = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 POSITION_SORT_LIMIT = 1 << 24  # longest answer (tokens) whose positions are counted, not sorted
-
-# metric key -> (title, PerRequestMetrics attribute or "itl"): the distribution figures
-DIST_KEYS = ("ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "e2el_ms")
-DIST_PLOTS: dict[str, tuple[str, str]] = {k: (metric(k).title, metric(k).source) for k in DIST_KEYS}
-DIST_AXES = {k: metric(k).label for k in DIST_KEYS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,20 +129,20 @@ def _itl_points(
     return pos, itl
 
 
-def dist_samples(
-    key: str, trace: RunTrace, prm: PerRequestMetrics, tokens: EventView
-) -> tuple[F64, str]:
-    """The samples (ms) behind a distribution key and the reason when there are none."""
-    attr = DIST_PLOTS[key][1]
-    if key != "e2el_ms" and tokens.size == 0 and has_answers(trace):  # embeddings, rerank
+def dist_samples(m: Metric, b: RunBasis) -> tuple[F64, str]:
+    """The samples (in the metric's unit) behind a metric's distribution figures and the
+    reason when there are none."""
+    if not m.answers and b.tokens.size == 0 and has_answers(b.trace):  # embeddings, rerank
         return np.zeros(0), NO_TOKENS
-    if attr == "itl":
-        if trace.summary_only:
+    if m.samples is not None:  # pooled samples
+        if b.trace.summary_only:
             return np.zeros(0), "no per-token data (" + SUMMARY_ONLY_REASON + ")"
-        return itl_samples_ms(trace, tokens), "no successful request with two tokens"
-    arr: F64 = getattr(prm, attr) / NS_PER_MS
-    reason = "no successful request" if key != "tpot_ms" else "no request with 2+ tokens"
-    return arr, reason
+        return m.samples(b), m.empty
+    values = b.value(m.key)
+    if values is None:
+        return np.zeros(0), m.no_data
+    arr: F64 = values / m.per_unit
+    return arr, m.empty
 
 
 def run_figures(
@@ -159,14 +155,14 @@ def run_figures(
     """All run-page figures. ``scheduled_ns`` and ``turns`` (aligned with the trace; turn
     -1 for a single request) feed the send-lag and queue-wait plots; ``indexes`` are the
     requests' stored indexes for click-through."""
-    tokens = event_view(trace)
-    prm = per_request_metrics(trace)
+    b = basis(trace)
+    tokens = b.tokens
     figs: dict[str, dict[str, Any]] = {}
-    for key, (title, _attr) in DIST_PLOTS.items():
-        samples, reason = dist_samples(key, trace, prm, tokens)
-        name = key.removesuffix("_ms")
+    for m in shown("figures"):
+        samples, reason = dist_samples(m, b)
+        name = m.short_key
         figs[f"cdf_{name}"], figs[f"hist_{name}"] = fg.distribution_figures(
-            samples, title=title, xtitle=f"{DIST_AXES[key]} (ms)", no_data_reason=reason
+            samples, title=m.title, xtitle=m.heading, no_data_reason=reason
         )
         del samples  # (10M ITL samples) before the next figure's arrays
     idx = indexes if indexes is not None else np.arange(trace.n_requests, dtype=np.int64)
@@ -199,7 +195,9 @@ def run_figures(
         pos, itl = itl_by_position(trace, tokens)
         figs["itl_position"] = fg.itl_position_figure(pos, itl, sorted_by_position=True)
         del pos, itl
-    figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, prm.ttft_ns / NS_PER_MS)
+    ttft = b.value(TTFT.key)
+    assert ttft is not None  # TTFT needs no more than the events
+    figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, ttft / TTFT.per_unit)
     figs["phases"] = phase_breakdown_figure(trace, idx)
     figs["send_lag"], figs["queue_wait"] = wait_figures(trace, scheduled_ns, turns)
     return RunPlots(figures=figs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.analysis.metric_defs import TTFT
+from app.analysis.turns import PER_TOKEN
 from app.figures.common import Figure, _layout, empty_figure, values
 
 TTFT_TITLE = "TTFT by turn"
@@ -54,8 +56,8 @@ def _by_turn(
 def turn_figures(table: Sequence[Mapping[str, Any]]) -> dict[str, Figure]:
     """``turn_ttft`` and ``turn_ttft_per_token`` (p50 and p99 per turn index)."""
     return {
-        "turn_ttft": _by_turn(table, "ttft_ms", TTFT_TITLE, "TTFT (ms)", 3),
+        "turn_ttft": _by_turn(table, TTFT.key, TTFT_TITLE, TTFT.heading, 3),
         "turn_ttft_per_token": _by_turn(
-            table, "ttft_per_prompt_token_ms", PER_TOKEN_TITLE, "TTFT / prompt tokens (ms)", 5
+            table, PER_TOKEN, PER_TOKEN_TITLE, "TTFT / prompt tokens (ms)", 5
         ),
     }

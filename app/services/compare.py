@@ -3,8 +3,9 @@ statistics of ``app.analysis.compare`` and attach diagnosis notes. No SQL, no ar
 of its own beyond arranging the inputs.
 
 A run is read from its stored page summary (``run_summaries``), never from its events: the
-report, the per-request values (TTFT, TPOT, E2E; the diagnosis and the comparability key)
-and a bounded, seeded sample of its pooled ITL gaps. Each metric's samples are bounded
+report, the per-request values of the compared metrics (``Metric.views`` "compare": TTFT,
+TPOT, E2E; the diagnosis and the comparability key) and a bounded, seeded sample of each
+compared pooled metric (the ITL gaps). Each metric's samples are bounded
 (``SAMPLE_MAX`` per run: ``analysis.compare.bounded``), so a comparison holds a few MB
 whatever the runs' sizes; a run still queued or running is refused (409: it has no
 summary yet). At most ``MAX_RUNS`` runs at once, each once."""
@@ -34,7 +35,7 @@ from app.analysis.compare import (
     compare_samples,
     relative,
 )
-from app.analysis.metric_defs import COMPARE_LATENCY_KEYS, COMPARE_RATE_KEYS, metric
+from app.analysis.metric_defs import TPOT, TTFT, Metric, shown
 from app.analysis.percentiles import percentile, percentile_key
 from app.analysis.request_columns import RequestColumns, request_columns
 from app.analysis.verdict import run_trust_issues
@@ -47,13 +48,10 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 
 F64 = npt.NDArray[np.float64]
-MS = 1e6
-LATENCY_METRICS: dict[str, str] = {k: metric(k).label for k in COMPARE_LATENCY_KEYS}
-SCALARS: dict[str, str] = {k: metric(k).label for k in COMPARE_RATE_KEYS}
 MIN_RUNS, MAX_RUNS = 2, 6
-ITL_NOTE = (
-    "ITL samples are pooled per token: gaps within one request are not independent, so its "
-    "rank-test p-value is optimistic"
+POOLED_NOTE = (
+    "{label} samples are pooled per {per}: gaps within one request are not independent, so "
+    "its rank-test p-value is optimistic"
 )
 
 
@@ -72,17 +70,33 @@ class RunSamples:
     device: str = hardware.DEFAULT_DEVICE_TEXT
 
 
+def latency_metrics() -> list[Metric]:
+    """The distributions a comparison judges, in order."""
+    return [m for m in shown("compare") if m.aggregation != "per_run"]
+
+
+def scalar_metrics() -> list[Metric]:
+    """The one-number-per-run metrics a comparison shows beside them."""
+    return [m for m in shown("compare") if m.aggregation == "per_run"]
+
+
+def latency_labels() -> dict[str, str]:
+    """Metric key -> label of the distributions a comparison judges (its CDFs), in order."""
+    return {m.key: m.label for m in latency_metrics()}
+
+
 def _request_samples(cols: RequestColumns) -> tuple[dict[str, F64], F64, F64, F64]:
-    """The per-request samples (ms) and (sent, input, output) of the valid requests."""
-    prm = cols.prm
-    out: dict[str, F64] = {
-        "ttft_ms": prm.ttft_ns / MS,
-        "tpot_ms": prm.tpot_ns / MS,
-        "e2el_ms": prm.e2e_ns / MS,
-    }
+    """The compared per-request metrics' samples (ms; all NaN where the run did not record
+    one) and (sent, input, output) of the valid requests."""
+    nan = np.full(cols.n_requests, np.nan)
+    out: dict[str, F64] = {}
+    for m in latency_metrics():
+        if m.aggregation == "per_request":
+            got = cols.ms(m.key)
+            out[m.key] = nan if got is None else got
     ok = cols.valid
     inp = np.where(ok & (cols.input_tokens >= 0), cols.input_tokens, -1).astype(np.float64)
-    outp = np.where(ok, prm.n_tokens, -1).astype(np.float64)
+    outp = np.where(ok, cols.n_tokens, -1).astype(np.float64)
     sent = np.where(ok, cols.sent_ns, -1).astype(np.float64)
     return out, sent, inp, outp
 
@@ -104,14 +118,18 @@ def _bounded_samples(
     sample_max: int,
 ) -> tuple[dict[str, F64], dict[str, FullStats]]:  # fmt: skip
     """Each metric's samples, at most ``sample_max`` (a seeded subsample past it, with the
-    exact count and percentiles beside it). ITL: the summary's stored sample (already at
-    most ``ITL_SAMPLE_MAX`` of the run's ``itl_count`` gaps)."""
+    exact count and percentiles beside it). A pooled metric (ITL): the summary's stored
+    sample (already at most ``ITL_SAMPLE_MAX`` of the run's ``sample_counts`` samples)."""
     samples: dict[str, F64] = {}
     full: dict[str, FullStats] = {}
-    stored = summary.itl_sample_ms
-    itl = stored if stored is not None and not summary.summary_only else np.zeros(0)
-    counts: dict[str, int] = {"itl_ms": summary.itl_count}
-    for key, values in (per_request | {"itl_ms": itl}).items():
+    stored = summary.samples or {}
+    pooled = {
+        m.key: stored.get(m.key, np.zeros(0)) if not summary.summary_only else np.zeros(0)
+        for m in latency_metrics()
+        if m.aggregation != "per_request"
+    }
+    counts = summary.sample_counts
+    for key, values in (per_request | pooled).items():
         samples[key], n = bounded(values, sample_max, SAMPLE_SEED)
         n = max(n, counts.get(key, 0))
         if samples[key].shape[0] < n:
@@ -204,13 +222,13 @@ def _diagnose(
     when the run's annotation gives a weight-read floor (``hardware.roofline_floor``)."""
     m = report["metrics"]
     reqs = m.get("requests") or {}
-    tpot = m.get("tpot_ms") or {}
+    tpot = m.get(TPOT.key) or {}
     notes = diagnosis.run_notes(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         sent_ns=np.where(sent_ns >= 0, sent_ns, np.nan),
-        ttft_ms=samples["ttft_ms"],
-        tpot_ms=samples["tpot_ms"],
+        ttft_ms=samples[TTFT.key],
+        tpot_ms=samples[TPOT.key],
         error_rate=m.get("error_rate"),
         sent=int(reqs.get("sent") or 0),
         tpot_p50_ms=tpot.get("p50") if isinstance(tpot, dict) else None,
@@ -230,8 +248,9 @@ def _options(threshold_pct: float, alpha: float, seed: int = 0) -> CompareOption
 
 def _pair(base: RunSamples, cand: RunSamples, opts: CompareOptions) -> dict[str, Any]:
     metrics: dict[str, MetricComparison] = {}
-    for i, key in enumerate(LATENCY_METRICS):
-        o = CompareOptions(opts.threshold, opts.alpha, opts.ps, opts.resamples, opts.seed + i)
+    for lm in latency_metrics():
+        key, offset = lm.key, lm.compare_seed or 0
+        o = CompareOptions(opts.threshold, opts.alpha, opts.ps, opts.resamples, opts.seed + offset)
         mc = compare_samples(
             key,
             base.samples_ms[key],
@@ -240,8 +259,8 @@ def _pair(base: RunSamples, cand: RunSamples, opts: CompareOptions) -> dict[str,
             baseline_full=base.full.get(key),
             candidate_full=cand.full.get(key),
         )
-        if key == "itl_ms" and mc.rank_test is not None:
-            mc.notes.append(ITL_NOTE)
+        if lm.aggregation != "per_request" and mc.rank_test is not None:
+            mc.notes.append(POOLED_NOTE.format(label=lm.label, per=lm.per))
         metrics[key] = mc
     bm, cm = base.report["metrics"], cand.report["metrics"]
     br, cr = bm.get("requests") or {}, cm.get("requests") or {}
@@ -260,7 +279,7 @@ def _pair(base: RunSamples, cand: RunSamples, opts: CompareOptions) -> dict[str,
             "candidate": cm.get(k),
             "rel_delta": relative(bm.get(k), cm.get(k)),
         }
-        for k in SCALARS
+        for k in (sm.key for sm in scalar_metrics())
     }
     return {
         "baseline": base.run["id"],

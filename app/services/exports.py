@@ -1,6 +1,7 @@
 """Exports of a stored run: per-request rows (CSV, JSON, JSON lines, Parquet; a multi-turn
 run's requests carry ``session`` and ``turn``; ``cached_prompt_tokens`` where the server
-reported its prefix-cache hits), per-event rows (CSV, JSON lines, Parquet),
+reported its prefix-cache hits; a column per per-request metric of the registry, in its
+unit, after ``token_source``), per-event rows (CSV, JSON lines, Parquet),
 the per-turn table (``turns.csv``) and the run's summary JSON. Times are milliseconds on the
 run's axis; blank/null where unknown. Reads storage; builds bytes; no HTTP.
 
@@ -22,7 +23,8 @@ import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis import turns
-from app.analysis.phases import send_lag_ms_of_row, user_ttft_ms_of_row
+from app.analysis.metric_defs import per_request
+from app.analysis.phases import send_lag_ms_of_row
 from app.domain import PHASES, EventKind
 from app.protocol.packing import unpack_many
 from app.services import run_turns
@@ -32,11 +34,12 @@ from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
+from app.storage.metric_values import shown_value
 
 PAGE = 5000
 EVENT_PAGE = 200  # requests per page of an events export (x events each)
 KIND_NAMES = {int(k): k.name.lower() for k in EventKind}
-REQUEST_COLUMNS = (
+HEAD_COLUMNS = (
     "idx",
     "warmup",
     "status",
@@ -50,24 +53,24 @@ REQUEST_COLUMNS = (
     "output_tokens",
     "cached_prompt_tokens",
     "token_source",
-    "ttft_ms",
-    "ttfot_ms",
-    "e2el_ms",
-    "tpot_ms",
+)
+TAIL_COLUMNS = (
     "n_events",
-    "queued_ms",
-    "connect_ms",
-    "tls_ms",
-    "sending_ms",
-    "waiting_ms",
-    "first_token_ms",
-    "user_ttft_ms",
+    *(f"{p}_ms" for p in PHASES),
     "conn_id",
     "conn_reused",
     "retries",
     "session",
     "turn",
 )
+
+
+def request_columns() -> tuple[str, ...]:
+    """A request row's columns: its facts, each per-request metric (by its key) and its
+    phases and connection."""
+    return (*HEAD_COLUMNS, *(m.key for m in per_request()), *TAIL_COLUMNS)
+
+
 EVENT_COLUMNS = ("idx", "event", "t_ms", "since_sent_ms", "kind", "tokens", "bytes")
 FORMATS = {
     "requests.csv": "text/csv; charset=utf-8",
@@ -104,13 +107,9 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "output_tokens": r.get("output_tokens"),
         "cached_prompt_tokens": r.get("cached_prompt_tokens"),
         "token_source": r.get("token_source"),
-        "ttft_ms": _ms(r.get("ttft_ns")),
-        "ttfot_ms": _ms(r.get("ttfot_ns")),
-        "e2el_ms": _ms(r.get("e2e_ns")),
-        "tpot_ms": _ms(r.get("tpot_ns")),
+        **{m.key: shown_value(m, r) for m in per_request()},
         "n_events": int(r.get("n_events") or 0),
         **{f"{p}_ms": _ms(r.get(f"{p}_ns")) for p in PHASES},
-        "user_ttft_ms": user_ttft_ms_of_row(r),
         "conn_id": r.get("conn_id"),
         "conn_reused": r.get("conn_reused"),
         "retries": int(r.get("retries") or 0),
@@ -141,10 +140,11 @@ def iter_requests_csv(sessions: sessionmaker[Session], run_id: str) -> Iterator[
     """requests.csv streamed page by page (a page's text per chunk)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(REQUEST_COLUMNS)
+    columns = request_columns()
+    w.writerow(columns)
     for page in iter_request_pages(sessions, run_id):
         for r in page:
-            w.writerow(_csv_cells(r, REQUEST_COLUMNS))
+            w.writerow(_csv_cells(r, columns))
         yield buf.getvalue()
         buf.seek(0)
         buf.truncate()
@@ -253,7 +253,8 @@ def _request_types() -> dict[str, Any]:
     import pyarrow as pa
 
     f, i, s = pa.float64(), pa.int64(), pa.string()
-    types = {c: f for c in REQUEST_COLUMNS if c.endswith("_ms")}
+    types = {c: f for c in request_columns() if c.endswith("_ms")}
+    types |= {m.key: f for m in per_request()}
     ints: tuple[str, ...] = ("idx", "http_status", "input_tokens", "output_tokens", "n_events")
     ints += ("cached_prompt_tokens",)
     ints += ("conn_id", "retries", "session", "turn")
@@ -390,7 +391,7 @@ def _jsonl_stream(
 def _request_pages(sessions: sessionmaker[Session], run_id: str) -> Iterator[dict[str, list[Any]]]:
     for rows in iter_request_pages(sessions, run_id):
         if rows:
-            yield {c: [r[c] for r in rows] for c in REQUEST_COLUMNS}
+            yield {c: [r[c] for r in rows] for c in request_columns()}
 
 
 def _json_array_stream(sessions: sessionmaker[Session], run_id: str) -> Iterator[bytes]:
@@ -410,15 +411,17 @@ def export_stream(sessions: sessionmaker[Session], run_id: str, what: str) -> It
         body = json.dumps(json_safe(summary(sessions, run_id)), indent=2, allow_nan=False)
         return iter([body.encode("utf-8")])
     if what == "turns.csv":
-        return iter([to_csv(turn_rows(sessions, run_id), turns.CSV_COLUMNS)])
+        return iter([to_csv(turn_rows(sessions, run_id), turns.csv_columns())])
     if what == "requests.csv":
         return (chunk.encode("utf-8") for chunk in iter_requests_csv(sessions, run_id))
     if what == "requests.json":
         return _json_array_stream(sessions, run_id)
     if what == "requests.jsonl":
-        return _jsonl_stream(_request_pages(sessions, run_id), REQUEST_COLUMNS)
+        return _jsonl_stream(_request_pages(sessions, run_id), request_columns())
     if what == "requests.parquet":
-        return _parquet_stream(_request_pages(sessions, run_id), REQUEST_COLUMNS, _request_types())
+        return _parquet_stream(
+            _request_pages(sessions, run_id), request_columns(), _request_types()
+        )
     if what == "events.csv":
         return _arrow_csv_stream(iter_event_tables(sessions, run_id))
     if what == "events.jsonl":
@@ -430,7 +433,7 @@ def export_stream(sessions: sessionmaker[Session], run_id: str, what: str) -> It
 
 def turn_rows(sessions: sessionmaker[Session], run_id: str) -> list[dict[str, Any]]:
     """A multi-turn run's turn table, one row per turn, one column per statistic
-    (``turns.CSV_COLUMNS``); no row for a single-turn run."""
+    (``turns.csv_columns``); no row for a single-turn run."""
     with session_scope(sessions) as s:
         run = run_svc.run_dict(repo.get_run(s, run_id))
         table = run_turns.turn_table_of_run(s, run_id, run)

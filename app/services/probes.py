@@ -18,6 +18,7 @@ from app.analysis.device_presets import (
     device_preset,
     preset_for_device_name,
 )
+from app.analysis.metric_defs import OUTPUT_THROUGHPUT, TPOT, TTFT, headline_key
 from app.analysis.model_presets import ModelConfig, dtype_bytes, model_preset
 from app.analysis.probe_spread import is_noisy, spread_verdict
 from app.probes.spec import ProbeSpec
@@ -249,7 +250,7 @@ def run_points(run: Any, ann: Annotation) -> RunPoints:
     peak = d.peak(ann.compute_dtype) if d else None
     bw = d.bandwidth_bps if d else None
     conc = spec.get("max_concurrency")
-    tput = summary.get("output_throughput_tok_s")
+    tput = summary.get(OUTPUT_THROUGHPUT.key)
     inp, outp = spec.get("input_len"), spec.get("output_len")
     points: list[rl.OperatingPoint] = []
     try:
@@ -271,7 +272,7 @@ def run_points(run: Any, ann: Annotation) -> RunPoints:
                 "no decode point: the run needs max_concurrency, input and output "
                 "lengths and a measured output throughput"
             )
-        ttft = summary.get("ttft_ms_p50")
+        ttft = summary.get(headline_key(TTFT, "p50"))
         if ttft and inp:
             points.append(
                 rl.prefill_point(
@@ -448,16 +449,16 @@ def scaling_data(
     sweep = []
     for r in probe_repo.runs_by_id(session, run_ids or []):
         spec, summ = r.spec or {}, r.summary or {}
-        if spec.get("max_concurrency") and summ.get("output_throughput_tok_s"):
+        if spec.get("max_concurrency") and summ.get(OUTPUT_THROUGHPUT.key):
             c = int(spec["max_concurrency"])
-            t = float(summ["output_throughput_tok_s"])
+            t = float(summ[OUTPUT_THROUGHPUT.key])
             sweep.append(
                 {
                     "run_id": r.id,
                     "batch": c,
                     "tokens_per_s": t,
                     "per_request_tokens_per_s": t / c,
-                    "tpot_ms": summ.get("tpot_ms_p50"),
+                    "tpot_ms": summ.get(headline_key(TPOT, "p50")),  # the probe rows' field
                 }
             )
     sweep.sort(key=lambda x: int(x["batch"] or 0))

@@ -1,7 +1,9 @@
 """A run's page summary: everything the run page shows that needs the run's events (the
 metrics without SLOs, each definition profile's metrics, the figures, the import
 comparison's metrics) plus the per-request values goodput and diagnosis need, and what a
-comparison reads (a bounded, seeded sample of the pooled ITL gaps: ``ITL_SAMPLE_MAX``).
+comparison reads (a bounded, seeded sample of each compared pooled metric's samples, the
+ITL gaps: ``ITL_SAMPLE_MAX``). The per-request values are every per-request metric of the
+registry by key, so a new metric is stored here with no change and no migration.
 
 Computed from one decode of the events when a run finalizes (``store_summary``) and
 stored versioned (``SUMMARY_VERSION``); the page of a finished run reads it back
@@ -15,7 +17,7 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,10 +26,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.compare import SAMPLE_MAX, bounded
-from app.analysis.metrics import compute_metrics, itl_samples_ms, per_request_metrics
+from app.analysis.metric_defs import shown
+from app.analysis.metrics import basis, compute_metrics
 from app.analysis.profiles import ALL_PROFILES, PROFILES, profile_metrics
 from app.analysis.request_columns import RequestColumns, request_columns
-from app.domain import PerRequestMetrics, RunTrace
+from app.domain import RunTrace
 from app.figures.runs import run_figures
 from app.figures.scriptjson import plotly_json
 from app.services.import_compare import import_metrics
@@ -40,14 +43,15 @@ from app.storage.interop import ImportInfo
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-SUMMARY_VERSION = 4  # bump when what is stored (or how it is computed) changes (3: send lag
-# without the queue wait, the queue-wait figure; 4: cancelled requests apart from failed)
+SUMMARY_VERSION = 5  # bump when what is stored (or how it is computed) changes (3: send lag
+# without the queue wait, the queue-wait figure; 4: cancelled requests apart from failed;
+# 5: per-request values and pooled samples by metric key, from the registry)
 PROFILE_NAMES = PROFILES  # the definition profiles the run page shows
 STORED_PROFILES = ALL_PROFILES  # every profile a summary holds (vllm-legacy too: the API)
-ITL_SAMPLE_MAX = SAMPLE_MAX  # ITL gaps kept for comparisons (a seeded subsample past it)
-ITL_SAMPLE = "itl_sample_ms"  # its array in the stored columns (read only when asked)
-_COLUMN_NAMES = ("sent_ns", "end_ns", "input_tokens", "valid")
-_PRM_NAMES = ("ttft_ns", "ttfot_ns", "e2e_ns", "tpot_ns", "n_tokens")
+ITL_SAMPLE_MAX = SAMPLE_MAX  # pooled samples kept for comparisons (a seeded subsample past it)
+_COLUMN_NAMES = ("sent_ns", "end_ns", "input_tokens", "valid", "n_tokens")
+VALUE = "value:"  # + metric key: a per-request metric's array in the stored columns
+SAMPLE = "sample:"  # + metric key: a pooled metric's bounded samples (read only when asked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +76,11 @@ class RunSummary:
     n_events: int
     summary_only: bool
     imported: ImportPart | None = None
-    itl_count: int = 0  # the run's pooled per-token ITL samples (``itl_samples_ms``)
-    itl_sample_ms: F64 | None = None  # all of them, or a seeded subsample of ITL_SAMPLE_MAX
-    # (``analysis.compare.bounded``); None when not read (``decode(itl_sample=False)``)
+    # each compared pooled metric (ITL): the run's count of its samples, and all of them in
+    # its unit or a seeded subsample of ITL_SAMPLE_MAX (``analysis.compare.bounded``); the
+    # samples are None when not read (``decode(itl_sample=False)``)
+    sample_counts: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, F64] | None = None
 
     @property
     def n_requests(self) -> int:
@@ -94,7 +100,7 @@ def summarize(
     """The page summary of ``trace`` (pure). ``scheduled_ns`` / ``turns`` / ``indexes``:
     the schedule columns (``run_columns.schedule_columns``) and stored indexes the figures
     use."""
-    prm = per_request_metrics(trace)
+    b = basis(trace)
     n = trace.n_requests
     plots = run_figures(
         trace,
@@ -111,20 +117,21 @@ def summarize(
     profile_dicts = {p: profile_metrics(trace, p).to_dict() for p in profiles}
     figures = {key: plotly_json(fig) for key, fig in plots.figures.items()}
     del plots
-    if trace.summary_only:  # no per-token times: no ITL (as the metrics say)
-        itl, itl_count = np.zeros(0), 0
-    else:
-        itl, itl_count = bounded(itl_samples_ms(trace), itl_sample_max)
+    samples: dict[str, F64] = {}
+    counts: dict[str, int] = {}
+    for m in shown("compare"):
+        if m.samples is not None:
+            samples[m.key], counts[m.key] = bounded(m.samples(b), itl_sample_max)
     return RunSummary(
         metrics=metrics,
         profiles=profile_dicts,
         figures=figures,
-        columns=request_columns(trace, prm),
+        columns=request_columns(trace, b),
         n_events=trace.n_events,
         summary_only=trace.summary_only,
         imported=imported,
-        itl_count=itl_count,
-        itl_sample_ms=itl,
+        sample_counts=counts,
+        samples=samples,
     )
 
 
@@ -142,7 +149,7 @@ def encode(summary: RunSummary) -> tuple[bytes, bytes]:
         "figures": summary.figures,
         "n_events": summary.n_events,
         "summary_only": summary.summary_only,
-        "itl_count": summary.itl_count,
+        "sample_counts": summary.sample_counts,
         "imported": None
         if imp is None
         else {"profile": imp.profile, "window_s": imp.window_s, "metrics": imp.metrics},
@@ -150,28 +157,24 @@ def encode(summary: RunSummary) -> tuple[bytes, bytes]:
     payload = zlib.compress(json.dumps(body).encode(), 1)
     c = summary.columns
     arrays = {name: getattr(c, name) for name in _COLUMN_NAMES}
-    arrays |= {name: getattr(c.prm, name) for name in _PRM_NAMES}
-    if c.user_ttft_ns is not None:
-        arrays["user_ttft_ns"] = c.user_ttft_ns
-    if summary.itl_sample_ms is not None:
-        arrays[ITL_SAMPLE] = summary.itl_sample_ms
+    arrays |= {VALUE + key: v for key, v in c.values.items()}
+    arrays |= {SAMPLE + key: v for key, v in (summary.samples or {}).items()}
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return payload, buf.getvalue()
 
 
 def decode(payload: bytes, columns: bytes, *, itl_sample: bool = False) -> RunSummary:
-    """The ``RunSummary`` that ``encode`` wrote; its ITL sample only with ``itl_sample``
-    (a comparison reads it, a page does not)."""
+    """The ``RunSummary`` that ``encode`` wrote; its pooled samples only with ``itl_sample``
+    (a comparison reads them, a page does not)."""
     body = json.loads(zlib.decompress(payload))
     with np.load(io.BytesIO(columns), allow_pickle=False) as z:
-        arr = {name: z[name] for name in z.files if itl_sample or name != ITL_SAMPLE}
-    prm = PerRequestMetrics(**{name: arr[name] for name in _PRM_NAMES})
+        arr = {name: z[name] for name in z.files if itl_sample or not name.startswith(SAMPLE)}
     cols = RequestColumns(
         **{name: arr[name] for name in _COLUMN_NAMES},
-        prm=prm,
-        user_ttft_ns=arr.get("user_ttft_ns"),
+        values={k.removeprefix(VALUE): v for k, v in arr.items() if k.startswith(VALUE)},
     )
+    samples = {k.removeprefix(SAMPLE): v for k, v in arr.items() if k.startswith(SAMPLE)}
     imp = body.get("imported")
     return RunSummary(
         metrics=body["metrics"],
@@ -183,8 +186,8 @@ def decode(payload: bytes, columns: bytes, *, itl_sample: bool = False) -> RunSu
         imported=None
         if imp is None
         else ImportPart(imp["profile"], imp["window_s"], dict(imp["metrics"])),
-        itl_count=int(body.get("itl_count", 0)),
-        itl_sample_ms=arr.get(ITL_SAMPLE),
+        sample_counts={str(k): int(n) for k, n in body["sample_counts"].items()},
+        samples=samples if itl_sample else None,
     )
 
 

@@ -42,8 +42,7 @@ def turn_table_of_run(
     table = turn_table_of(
         cols.turn,
         cols.ok,
-        cols.ttft_ns,
-        cols.tpot_ns,
+        cols.values,
         cols.input_tokens,
         cached_prompt_tokens=cols.cached_prompt_tokens,
         usage_prompt_tokens=cols.usage_prompt_tokens,

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
+from app.analysis.metric_defs import headline_cells
 from app.analysis.metrics import compute_metrics, metrics_with_slos, per_request_metrics
 from app.analysis.profiles import profile_metrics
 from app.analysis.server_timing import beside_client
@@ -266,7 +267,7 @@ def summary_report(
     spec = run.get("spec") or {}
     slos = slos_ms if slos_ms is not None else dict(spec.get("goodput") or {})
     c = summary.columns
-    metrics = metrics_with_slos(summary.metrics, c.prm, c.valid, c.user_ttft_ns, slos)
+    metrics = metrics_with_slos(summary.metrics, c.values, c.valid, slos)
     block = None
     if profile is not None:
         found = summary.profiles.get(profile)
@@ -388,20 +389,19 @@ def run_report(
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """The few figures cached on the run row for listings."""
+    """The few figures cached on the run row for listings: each metric's ``headline``
+    statistics (``headline_cells``), the counts and the server's own timing."""
     m = report["metrics"]
     server = report.get("server_timing") or {}
 
-    def pct(metric: str, p: str) -> Any:
-        d = m.get(metric) or {}
-        return d.get(p) if isinstance(d, dict) else None
+    def cell(key: str, stat: str) -> Any:
+        d = m.get(key)
+        if stat == "value":
+            return d
+        return d.get(stat) if isinstance(d, dict) else None
 
     return {
-        "ttft_ms_p50": pct("ttft_ms", "p50"),
-        "ttft_ms_p99": pct("ttft_ms", "p99"),
-        "tpot_ms_p50": pct("tpot_ms", "p50"),
-        "output_throughput_tok_s": m.get("output_throughput_tok_s"),
-        "goodput_req_s": m.get("goodput_req_s"),
+        **{name: cell(metric.key, stat) for metric, stat, name in headline_cells()},
         "error_rate": m.get("error_rate"),
         "sent": (m.get("requests") or {}).get("sent"),
         "completed": (m.get("requests") or {}).get("completed_ok"),

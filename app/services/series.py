@@ -193,7 +193,7 @@ def run_key(
     return comparability_key(
         run.spec or {},
         measured_input_p50=_measured_p50(c.input_tokens, c.valid),
-        measured_output_p50=_measured_p50(c.prm.n_tokens, c.valid),
+        measured_output_p50=_measured_p50(c.n_tokens, c.valid),
         hardware=hardware.run_hardware(s, run.id, run.load_stats),
         load=_sweep_load_text(s, sweep_id),
         dataset_source=stats.get("dataset_source"),
@@ -218,7 +218,7 @@ def _report_metrics(run: Run, summary: RunSummary) -> dict[str, Any]:
     """The run's report metrics under its own SLOs (``runs.summary_report``'s)."""
     c = summary.columns
     slos = dict((run.spec or {}).get("goodput") or {})
-    return metrics_with_slos(summary.metrics, c.prm, c.valid, c.user_ttft_ns, slos)
+    return metrics_with_slos(summary.metrics, c.values, c.valid, slos)
 
 
 def settle_run(

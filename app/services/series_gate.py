@@ -17,8 +17,6 @@ from app.services.errors import Conflict, Invalid, NotFound
 from app.storage import series as series_repo
 from app.storage.db import session_scope
 
-DEFAULT_METRICS = ("ttft:p99", "tpot:p50", "e2el:p99", "output_throughput")
-
 
 def gate(
     sessions: sessionmaker[Session],

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis import diagnosis
+from app.analysis.metric_defs import TPOT
 from app.analysis.sweep import (
     LoadKind,
     StepSummary,
@@ -205,7 +206,7 @@ def _roofline_notes(
     floor_ms, device = floors.get(lowest.run_id or "", (None, ""))
     if floor_ms is None:
         floor_ms, device = known[0]
-    note = diagnosis.decode_memory_bound(lowest.latency("tpot_ms", "p50"), floor_ms, device=device)
+    note = diagnosis.decode_memory_bound(lowest.latency(TPOT.key, "p50"), floor_ms, device=device)
     return [] if note is None else [note]
 
 

@@ -26,6 +26,7 @@ SUMMARY_COLUMNS = (
     "ttfot_ns",
     "e2e_ns",
     "tpot_ns",
+    "metric_values",
     "n_events",
     "queued_ns",
     "connect_ns",

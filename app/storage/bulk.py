@@ -6,7 +6,8 @@ savepoint; a concurrent writer's unique violation falls back to the upsert), oth
 same ``INSERT ... ON CONFLICT`` executemany. Reads of the packed blobs use psycopg's binary
 result format on PostgreSQL (bytea as text is hex: twice the bytes and a decode). Both fast
 paths bypass SQLAlchemy's types, so they apply ``TargetText``'s encoding (a target's error
-message with NUL) themselves.
+message with NUL) themselves, and COPY hands a JSON column (``metric_values``) psycopg's
+``Json`` wrapper.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     Connection,
@@ -102,6 +104,7 @@ def _pg_type(type_: TypeEngine[Any]) -> str:
         (Boolean, "bool"),
         (Float, "float8"),
         (LargeBinary, "bytea"),
+        (JSON, "json"),
         (String, "text"),  # varchar and text share the binary COPY format
     ):
         if isinstance(type_, cls):
@@ -123,6 +126,9 @@ def _pg_copy(conn: Connection, rows: list[dict[str, Any]]) -> None:
     names = [c.name for c in cols]
     defaults = {c.name: _column_default(c) for c in cols}
     raw: Any = conn.connection.dbapi_connection
+    from psycopg.types.json import Json
+
+    as_json = [j for j, c in enumerate(cols) if isinstance(c.type, JSON)]
     with raw.cursor() as cur:
         sql = f"COPY requests ({', '.join(names)}) FROM STDIN (FORMAT BINARY)"
         with cur.copy(sql) as copy:
@@ -133,6 +139,9 @@ def _pg_copy(conn: Connection, rows: list[dict[str, Any]]) -> None:
                 for j in faithful:
                     if isinstance(values[j], str):
                         values[j] = encode(values[j])
+                for j in as_json:
+                    if values[j] is not None:
+                        values[j] = Json(values[j])
                 copy.write_row(values)
 
 

@@ -182,6 +182,9 @@ class Request(Base):
     ttfot_ns: Mapped[int | None] = mapped_column(BigInteger)
     e2e_ns: Mapped[int | None] = mapped_column(BigInteger)
     tpot_ns: Mapped[float | None] = mapped_column(Float)
+    # the registry's other per-request metrics read from the events, by metric key (base
+    # unit, ns); None when the request has none (0018): ``app.storage.metric_values``
+    metric_values: Mapped[dict[str, float] | None] = mapped_column(JSON)
     n_events: Mapped[int] = mapped_column(TokenCount, default=0)
     events: Mapped[bytes] = mapped_column(LargeBinary)
     # phases (SPEC 1b), durations in ns; None where the phase did not happen (migration 0008)

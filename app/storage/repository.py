@@ -29,6 +29,7 @@ from app.domain import (
     RunTrace,
 )
 from app.protocol.packing import EventArrays, pack_events, unpack_events, unpack_many
+from app.storage import metric_values
 from app.storage.bulk import fetch_rows, insert_rows
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Request, Run, utcnow
@@ -454,8 +455,10 @@ def _request_rows(
         ttfot = _metric_column("ttfot_ns", metrics.ttfot_ns, n, as_int=True)
         e2e = _metric_column("e2e_ns", metrics.e2e_ns, n, as_int=True)
         tpot = _metric_column("tpot_ns", metrics.tpot_ns, n, as_int=False)
+        extra = metric_values.json_rows(metrics.extra, n)
     else:
         ttft = ttfot = e2e = tpot = [None] * n
+        extra = [None] * n
     rows: list[dict[str, Any]] = []
     for i, r in enumerate(records):
         blob = pack_events(r.event_t_ns, r.event_bytes, r.event_kind, r.event_tokens)
@@ -482,6 +485,7 @@ def _request_rows(
                 "ttfot_ns": ttfot[i],
                 "e2e_ns": e2e[i],
                 "tpot_ns": tpot[i],
+                "metric_values": extra[i],
                 "n_events": int(r.event_t_ns.shape[0]),
                 "events": blob,
                 **{f"{p}_ns": _opt_int(getattr(r, f"{p}_ns")) for p in PHASES},
@@ -532,14 +536,19 @@ def insert_requests(
                 e2e_ns=np.asarray(metrics.e2e_ns)[lo : lo + INSERT_CHUNK],
                 tpot_ns=np.asarray(metrics.tpot_ns)[lo : lo + INSERT_CHUNK],
                 n_tokens=np.asarray(metrics.n_tokens)[lo : lo + INSERT_CHUNK],
+                extra={k: np.asarray(v)[lo : lo + INSERT_CHUNK] for k, v in metrics.extra.items()},
             )
         insert_rows(conn, run_id, _request_rows(run_id, chunk, sub), replace=replace)
     return len(records)
 
 
 def _check_metrics_length(metrics: PerRequestMetrics, n: int) -> None:
-    for name in ("ttft_ns", "ttfot_ns", "e2e_ns", "tpot_ns"):
-        got = np.asarray(getattr(metrics, name)).shape
+    arrays: dict[str, Any] = {
+        name: getattr(metrics, name) for name in ("ttft_ns", "ttfot_ns", "e2e_ns", "tpot_ns")
+    }
+    arrays |= {f"extra[{k!r}]": v for k, v in metrics.extra.items()}
+    for name, arr in arrays.items():
+        got = np.asarray(arr).shape
         if got != (n,):
             raise ValueError(
                 f"metrics.{name} has shape {got}, expected ({n},): metrics must be aligned "

@@ -1,38 +1,42 @@
 """Read-only SQL for a run's requests table sorted and filtered on the server, its
 neighbours for a request page's previous/next links, and the per-request columns the live
-run panel summarises. Summary columns only: no event blob is read."""
+run panel summarises. Summary columns only: no event blob is read. The metric columns are
+the registry's (``Metric.column`` of the metrics shown in the table and the live panel)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.analysis.metric_defs import shown
 from app.domain import RequestStatus
 from app.storage.browse import SUMMARY_COLUMNS
 from app.storage.models import Request
 
-SortKey = Literal["idx", "status", "sent", "ttft", "tpot", "e2e", "output_tokens"]
-SORT_COLUMNS: dict[str, str] = {
-    "idx": "idx",
-    "status": "status",
-    "sent": "sent_ns",
-    "ttft": "ttft_ns",
-    "tpot": "tpot_ns",
-    "e2e": "e2e_ns",
-    "output_tokens": "output_tokens",
-}
-# numeric filters: name -> (column, scale from the user's unit to the column's)
-RANGE_COLUMNS: dict[str, tuple[str, float]] = {
-    "ttft": ("ttft_ns", 1e6),  # ms
-    "tpot": ("tpot_ns", 1e6),  # ms
-    "e2e": ("e2e_ns", 1e6),  # ms
-    "output_tokens": ("output_tokens", 1.0),
-}
+
+def sort_columns() -> dict[str, str]:
+    """Sort name -> column: the index, status, send time, each table metric's column
+    ("ttft" -> ``ttft_ns``) and the output tokens."""
+    metrics = {m.column_name: m.column for m in shown("table") if m.column is not None}
+    return {"idx": "idx", "status": "status", "sent": "sent_ns", **metrics} | {
+        "output_tokens": "output_tokens"
+    }
+
+
+def range_columns() -> dict[str, tuple[str, float]]:
+    """Numeric filters: name -> (column, scale from the user's unit to the column's): each
+    table metric in its unit (ms), and the output tokens."""
+    metrics = {
+        m.column_name: (m.column, m.per_unit) for m in shown("table") if m.column is not None
+    }
+    return metrics | {"output_tokens": ("output_tokens", 1.0)}
+
+
 FAILED = "failed"  # what the target did wrong: error or timeout (cancelled is the client's)
 
 
@@ -47,12 +51,13 @@ class TableQuery:
     ranges: tuple[tuple[str, float | None, float | None], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.sort not in SORT_COLUMNS:
-            raise ValueError(f"sort must be one of {', '.join(SORT_COLUMNS)}")
+        if self.sort not in sort_columns():
+            raise ValueError(f"sort must be one of {', '.join(sort_columns())}")
         if self.status is not None and self.status != FAILED:
             RequestStatus(self.status)  # ValueError for an unknown status
+        ranges = range_columns()
         for name, _, _ in self.ranges:
-            if name not in RANGE_COLUMNS:
+            if name not in ranges:
                 raise ValueError(f"no range filter on {name!r}")
 
 
@@ -60,13 +65,12 @@ def _where(run_id: str, q: TableQuery) -> list[ColumnElement[bool]]:
     t = Request.__table__
     out: list[ColumnElement[bool]] = [t.c.run_id == run_id]
     if q.status == FAILED:
-        out.append(
-            t.c.status.in_((RequestStatus.ERROR.value, RequestStatus.TIMEOUT.value))
-        )
+        out.append(t.c.status.in_((RequestStatus.ERROR.value, RequestStatus.TIMEOUT.value)))
     elif q.status is not None:
         out.append(t.c.status == q.status)
+    ranges = range_columns()
     for name, lo, hi in q.ranges:
-        col, scale = RANGE_COLUMNS[name]
+        col, scale = ranges[name]
         if lo is not None:
             out.append(t.c[col] >= lo * scale)
         if hi is not None:
@@ -77,7 +81,7 @@ def _where(run_id: str, q: TableQuery) -> list[ColumnElement[bool]]:
 def _order(q: TableQuery) -> list[Any]:
     """The sort column (missing values last either way), then the index as tie-break."""
     t = Request.__table__
-    col = t.c[SORT_COLUMNS[q.sort]]
+    col = t.c[sort_columns()[q.sort]]
     key = col.desc() if q.desc else col.asc()
     out: list[Any] = []
     if q.sort != "idx":
@@ -122,7 +126,7 @@ def _before_after(q: TableQuery, value: Any, idx: int) -> tuple[Any, Any]:
     i = t.c.idx
     if q.sort == "idx":
         return (i > idx, i < idx) if q.desc else (i < idx, i > idx)
-    col = t.c[SORT_COLUMNS[q.sort]]
+    col = t.c[sort_columns()[q.sort]]
     if value is None:  # among the missing values, last: by index
         return or_(col.is_not(None), and_(col.is_(None), i < idx)), and_(col.is_(None), i > idx)
     lower, higher = (col > value, col < value) if q.desc else (col < value, col > value)
@@ -135,7 +139,7 @@ def _reversed(q: TableQuery) -> list[Any]:
     t = Request.__table__
     if q.sort == "idx":
         return [t.c.idx.asc() if q.desc else t.c.idx.desc()]
-    col = t.c[SORT_COLUMNS[q.sort]]
+    col = t.c[sort_columns()[q.sort]]
     return [col.is_(None).desc(), col.asc() if q.desc else col.desc(), t.c.idx.desc()]
 
 
@@ -145,7 +149,7 @@ def neighbours(session: Session, run_id: str, idx: int, q: TableQuery) -> Neighb
     t = Request.__table__
     where = _where(run_id, q)
     total = count_rows(session, run_id, q)
-    key = t.c[SORT_COLUMNS[q.sort]]
+    key = t.c[sort_columns()[q.sort]]
     here = session.execute(select(key).where(*where, t.c.idx == idx)).first()
     if here is None:
         return Neighbours(None, total, None, None)
@@ -170,28 +174,28 @@ class LiveColumns:
     ok: npt.NDArray[np.bool_]
     sent_ns: I64
     end_ns: I64
-    ttft_ns: F64
-    tpot_ns: F64
-    e2e_ns: F64
+    values: dict[str, F64]  # each live metric's column by its name ("ttft": ``ttft_ns``)
     output_tokens: I64
     cancelled: npt.NDArray[np.bool_] | None = None  # cut by the client (None: none were)
 
 
 def live_columns(session: Session, run_id: str) -> LiveColumns:
-    """One read of eight numeric columns (missing values as -1 in SQL, so the rows convert
-    to one float array at C speed: a poll of a 100k-request run stays well under a second).
-    The status column reads 1 for ok, 2 for cancelled, 0 for a failure."""
+    """One read of the numeric columns (status, sent, end, each live metric's column, the
+    output tokens; missing values as -1 in SQL, so the rows convert to one float array at
+    C speed: a poll of a 100k-request run stays well under a second). The status column
+    reads 1 for ok, 2 for cancelled, 0 for a failure."""
     t = Request.__table__
     code = case(
         (t.c.status == RequestStatus.OK.value, 1),
         (t.c.status == RequestStatus.CANCELLED.value, 2),
         else_=0,
     )
-    cols = [func.coalesce(t.c[c], -1) for c in ("sent_ns", "end_ns", "ttft_ns", "tpot_ns")]
-    cols += [func.coalesce(t.c[c], -1) for c in ("e2e_ns", "output_tokens")]
+    live = {m.column_name: m.column for m in shown("live") if m.column is not None}
+    names = ["sent_ns", "end_ns", *live.values(), "output_tokens"]
+    cols = [func.coalesce(t.c[c], -1) for c in names]
     stmt = select(code, *cols).where(t.c.run_id == run_id, t.c.warmup.is_(False))
     rows = [tuple(r) for r in session.execute(stmt)]  # numpy reads tuples, not Rows, fast
-    arr = np.array(rows, np.float64).reshape(len(rows), 7)  # ns < 2**53: exact
+    arr = np.array(rows, np.float64).reshape(len(rows), 1 + len(names))  # ns < 2**53: exact
 
     def ints(j: int) -> I64:
         out: I64 = arr[:, j].astype(np.int64)
@@ -203,5 +207,10 @@ def live_columns(session: Session, run_id: str) -> LiveColumns:
         return col
 
     return LiveColumns(
-        arr[:, 0] == 1, ints(1), ints(2), floats(3), floats(4), floats(5), ints(6), arr[:, 0] == 2
+        ok=arr[:, 0] == 1,
+        sent_ns=ints(1),
+        end_ns=ints(2),
+        values={name: floats(3 + j) for j, name in enumerate(live)},
+        output_tokens=ints(len(names)),
+        cancelled=arr[:, 0] == 2,
     )

@@ -11,6 +11,7 @@ import numpy.typing as npt
 from sqlalchemy import ColumnElement, case, func, literal_column, select
 from sqlalchemy.orm import Session
 
+from app.analysis.metric_defs import shown
 from app.domain import RequestStatus
 from app.storage.models import Request
 
@@ -25,8 +26,7 @@ class TurnColumns:
 
     turn: I64
     ok: npt.NDArray[np.bool_]
-    ttft_ns: F64
-    tpot_ns: F64
+    values: dict[str, F64]  # each turn metric's column (base unit, ns) by metric key
     input_tokens: F64
     cached_prompt_tokens: F64  # as the server reported them (NaN: not reported)
     usage_prompt_tokens: F64
@@ -37,11 +37,14 @@ class TurnColumns:
 
 
 def turn_columns(session: Session, run_id: str) -> TurnColumns:
-    """One read of seven numeric columns of the run's measured requests with a turn (missing
-    values as -1 in SQL, so the rows convert to one float array at C speed)."""
+    """One read of the numeric columns of the run's measured requests with a turn: each
+    turn metric's column (``Metric.views`` "turns": TTFT, TPOT), the prompt tokens and the
+    server's counts (missing values as -1 in SQL, so the rows convert to one float array at
+    C speed)."""
     t = Request.__table__
     ok = case((t.c.status == RequestStatus.OK.value, 1), else_=0)
-    names = ("ttft_ns", "tpot_ns", "input_tokens", "cached_prompt_tokens", "usage_prompt_tokens")
+    metrics = {m.key: m.column for m in shown("turns") if m.column is not None}
+    names = (*metrics.values(), "input_tokens", "cached_prompt_tokens", "usage_prompt_tokens")
     cols = [func.coalesce(t.c[c], -1) for c in names]
     stmt = (
         select(t.c.turn_idx, ok, *cols)
@@ -59,11 +62,10 @@ def turn_columns(session: Session, run_id: str) -> TurnColumns:
     return TurnColumns(
         turn=arr[:, 0].astype(np.int64),
         ok=arr[:, 1] == 1,
-        ttft_ns=floats(2),
-        tpot_ns=floats(3),
-        input_tokens=floats(4),
-        cached_prompt_tokens=floats(5),
-        usage_prompt_tokens=floats(6),
+        values={key: floats(2 + j) for j, key in enumerate(metrics)},
+        input_tokens=floats(2 + len(metrics)),
+        cached_prompt_tokens=floats(3 + len(metrics)),
+        usage_prompt_tokens=floats(4 + len(metrics)),
     )
 
 

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 
 from app.analysis.comparability import KEY_FIELDS
 from app.analysis.compare import combine_verdicts
+from app.analysis.metric_defs import Metric, metric, shown
 from app.analysis.verdict import Issue
 from app.figures import compare as fc
 from app.figures.scriptjson import plotly_json
@@ -33,8 +34,6 @@ from app.web.runs_page import report_warnings
 router = APIRouter(include_in_schema=False)
 
 MAX_IDS = compare_svc.MAX_RUNS
-CDF_METRICS = compare_svc.LATENCY_METRICS
-SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
 OLDEST_SWEEP = "the oldest sweep; pick another below"
 
 
@@ -136,10 +135,10 @@ def _runs_context(
             fc.overlaid_cdf_figure(
                 [(_label(r.run), r.samples_ms[key]) for r in loaded],
                 title=f"{label} CDF",
-                xtitle=f"{label} (ms)",
+                xtitle=metric(key).heading,
             )
         )
-        for key, label in CDF_METRICS.items()
+        for key, label in compare_svc.latency_labels().items()
     }
     for i, pair in enumerate(result["pairs"]):
         cand = next(r for r in loaded if r.run["id"] == pair["candidate"])
@@ -213,7 +212,7 @@ async def compare_page(
         alpha=alpha,
         variable=variable,
         key_fields=KEY_FIELDS,
-        metric_labels=CDF_METRICS,
+        metric_labels=compare_svc.latency_labels(),
     )
     return render(request, "compare.html", ctx, principal=principal, status_code=status_code)
 
@@ -256,6 +255,7 @@ def _sweeps_context(
     summaries.sort(key=lambda sm: sm["id"] != base_id)  # the baseline first (its colour)
     ctx["all_sweep_ids"] = [sm["id"] for sm in summaries]
     ctx["sweep_figures"] = sweep_figures(summaries, baseline=base_id if others else None)
+    ctx["sweep_figure_keys"] = sweep_figure_keys()
     if not others:
         return ctx
     results = [
@@ -300,29 +300,49 @@ def _flagged_steps(
     return list(out.values())
 
 
+def sweep_figure_keys() -> list[str]:
+    """The sweep charts' keys in the pages' order: throughput vs load, each latency vs the
+    offered load, each latency vs throughput (``sweep_figures``)."""
+    return [
+        "sweep_tput",
+        *(f"sweep_load_{m.key}" for m in shown("sweep_load")),
+        *(f"sweep_{m.key}" for m in shown("sweep_figures")),
+    ]
+
+
+def sweep_steps_columns() -> list[tuple[str, str, str]]:
+    """The sweep steps table's latency columns: (metric key, statistic, heading), p50 and
+    p99 of each latency a sweep charts."""
+    return [(m.key, st, f"{m.name} {st}") for m in shown("sweep_figures") for st in ("p50", "p99")]
+
+
 def sweep_figures(
     summaries: list[dict[str, Any]], *, baseline: str | None = None
 ) -> dict[str, str]:
     """The sweep charts; ``baseline``: the id of the sweep the others are compared to (its
     legend entries say "(baseline)")."""
     slos = summaries[0].get("slos_ms") or {}
+
+    def slo_of(m: Metric) -> float | None:
+        return None if m.slo is None else slos.get(m.slo)
+
     out = {
-        f"sweep_{key}": _json(
+        f"sweep_{m.key}": _json(
             fc.sweep_latency_figure(
-                summaries, key, title=f"{label} vs throughput", slo_ms=slos.get(SLO_KEYS[key]),
+                summaries, m.key, title=f"{m.name} vs throughput", slo_ms=slo_of(m),
                 baseline=baseline,
             )
         )
-        for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E"))
+        for m in shown("sweep_figures")
     }  # fmt: skip
     out["sweep_tput"] = _json(
         fc.sweep_throughput_figure(summaries, title="throughput vs load", baseline=baseline)
     )
-    for key, label in (("ttft_ms", "TTFT"), ("e2el_ms", "E2E")):
-        out[f"sweep_load_{key}"] = _json(
+    for m in shown("sweep_load"):
+        out[f"sweep_load_{m.key}"] = _json(
             fc.sweep_latency_load_figure(
-                summaries, key, title=f"{label} vs offered load",
-                slo_ms=slos.get(SLO_KEYS[key]), baseline=baseline,
+                summaries, m.key, title=f"{m.name} vs offered load",
+                slo_ms=slo_of(m), baseline=baseline,
             )
         )  # fmt: skip
     return out

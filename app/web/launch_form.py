@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.analysis.metric_defs import slo_metrics
 from app.api.schemas import RunCreate
 from app.client.datasets import DATASETS
 from app.client.endpoints import ENDPOINTS
@@ -127,15 +128,15 @@ FIELDS: tuple[FormField, ...] = (
     ),
     FormField("ramp_up_start_rps", "Ramp-up start (req/s)", "number", group="Load"),
     FormField("ramp_up_end_rps", "Ramp-up end (req/s)", "number", group="Load"),
-    FormField("goodput_ttft", "TTFT SLO (ms)", "number", help="blank: none", group="Goodput"),
-    FormField("goodput_tpot", "TPOT SLO (ms)", "number", help="blank: none", group="Goodput"),
-    FormField("goodput_e2el", "E2E SLO (ms)", "number", help="blank: none", group="Goodput"),
-    FormField(
-        "goodput_user_ttft",
-        "User-perceived TTFT SLO (ms)",
-        "number",
-        help="connect + TLS + TTFT; blank: none",
-        group="Goodput",
+    *(  # one per SLO of the metric registry (``Metric.slo``)
+        FormField(
+            f"goodput_{name}",
+            f"{m.name} SLO ({m.unit})",
+            "number",
+            help=f"needs {m.requires}; blank: none" if m.requires else "blank: none",
+            group="Goodput",
+        )
+        for name, m in slo_metrics().items()
     ),
     FormField(
         "client_lag_bound_ms",
@@ -216,7 +217,7 @@ GROUPS: tuple[str, ...] = (
 LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
 CHECKBOXES_ON = ("ignore_eos", "scrape_metrics", "stream")  # default on
 JSON_FIELDS = {"extra_body": '{"temperature": 0}'}
-SLO_KEYS = ("ttft", "tpot", "e2el", "user_ttft")
+SLO_KEYS = tuple(slo_metrics())
 
 
 def _text(v: Any) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.analysis.metric_defs import OUTPUT_THROUGHPUT
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.models import Run
@@ -37,7 +38,7 @@ def gives_batch_point(run: Run) -> bool:
     """Throughput vs batch plots a run at its ``max_concurrency`` by its output throughput
     (``app.services.probes.scaling_data``): both must be recorded."""
     spec, summary = run.spec or {}, run.summary or {}
-    return bool(spec.get("max_concurrency")) and bool(summary.get("output_throughput_tok_s"))
+    return bool(spec.get("max_concurrency")) and bool(summary.get(OUTPUT_THROUGHPUT.key))
 
 
 def gives_roofline_point(run: Run) -> bool:

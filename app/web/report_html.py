@@ -20,6 +20,7 @@ from typing import Any
 from markupsafe import Markup
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.metric_defs import metric, shown
 from app.figures import compare as fc
 from app.figures.scriptjson import plotly_json
 from app.services import compare as compare_svc
@@ -32,19 +33,9 @@ from app.web.context import asset_dir, templates
 from app.web.runs_page import load_run, report_warnings, run_context
 from app.web.runs_view import ACTIVE_RUN_STATES
 
-# the run page's charts, in its order (a run has those its summary holds)
-RUN_FIGURES: tuple[tuple[str, str], ...] = (
-    *(
-        (f"{kind}_{m}", f"{label} {what}")
-        for m, label in (
-            ("ttft", "TTFT"),
-            ("ttfot", "TTFOT"),
-            ("tpot", "TPOT"),
-            ("itl", "ITL"),
-            ("e2el", "E2E"),
-        )
-        for kind, what in (("cdf", "CDF"), ("hist", "histogram"))
-    ),
+# the run page's charts after its distributions (``run_figures``), in its order (a run has
+# those its summary holds)
+OTHER_FIGURES: tuple[tuple[str, str], ...] = (
     ("timeline", "requests over time"),
     ("phases", "phases"),
     ("throughput", "throughput"),
@@ -52,6 +43,19 @@ RUN_FIGURES: tuple[tuple[str, str], ...] = (
     ("itl_position", "ITL by token position"),
     ("ttft_input", "TTFT vs input length"),
 )
+
+
+def run_figures() -> list[tuple[str, str]]:
+    """(figure key, title) of the run page's charts, in its order: each distribution the
+    registry shows there (``Metric.views`` "figures"), its CDF then its histogram."""
+    dists = [
+        (f"{kind}_{m.short_key}", f"{m.name} {what}")
+        for m in shown("figures")
+        for kind, what in (("cdf", "CDF"), ("hist", "histogram"))
+    ]
+    return [*dists, *OTHER_FIGURES]
+
+
 _CLOSE = re.compile(r"</(script|style)", re.IGNORECASE)
 _PLOTLY_VERSION = re.compile(r"plotly\.js v([0-9][0-9.]*)")
 
@@ -98,7 +102,7 @@ def run_report(sessions: sessionmaker[Session], run_id: str) -> str:
     data = load_run(sessions, run_id)
     ctx = run_context(data, slos_ms=None, slo_errors={}, profile="tokentrace")
     figures: dict[str, str] = ctx["figures"]
-    ctx["figure_titles"] = [(k, t) for k, t in RUN_FIGURES if k in figures]
+    ctx["figure_titles"] = [(k, t) for k, t in run_figures() if k in figures]
     ctx["warnings"] = report_warnings(ctx["run"], ctx["report"])
     with session_scope(sessions) as s:
         ctx["series"] = series_svc.series_of_run(s, run_id)
@@ -125,11 +129,12 @@ def compare_report(sessions: sessionmaker[Session], ids: list[str]) -> str:
         title = f"{labels[pair['candidate']]} vs baseline (% change, interval)"
         figures[f"delta_{i}"] = plotly_json(json_safe(fc.delta_figure(pair, title=title)))
         titles.append((f"delta_{i}", title))
-    for key, label in compare_svc.LATENCY_METRICS.items():
+    labels_of = compare_svc.latency_labels()
+    for key, label in labels_of.items():
         fig = fc.overlaid_cdf_figure(
             [(labels[r.run["id"]], r.samples_ms[key]) for r in loaded],
             title=f"{label} CDF",
-            xtitle=f"{label} (ms)",
+            xtitle=metric(key).heading,
         )
         figures[f"cdf_{key}"] = plotly_json(json_safe(fig))
         titles.append((f"cdf_{key}", f"{label} CDF"))
@@ -138,7 +143,7 @@ def compare_report(sessions: sessionmaker[Session], ids: list[str]) -> str:
         "result": result,
         "figures": figures,
         "figure_titles": titles,
-        "metric_labels": compare_svc.LATENCY_METRICS,
+        "metric_labels": labels_of,
         "run_warnings": warnings,
         "warned_ids": [k for k, v in warnings.items() if v],
         "specs": {

@@ -9,11 +9,24 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.metric_defs import TTFT
 from app.analysis.prefix_cache import responses_prefix_cache
+from app.analysis.turns import PER_TOKEN, turn_metrics
 from app.figures.scriptjson import plotly_json
 from app.figures.turns import turn_figures
 from app.services import run_turns
 from app.storage.db import session_scope
+
+
+def turn_columns() -> list[tuple[str, str, str, int]]:
+    """The turn table's metric columns: (row key, statistic, heading, decimals): each turn
+    metric's p50 and p99 (TTFT's followed by TTFT per prompt token's p50 and mean)."""
+    out: list[tuple[str, str, str, int]] = []
+    for m in turn_metrics():
+        out += [(m.key, st, f"{m.label} {st}", m.decimals) for st in ("p50", "p99")]
+        if m is TTFT:
+            out += [(PER_TOKEN, st, f"TTFT per prompt token {st}", 4) for st in ("p50", "mean")]
+    return out
 
 
 def add_turns(ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str) -> None:
@@ -33,6 +46,7 @@ def add_turns(ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str)
     if isinstance(report, dict):
         report.setdefault("turns", table)
     ctx["turns"] = table
+    ctx["turn_columns"] = turn_columns()
     ctx["prefix_cache_responses"] = responses_prefix_cache(table)
     figures = ctx.setdefault("figures", {})
     for key, fig in turn_figures(table).items():

@@ -9,7 +9,8 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.analysis.phases import send_lag_ms_of_row, user_ttft_ms_of_row
+from app.analysis import metric_defs as md
+from app.analysis.phases import send_lag_ms_of_row
 from app.domain import PHASES, RunStatus
 from app.figures import common as fg
 from app.figures.scriptjson import plotly_json
@@ -17,6 +18,7 @@ from app.storage import compare_repo, request_table, run_columns
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
+from app.storage.metric_values import shown_value
 from app.web import runs_list as run_list
 from app.web import runs_requests as request_query
 from app.web import runs_view
@@ -29,8 +31,6 @@ KIND_NAMES = fg.KIND_NAMES
 REQUESTS_PAGE = 100
 EVENTS_TABLE_MAX = 2000
 MAX_INDEX = 2**31 - 1  # requests.idx is a 32-bit column: larger indexes exist nowhere
-
-
 
 
 @router.get("/")
@@ -62,6 +62,7 @@ def runs_page(request: Request) -> Response:
         {
             "nav": "runs",
             "rows": rows,
+            "headline_columns": runs_view.headline_columns(),
             "sweep_of": sweep_of,
             "total": total,
             "matching": matching,
@@ -160,9 +161,15 @@ def requests_page(
             "pager": request_query.pager(offset, REQUESTS_PAGE, matching),
             "table": table,
             "table_errors": errors,
-            "sorts": request_table.SORT_COLUMNS,
+            "sorts": request_table.sort_columns(),
             "statuses": request_query.STATUSES,
-            "range_labels": request_query.RANGE_LABELS,
+            "range_labels": request_query.range_labels(),
+            # the table's metric columns: (sort name, heading, SQL column, base units per
+            # shown unit, metric key)
+            "table_metrics": [
+                (m.column_name, request_query.heading(m), m.column, m.per_unit, m.key)
+                for m in md.shown("table")
+            ],
         },
         principal=principal,
         status_code=422 if errors else 200,
@@ -233,7 +240,14 @@ def request_page(request: Request, run_id: str, idx: int) -> Response:
             "r": summary,
             "phases": _phase_rows(summary),
             "send_lag_ms": send_lag_ms_of_row(summary),
-            "user_ttft_ms": user_ttft_ms_of_row(summary),
+            "user_ttft": shown_value(md.USER_TTFT, summary),
+            # the request's metric cards: the table's metrics and any stored without a
+            # column of their own (``metric_values``): (metric, value in its unit)
+            "metric_cards": [
+                (m, shown_value(m, summary))
+                for m in md.per_request()
+                if "table" in m.views or (m.stored and m.column is None)
+            ],
             "events": events,
             "n_events": n,
             "summary_only": summary_only,

@@ -18,6 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.analysis.live_windows import windowed_percentiles
+from app.analysis.metric_defs import Metric, shown
 from app.analysis.percentiles import percentiles
 from app.figures import series as fs
 from app.protocol.wire import TERMINAL_JOB_STATES
@@ -34,11 +35,16 @@ from app.web.context import principal_of, reads_allowed, sessions_of
 router = APIRouter(include_in_schema=False)
 
 LIVE_PCTS = (50.0, 90.0, 99.0)
-LIVE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))
+
+
+def live_metrics() -> list[Metric]:
+    """The metrics the live panel shows (``Metric.views`` "live": TTFT, TPOT, E2E), each
+    keyed in ``live.json`` by its column's name ("ttft", "tpot", "e2e")."""
+    return shown("live")
 
 
 def live_figures(cols: request_table.LiveColumns) -> dict[str, Any]:
-    """Counts, p50/p90/p99 of TTFT, TPOT and E2E (ms, successful requests, linear
+    """Counts, p50/p90/p99 of each live metric (ms, successful requests, linear
     interpolation as everywhere) and throughput over the window so far: first send of any
     stored request .. last stored request end. None where there is nothing to measure."""
     ok = cols.ok
@@ -50,8 +56,9 @@ def live_figures(cols: request_table.LiveColumns) -> dict[str, Any]:
         "failed": n - int(ok.sum()) - cut,  # errors and timeouts
         "cancelled": cut,  # cut by the client: no error
     }
-    for key, _label in LIVE_METRICS:
-        values = getattr(cols, f"{key}_ns")[ok] / 1e6
+    for m in live_metrics():
+        key = m.column_name
+        values = cols.values[key][ok] / m.per_unit
         got = percentiles(values, LIVE_PCTS)
         out[key] = {f"p{int(p)}": got[p] for p in LIVE_PCTS}
         out[key]["count"] = int(np.isfinite(values).sum())
@@ -70,12 +77,12 @@ def live_figures(cols: request_table.LiveColumns) -> dict[str, Any]:
 
 
 def live_time_series(cols: request_table.LiveColumns) -> dict[str, Any]:
-    """TTFT, TPOT and E2E p50/p90/p99 (ms) per window of request end time
+    """Each live metric's p50/p90/p99 (ms) per window of request end time
     (``app.analysis.live_windows``): the live panels' latency lines."""
     end_s = np.where(cols.end_ns >= 0, cols.end_ns / 1e9, np.nan)
     return {
-        key: windowed_percentiles(end_s, getattr(cols, f"{key}_ns") / 1e6, cols.ok)
-        for key, _label in LIVE_METRICS
+        m.column_name: windowed_percentiles(end_s, cols.values[m.column_name] / m.per_unit, cols.ok)
+        for m in live_metrics()
     }
 
 
@@ -92,10 +99,11 @@ def live_panels(latency: dict[str, Any], server: dict[str, Any]) -> dict[str, An
     """The live panels' figures (``app.figures.series.live_figure``): each latency's
     p50/p90/p99 by window, and the target's queue, KV-cache use and token rates."""
     out: dict[str, Any] = {}
-    for key, label in LIVE_METRICS:
+    for m in live_metrics():
+        key = m.column_name
         w = latency[key]
         lines = {p: w[p] for p in (f"p{int(q)}" for q in LIVE_PCTS)} if w["t_s"] else {}
-        out[f"latency_{key}"] = fs.live_figure(f"{label} over the run", "ms", w["t_s"], lines)
+        out[f"latency_{key}"] = fs.live_figure(f"{m.name} over the run", m.unit, w["t_s"], lines)
     t = server["t_s"]
     groups = {
         "server_queue": ("target: requests", "requests", ("running", "waiting"), "gauges"),

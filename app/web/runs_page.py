@@ -176,7 +176,11 @@ def run_context(
         "comparison": comparison,
         "profile_notes": profile_notes,
         "slos": metrics.get("slos_ms") or {},
-        "slo_fields": runs_view.SLO_FIELDS,
+        "slo_fields": runs_view.slo_fields(),
+        # the distribution tabs (figure key suffix, name) and the live table's metrics
+        # (column name, name): the registry's, those that apply to the run
+        "dist_tabs": [(m.short_key, m.name) for m in runs_view.applying("figures", spec)],
+        "live_metrics": [(m.column_name, m.name) for m in runs_view.applying("live", spec)],
         "slo_errors": slo_errors,
         "spec_json": json.dumps(spec, indent=2, sort_keys=True),
         "errors": (metrics.get("requests") or {}).get("error_reasons") or [],

@@ -1,7 +1,8 @@
 """The requests table's query string: sort column and direction, status filter and ranges
-(``ttft_min``/``ttft_max`` ms, ``e2e_*``, ``tpot_*``, ``output_tokens_*``); messages name a
-bad field. The same parameters travel to a request page for its previous/next links. And
-its pager: page numbers around the current one, first, last, and a page to jump to."""
+(``<name>_min``/``<name>_max`` for each table metric in its unit: ``ttft_*`` ms, ``tpot_*``,
+``e2e_*``; and ``output_tokens_*``); messages name a bad field. The same parameters travel
+to a request page for its previous/next links. And its pager: page numbers around the
+current one, first, last, and a page to jump to."""
 
 from __future__ import annotations
 
@@ -9,22 +10,26 @@ import math
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+from app.analysis.metric_defs import Metric, shown
 from app.domain import RequestStatus
-from app.storage.request_table import FAILED, RANGE_COLUMNS, SORT_COLUMNS, TableQuery
+from app.storage.request_table import FAILED, TableQuery, range_columns, sort_columns
 
 STATUSES = (FAILED, *(s.value for s in RequestStatus))
-RANGE_LABELS = {
-    "ttft": "TTFT (ms)",
-    "tpot": "TPOT (ms)",
-    "e2e": "E2E (ms)",
-    "output_tokens": "output tokens",
-}
-PARAM_KEYS = (
-    "sort",
-    "dir",
-    "status",
-    *(f"{k}_{end}" for k in RANGE_COLUMNS for end in ("min", "max")),
-)
+
+
+def heading(m: Metric) -> str:
+    """A table metric's column heading and filter label: "TTFT (ms)", "E2E (ms)"."""
+    return f"{m.name} ({m.unit})"
+
+
+def range_labels() -> dict[str, str]:
+    """Filter name -> its label: each table metric, then the output tokens."""
+    metrics = {m.column_name: heading(m) for m in shown("table")}
+    return metrics | {"output_tokens": "output tokens"}
+
+
+def param_keys() -> tuple[str, ...]:
+    return ("sort", "dir", "status", *(f"{k}_{e}" for k in range_columns() for e in ("min", "max")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +47,12 @@ class ParsedTable:
 
 def parse(raw: dict[str, str]) -> ParsedTable:
     errors: dict[str, str] = {}
-    values = {k: (raw.get(k) or "").strip() for k in PARAM_KEYS}
+    values = {k: (raw.get(k) or "").strip() for k in param_keys()}
     params: dict[str, str] = {}
     sort = values["sort"] or "idx"
-    if sort not in SORT_COLUMNS:
-        errors["sort"] = f"sort: one of {', '.join(SORT_COLUMNS)}"
+    sorts = sort_columns()
+    if sort not in sorts:
+        errors["sort"] = f"sort: one of {', '.join(sorts)}"
         sort = "idx"
     elif sort != "idx":
         params["sort"] = sort
@@ -63,7 +69,7 @@ def parse(raw: dict[str, str]) -> ParsedTable:
     elif status is not None:
         params["status"] = status
     ranges: list[tuple[str, float | None, float | None]] = []
-    for name in RANGE_COLUMNS:
+    for name in range_columns():
         ends: list[float | None] = []
         for end in ("min", "max"):
             key = f"{name}_{end}"

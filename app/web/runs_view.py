@@ -6,7 +6,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.analysis.metric_defs import metric
+from app.analysis.metric_defs import (
+    GOODPUT,
+    INPUT_THROUGHPUT,
+    ITEMS_PER_S,
+    OUTPUT_THROUGHPUT,
+    REQUEST_THROUGHPUT,
+    TOTAL_TOKEN_THROUGHPUT,
+    Metric,
+    View,
+    applies_to,
+    format_value,
+    headline_cells,
+    headline_heading,
+    shown,
+)
 from app.analysis.verdict import Issue, Verdict, verdict_of
 from app.client.endpoints import items_noun
 from app.services.client_health import as_float as _f
@@ -21,18 +35,25 @@ PCTS: tuple[tuple[str, str], ...] = (
     ("p99_9", "p99.9"),
     ("max", "max"),
 )
-METRIC_ROWS: tuple[tuple[str, str], ...] = tuple(
-    (k, metric(k).title)
-    for k in ("ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "itl_chunk_ms", "e2el_ms")
-)
 PROFILE_LABELS = {
     "tokentrace": "tokentrace (ours)",
     "vllm": "vLLM bench serve",
     "guidellm": "GuideLLM",
     "aiperf": "AIPerf",
 }
-SLO_FIELDS: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
 ACTIVE_RUN_STATES = ("queued", "running")
+
+
+def applying(view: View, spec: dict[str, Any] | None) -> list[Metric]:
+    """The metrics ``view`` shows (``metric_defs.shown``) that apply to a run of ``spec``
+    (its endpoint and stream mode; an import's spec says neither: all of them)."""
+    return [m for m in shown(view) if applies_to(m, spec)]
+
+
+def slo_fields() -> list[tuple[str, str]]:
+    """(SLO name, label) of the SLOs a page lets one set: those of the run page's metrics
+    (user-perceived TTFT needs connection phases: the API and the CLI take it)."""
+    return [(m.slo, m.name) for m in shown("page") if m.slo is not None]
 
 
 # ------------------------------------------------------------------------------ runs list
@@ -95,6 +116,19 @@ def job_view(job: Job | None) -> JobView | None:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadCell:
+    """One headline figure of a run in the runs list: its value and the text shown."""
+
+    value: float | None
+    text: str
+
+
+def headline_columns() -> list[str]:
+    """The runs list's headline column headings, in order (``headline_cells``)."""
+    return [headline_heading(m, stat) for m, stat, _ in headline_cells()]
+
+
+@dataclass(frozen=True, slots=True)
 class RunRow:
     id: str
     name: str | None
@@ -105,11 +139,7 @@ class RunRow:
     status: str
     validity: str  # the verdict's word
     tags: list[str]
-    ttft_p50: float | None
-    ttft_p99: float | None
-    tpot_p50: float | None
-    out_tok_s: float | None
-    goodput: float | None
+    headline: list[HeadCell]  # ``headline_columns``' figures, in order
     error_rate: float | None
     job: JobView | None = None
     warnings: list[Issue] = field(default_factory=list)
@@ -130,11 +160,11 @@ def run_row(run: Run, job: Job | None = None) -> RunRow:
         status=str(run.status),
         validity=verdict.word,
         tags=list(run.tags or []),
-        ttft_p50=_f(s.get("ttft_ms_p50")),
-        ttft_p99=_f(s.get("ttft_ms_p99")),
-        tpot_p50=_f(s.get("tpot_ms_p50")),
-        out_tok_s=_f(s.get("output_throughput_tok_s")),
-        goodput=_f(s.get("goodput_req_s")),
+        headline=[
+            HeadCell(v, format_value(v, m.key))
+            for m, _, key in headline_cells()
+            for v in (_f(s.get(key)),)
+        ],
         error_rate=_f(s.get("error_rate")),
         job=job_view(job),
         # the do-not-trust reasons (a notice, cancelled, is the word itself, in amber)
@@ -167,10 +197,12 @@ class MetricRow:
 
 
 def metric_rows(report: dict[str, Any]) -> list[MetricRow]:
+    """The run page's latency table: a row per metric it shows that applies to the run."""
     m = report["metrics"]
     agg = m.get("aggregation") or {}
     rows: list[MetricRow] = []
-    for key, label in METRIC_ROWS:
+    for md in applying("page", report.get("spec")):
+        key, label = md.key, md.title
         d = m.get(key)
         if not isinstance(d, dict):
             continue
@@ -273,14 +305,14 @@ def summary_cards(
         ),
         Card(
             "Request throughput",
-            _rate(m.get("request_throughput_req_s"), "req/s"),
+            _rate(m.get(REQUEST_THROUGHPUT.key), REQUEST_THROUGHPUT.unit),
             served,
             id="throughput",
         ),
         *_answer_cards(m, report.get("spec") or {}),
         Card(
             "Goodput",
-            _rate(m.get("goodput_req_s"), "req/s"),
+            _rate(m.get(GOODPUT.key), GOODPUT.unit),
             (f"{good} good requests; " if good is not None else "") + slo_text,
             id="goodput",
         ),
@@ -291,13 +323,13 @@ def _answer_cards(m: dict[str, Any], spec: dict[str, Any]) -> list[Card]:
     """The throughput cards: output tokens a second, or, for a surface that generates no
     tokens (embeddings, rerank), its items a second (inputs, documents); input tokens a
     second either way."""
-    input_rate = _rate(m.get("input_throughput_tok_s"), "tok/s")
+    input_rate = _rate(m.get(INPUT_THROUGHPUT.key), INPUT_THROUGHPUT.unit)
     if m.get("e2e_end") != "answer":
         return [
             Card(
                 "Output throughput",
-                _rate(m.get("output_throughput_tok_s"), "tok/s"),
-                f"total {_rate(m.get('total_token_throughput_tok_s'), 'tok/s')}; "
+                _rate(m.get(OUTPUT_THROUGHPUT.key), OUTPUT_THROUGHPUT.unit),
+                f"total {_rate(m.get(TOTAL_TOKEN_THROUGHPUT.key), TOTAL_TOKEN_THROUGHPUT.unit)}; "
                 f"input {input_rate}",
             )
         ]
@@ -305,7 +337,7 @@ def _answer_cards(m: dict[str, Any], spec: dict[str, Any]) -> list[Card]:
     return [
         Card(
             f"{noun.capitalize()} throughput",
-            _rate(m.get("items_per_s"), f"{noun}/s"),
+            _rate(m.get(ITEMS_PER_S.key), f"{noun}/s"),
             f"{m.get('items_total') or 0:,} {noun} answered; input {input_rate}",
             id="items-throughput",
         ),
@@ -370,13 +402,15 @@ def profile_rows(ours: dict[str, Any], theirs: dict[str, Any]) -> list[ProfileRo
 
 
 def parse_slos(query: dict[str, str]) -> tuple[dict[str, float] | None, dict[str, str]]:
-    """SLOs from ``slo_ttft`` / ``slo_tpot`` / ``slo_e2el`` (ms). Returns (slos, errors):
-    slos is None when the query does not set SLOs (the run's own apply)."""
-    if query.get("slo") is None and not any(f"slo_{k}" in query for k, _ in SLO_FIELDS):
+    """SLOs from ``slo_<name>`` (ms) for each of ``slo_fields``: ``slo_ttft``, ``slo_tpot``,
+    ``slo_e2el``. Returns (slos, errors): slos is None when the query does not set SLOs
+    (the run's own apply)."""
+    fields = slo_fields()
+    if query.get("slo") is None and not any(f"slo_{k}" in query for k, _ in fields):
         return None, {}
     slos: dict[str, float] = {}
     errors: dict[str, str] = {}
-    for key, label in SLO_FIELDS:
+    for key, label in fields:
         raw = (query.get(f"slo_{key}") or "").strip()
         if not raw:
             continue

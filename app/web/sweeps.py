@@ -10,6 +10,7 @@ import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
+from app.analysis.metric_defs import OUTPUT_THROUGHPUT
 from app.services import sweeps as sweep_svc
 from app.services.auth import Principal
 from app.services.errors import NotFound
@@ -18,7 +19,7 @@ from app.storage import repository as repo
 from app.storage.db import session_scope
 from app.storage.jsonsafe import json_safe
 from app.web import runs_view
-from app.web.compare import sweep_figures
+from app.web.compare import sweep_figure_keys, sweep_figures, sweep_steps_columns
 from app.web.context import read_gate, render, sessions_of
 from app.web.pickers import valid_id
 from app.web.sweeps_launch import sweep_live
@@ -133,10 +134,13 @@ async def render_sweep_page(
             "names": names,
             "run_warnings": warnings,
             "figures": sweep_figures([summ]),
+            "figure_keys": sweep_figure_keys(),
+            "step_columns": sweep_steps_columns(),
+            "tput_key": OUTPUT_THROUGHPUT.key,
             "live": live,
             "can_run": can_run,
             "can_act": can_run,
-            "slo_fields": runs_view.SLO_FIELDS,
+            "slo_fields": runs_view.slo_fields(),
             "slos": summ.get("slos_ms") or {},
             "slo_query": {k: v for k, v in query.items() if k.startswith("slo_")},
             "slo_errors": slo_errors,
