@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Prompt, Workload
 from app.client.datasets.conversations import Conversation, Sessions, Turn, build_sessions
-from app.client.endpoints.base import ClassifyFn
+from app.client.endpoints.base import ClassifyFn, surface_headers
 from app.client.http_request import Target, finish_request, request_head, request_headers
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
@@ -232,9 +232,11 @@ def _prepare(host: SessionHost, s: int, k: int, turn: Turn) -> _NextTurn:
     spec = host.spec
     rid = f"{host.run_tag}-s{s}-t{k}"
     keep_alive = spec.connection_mode == "keep-alive"
+    kind, options = spec.surface()
+    own, key_header = surface_headers(kind, options)
     headers = request_headers(
         host.target, rid, spec.api_key, keep_alive=keep_alive, extra=spec.headers,
-        stream=spec.stream,
+        stream=spec.stream, surface=own, key_header=key_header,
     )  # fmt: skip
     user = {"role": "user", "content": turn.text}
     return _NextTurn(
