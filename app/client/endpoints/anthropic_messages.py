@@ -103,10 +103,10 @@ class _Stream:
         kind = obj.get("type")
         if kind == "content_block_delta":
             delta = obj.get("delta")
-            key, token = _TOKEN_DELTAS.get(
-                delta.get("type") if isinstance(delta, dict) else None, ("", EventKind.ROLE)
-            )
-            text = delta.get(key) if key and isinstance(delta, dict) else None
+            if not isinstance(delta, dict):
+                return Classified(EventKind.ROLE, "", None, None)
+            key, token = _TOKEN_DELTAS.get(str(delta.get("type")), ("", EventKind.ROLE))
+            text = delta.get(key) if key else None
             if isinstance(text, str) and text:
                 return Classified(token, text, None, None)
             return Classified(EventKind.ROLE, "", None, None)  # signature_delta, empty

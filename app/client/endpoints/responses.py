@@ -149,7 +149,7 @@ def classify(data: bytes | None) -> Classified:
 
 class ResponsesEndpoint:
     name = "responses"
-    summary = "OpenAI Responses API (/v1/responses): semantic events, reasoning; multi-turn sessions"
+    summary = "OpenAI Responses API (/v1/responses): semantic events, reasoning; sessions"
     options: type[BaseModel] = ResponsesOptions
     answer = "Responses API events (response.output_text.delta, ...)"
     streams = True
