@@ -69,6 +69,11 @@ def spec(endpoint: str, **kw: Any) -> RunSpec:
         ),
         (
             "anthropic-messages",
+            {"endpoint_options": {"thinking_budget": 2048}, "output_len": 2048},
+            ("endpoint_options.thinking_budget", "output_len 2,048"),
+        ),
+        (
+            "anthropic-messages",
             {"multi_turn": True, "dataset": "sharegpt"},
             ("endpoint", "multi_turn", "'anthropic-messages'"),
         ),
@@ -442,3 +447,26 @@ def test_cli_bench_against_the_simulator(tmp_path: Path) -> None:
                 client_ttft = int(r.event_t_ns[tok][0]) - r.sent_ns
                 assert client_ttft >= server_ttft - 5e6  # the request's send is before
                 assert abs(client_ttft - server_ttft) < 100e6  # generous: a shared CI machine
+
+
+def test_multi_turn_sessions_send_the_history_as_input() -> None:
+    sim = start_simulator_thread(SimConfig(ttft_ms=1, itl_ms=0.2, seed=8))
+    try:
+        s = spec(
+            "responses", base_url=sim.base_url, model="sim", multi_turn=True,
+            dataset="sharegpt", num_prompts=2, max_turns=3, output_len=4, max_concurrency=2,
+        )  # fmt: skip
+        res = asyncio.run(run_load(s, run_tag="mt"))
+        truth = sim.ground_truth()["requests"]
+    finally:
+        sim.stop()
+    ok = [r for r in res.records if r.status is RequestStatus.OK]
+    assert len(ok) == len(res.records) >= 3, [r.error for r in res.records]
+    by_session: dict[int, list[int]] = {}
+    for r in res.records:
+        g = truth[f"mt-s{r.session}-t{r.turn}"]
+        assert g["endpoint"] == "responses" and r.input_tokens == g["input_tokens"]
+        by_session.setdefault(int(r.session or 0), []).append(g["input_tokens"])
+    # each turn's input holds the turns before it: it only grows
+    assert all(t == sorted(t) and len(set(t)) == len(t) for t in by_session.values())
+    assert max(len(t) for t in by_session.values()) >= 2

@@ -193,7 +193,13 @@ class AnthropicMessagesEndpoint:
         return (("anthropic-version", options.anthropic_version),), "x-api-key"
 
     def check(self, facts: SpecFacts, options: BaseModel) -> None:
-        return None
+        assert isinstance(options, AnthropicOptions)
+        budget = options.thinking_budget
+        if budget is not None and facts.output_len and facts.output_len <= budget:
+            raise ValueError(
+                f"endpoint_options.thinking_budget: {budget:,} must be below the output "
+                f"length (max_tokens: output_len {facts.output_len:,} given)"
+            )
 
     def batch(self, options: BaseModel) -> int:
         return 1
@@ -201,13 +207,12 @@ class AnthropicMessagesEndpoint:
     def requests(self, workload: Workload, options: BaseModel) -> Workload:
         assert isinstance(options, AnthropicOptions)
         budget = options.thinking_budget
-        if budget is not None:
-            for p in (*workload.warmup, *workload.measured):
-                if p.output_len <= budget:
-                    raise ValueError(
-                        f"endpoint_options.thinking_budget: {budget:,} must be below the "
-                        f"output length (max_tokens; output_len {p.output_len:,} given)"
-                    )
+        for p in (*workload.warmup, *workload.measured):
+            if budget is not None and p.output_len <= budget:  # a dataset's own lengths
+                raise ValueError(
+                    f"endpoint_options.thinking_budget: {budget:,} must be below each "
+                    f"request's output length (max_tokens: {p.output_len:,} in the dataset)"
+                )
         return refuse_documents(workload, self.name)
 
     def body(self, prompt: Prompt, params: BodyParams, options: BaseModel) -> bytes:

@@ -51,6 +51,7 @@ class SpecFacts:
     dataset: str
     timed: bool  # the dataset gives each request's send time (a trace)
     multi_turn: bool
+    output_len: int = 0  # the output tokens each request asks for (0: not given)
 
 
 @dataclass(frozen=True, slots=True)
