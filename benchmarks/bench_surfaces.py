@@ -80,9 +80,9 @@ def cases(quick: bool) -> list[tuple[str, list[str]]]:
     out.append(("completions 64", ["--endpoint", "completions", "--streams", "64", *per]))
     for surface in ("responses", "anthropic-messages"):  # semantic events (issue 25 part 3)
         for streams in (1, 64):
-            out.append(
-                (f"{surface} {streams}", ["--endpoint", surface, "--streams", str(streams), *per])
-            )
+            case = ["--endpoint", surface, "--streams", str(streams), *per]
+            out.append((f"{surface} {streams}", case))
+        out.append((f"{surface} 64, realtime", [*case, "--realtime"]))
     answer = ["--ttft-ms", "5", *per]
     for streams in (1, 64):
         for batch in (1, 16):

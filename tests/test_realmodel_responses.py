@@ -13,7 +13,7 @@ from app.client.spec import RunSpec
 from app.services.runs import execute_bench, open_database
 from tests.test_realmodel import _gguf, _need, check_consistent
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # export + start: minutes under load
 
 
 def test_transformers_serve_responses_api(tmp_path: Path) -> None:
