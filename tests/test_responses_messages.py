@@ -72,11 +72,6 @@ def spec(endpoint: str, **kw: Any) -> RunSpec:
             {"endpoint_options": {"thinking_budget": 2048}, "output_len": 2048},
             ("endpoint_options.thinking_budget", "output_len 2,048"),
         ),
-        (
-            "anthropic-messages",
-            {"multi_turn": True, "dataset": "sharegpt"},
-            ("endpoint", "multi_turn", "'anthropic-messages'"),
-        ),
     ],
 )
 def test_what_does_not_apply_is_refused_naming_the_field(
@@ -470,3 +465,35 @@ def test_multi_turn_sessions_send_the_history_as_input() -> None:
     # each turn's input holds the turns before it: it only grows
     assert all(t == sorted(t) and len(set(t)) == len(t) for t in by_session.values())
     assert max(len(t) for t in by_session.values()) >= 2
+
+
+def test_anthropic_multi_turn_sends_the_system_prompt_apart(tmp_path: Path) -> None:
+    path = tmp_path / "conv.jsonl"
+    conv = {"messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "one"},
+        {"role": "user", "content": "two"},
+        {"role": "user", "content": "three"},
+    ], "output_len": 3}  # fmt: skip
+    path.write_text(json.dumps(conv) + "\n")
+
+    async def go() -> tuple[Any, Server]:
+        async with Server(streaming(ANTHROPIC_STREAM)) as srv:
+            s = spec(
+                "anthropic-messages", base_url=srv.url, multi_turn=True, dataset="jsonl",
+                dataset_path=str(path), num_prompts=1, max_concurrency=1,
+            )  # fmt: skip
+            return await run_load(s, run_tag="amt"), srv
+
+    res, srv = run(go())
+    assert [r.status for r in res.records] == [RequestStatus.OK] * 3, res.records[0].error
+    bodies = [r.body for r in srv.requests]
+    assert [b["system"] for b in bodies] == ["be brief"] * 3
+    # the history: each user turn, then the reply before it as the assistant's message
+    assert [[m["role"] for m in b["messages"]] for b in bodies] == [
+        ["user"], ["user", "assistant", "user"], ["user", "assistant", "user", "assistant", "user"]
+    ]  # fmt: skip
+    assert [m["content"] for m in bodies[2]["messages"] if m["role"] == "user"] == [
+        "one", "two", "three"
+    ]  # fmt: skip
+    assert all(b["max_tokens"] == 3 for b in bodies)

@@ -205,7 +205,11 @@ def turn_body(spec: RunSpec, messages: list[Any], output_len: int) -> bytes:
 def body_template(spec: RunSpec, output_len: int) -> BodyTemplate | None:
     """The template of a turn asking ``output_len`` tokens, from ``turn_body`` itself (with
     a one-message marker list); None when the marker does not show exactly once
-    (``extra_body`` replacing ``messages``): such turns are serialised whole."""
+    (``extra_body`` replacing ``messages``), or for a surface that moves messages out of the
+    list (``system_apart``: Anthropic's top-level ``system``): such turns are serialised
+    whole."""
+    if getattr(spec.surface()[0], "system_apart", False):
+        return None
     full = turn_body(spec, [_MARK], output_len)
     mark = b"[" + dumps(_MARK) + b"]"
     i = full.find(mark)

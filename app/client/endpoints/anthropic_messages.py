@@ -19,8 +19,9 @@ Its stream's events are JSON objects with a ``type``: ``message_start`` (its
 ``usage.output_tokens``: the output, thinking included), ``message_stop``, ``ping`` and
 ``error`` (fails the request with its message). TTFT is the first text, thinking or tool
 delta, TTFOT the first text, as for chat. A non-streaming answer is one ``"type":
-"message"`` with its ``content`` blocks and ``usage``. Sessions (multi-turn) are chat's and
-the Responses API's: this surface takes one prompt (or one dataset conversation) a request.
+"message"`` with its ``content`` blocks and ``usage``. Multi-turn sessions send the
+history as ``messages`` (its system messages as ``system``), each turn's body serialised
+whole (``system_apart``: no prepared template, as chat's sessions have).
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ class AnthropicMessagesEndpoint:
     streams = True
     generates = True
     items = ""
-    conversation = False
+    conversation = True
+    system_apart = True  # system messages go to the top-level "system" (sessions: no template)
     paths: tuple[str, ...] = ("/v1/messages",)
 
     def path(self, options: BaseModel) -> str:
