@@ -136,7 +136,9 @@ def main() -> int:
     ap.add_argument("--client-cpus", help="pin this client process, e.g. 0")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument(
-        "--endpoint", default="chat", choices=("chat", "completions", "embeddings", "rerank")
+        "--endpoint",
+        default="chat",
+        choices=("chat", "completions", "embeddings", "rerank", "responses", "anthropic-messages"),
     )
     ap.add_argument("--batch-size", type=int, default=1, help="embeddings: inputs a request")
     ap.add_argument("--input-len", type=int, default=32, help="tokens a prompt (an input)")

@@ -1,6 +1,8 @@
 """Client fidelity for every API surface (issue 25), against the simulator's own view, with
 ``bench_client_fidelity.py``: TTFT |error| for the streaming surfaces (chat, completions:
-the same figures as before the endpoint registry), E2E |error| for the surfaces that answer
+the same figures as before the endpoint registry; the Responses API and Anthropic Messages,
+whose first content event is their first ``response.output_text.delta`` /
+``content_block_delta``), E2E |error| for the surfaces that answer
 once (embeddings, rerank in each of its shapes), and the embeddings throughput of one client
 process on small inputs (no answer latency: as fast as the client and the simulator go).
 
@@ -76,6 +78,11 @@ def cases(quick: bool) -> list[tuple[str, list[str]]]:
     for streams in (64, 256):  # the load thread at real-time priority: not descheduled
         out.append((f"chat {streams}, realtime", ["--streams", str(streams), *per, "--realtime"]))
     out.append(("completions 64", ["--endpoint", "completions", "--streams", "64", *per]))
+    for surface in ("responses", "anthropic-messages"):  # semantic events (issue 25 part 3)
+        for streams in (1, 64):
+            case = ["--endpoint", surface, "--streams", str(streams), *per]
+            out.append((f"{surface} {streams}", case))
+        out.append((f"{surface} 64, realtime", [*case, "--realtime"]))
     answer = ["--ttft-ms", "5", *per]
     for streams in (1, 64):
         for batch in (1, 16):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -80,9 +80,14 @@ def request_headers(
     keep_alive: bool = True,
     extra: Mapping[str, str] | None = None,
     stream: bool = True,
+    surface: Sequence[tuple[str, str]] = (),
+    key_header: str | None = None,
 ) -> list[tuple[str, str]]:
     """The request's headers; ``extra`` (the run's ``headers``) after the client's own, an
-    ``Accept`` or ``User-Agent`` there replacing the client's."""
+    ``Accept`` or ``User-Agent`` there replacing the client's. ``surface``: the API
+    surface's own headers (``anthropic-version``; ``extra`` may replace them too);
+    ``key_header``: the header the key goes in as is (``x-api-key``), instead of
+    ``Authorization: Bearer``."""
     headers = [
         ("Host", target.host_header),
         ("User-Agent", USER_AGENT),
@@ -90,13 +95,15 @@ def request_headers(
         ("Accept", "text/event-stream" if stream else "application/json"),
         ("Connection", "keep-alive" if keep_alive else "close"),
         ("X-Request-Id", request_id),
+        *surface,
     ]
     if extra:
         own = {k.lower() for k in extra}
         headers = [(k, v) for k, v in headers if k.lower() not in own]
         headers.extend(extra.items())
     if api_key:
-        headers.append(("Authorization", f"Bearer {api_key}"))
+        key = (key_header, api_key) if key_header else ("Authorization", f"Bearer {api_key}")
+        headers.append(key)
     return headers
 
 

@@ -44,7 +44,7 @@ from app.client import eventloop
 from app.client.clocks import ClockMap, kernel_stamps_supported
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
-from app.client.endpoints.base import ClassifyFn
+from app.client.endpoints.base import ClassifyFn, surface_headers
 from app.client.http_request import Target, build_request, parse_target, request_headers
 from app.client.http_stream import StreamRequest, reserve_fds, resolve
 from app.client.limits import BufferBudget
@@ -297,6 +297,7 @@ class _Run:
         self.slots_taken = 0
         self.release_times.clear()
         keep_alive = spec.connection_mode == "keep-alive"
+        own_headers, key_header = surface_headers(self.endpoint, self.endpoint_options)
         for it in items:
             if self.halted:
                 break
@@ -311,6 +312,8 @@ class _Run:
                 keep_alive=keep_alive,
                 extra=spec.headers,
                 stream=spec.stream,
+                surface=own_headers,
+                key_header=key_header,
             )
             req = build_request(self.path, headers, body)
             sr = self.stream(rid, req)

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from app.client.bounded_get import get_bounded
+from app.client.endpoints.base import surface_headers
 from app.client.spec import RunSpec
 
 TIMEOUT_S = 2.0
@@ -59,7 +60,13 @@ def parse_models(body: Any) -> list[str]:
 def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
     """GET the target's model list; any failure is returned as ``error``."""
     url = models_url(spec.base_url)
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    kind, options = spec.surface()
+    own, key_header = surface_headers(kind, options)
+    headers = dict(own)
+    if spec.api_key:
+        headers[key_header or "Authorization"] = (
+            spec.api_key if key_header else f"Bearer {spec.api_key}"
+        )
     try:
         with httpx.Client(headers=headers, timeout=timeout_s, trust_env=False) as client:
             ans = get_bounded(client, url, max_bytes=MAX_BYTES, deadline_s=timeout_s)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Prompt, Workload
 from app.client.datasets.conversations import Conversation, Sessions, Turn, build_sessions
-from app.client.endpoints.base import ClassifyFn
+from app.client.endpoints.base import ClassifyFn, surface_headers
 from app.client.http_request import Target, finish_request, request_head, request_headers
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
@@ -205,7 +205,11 @@ def turn_body(spec: RunSpec, messages: list[Any], output_len: int) -> bytes:
 def body_template(spec: RunSpec, output_len: int) -> BodyTemplate | None:
     """The template of a turn asking ``output_len`` tokens, from ``turn_body`` itself (with
     a one-message marker list); None when the marker does not show exactly once
-    (``extra_body`` replacing ``messages``): such turns are serialised whole."""
+    (``extra_body`` replacing ``messages``), or for a surface that moves messages out of the
+    list (``system_apart``: Anthropic's top-level ``system``): such turns are serialised
+    whole."""
+    if getattr(spec.surface()[0], "system_apart", False):
+        return None
     full = turn_body(spec, [_MARK], output_len)
     mark = b"[" + dumps(_MARK) + b"]"
     i = full.find(mark)
@@ -232,9 +236,11 @@ def _prepare(host: SessionHost, s: int, k: int, turn: Turn) -> _NextTurn:
     spec = host.spec
     rid = f"{host.run_tag}-s{s}-t{k}"
     keep_alive = spec.connection_mode == "keep-alive"
+    kind, options = spec.surface()
+    own, key_header = surface_headers(kind, options)
     headers = request_headers(
         host.target, rid, spec.api_key, keep_alive=keep_alive, extra=spec.headers,
-        stream=spec.stream,
+        stream=spec.stream, surface=own, key_header=key_header,
     )  # fmt: skip
     user = {"role": "user", "content": turn.text}
     return _NextTurn(

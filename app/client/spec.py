@@ -428,7 +428,9 @@ class RunSpec(BaseModel):
                 )
         if not kind.streams:
             self.stream = False
-        facts = SpecFacts(self.dataset, dataset_type(self.dataset).timed, self.multi_turn)
+        facts = SpecFacts(
+            self.dataset, dataset_type(self.dataset).timed, self.multi_turn, self.output_len
+        )
         kind.check(facts, options)
         # stored less the surface's defaults, as dataset_options
         self.endpoint_options = options.model_dump(exclude_defaults=True)

@@ -14,19 +14,25 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from app.client.endpoints.anthropic_messages import ANTHROPIC_MESSAGES
 from app.client.endpoints.base import EndpointType
 from app.client.endpoints.chat import CHAT
 from app.client.endpoints.completions import COMPLETIONS
 from app.client.endpoints.embeddings import EMBEDDINGS
 from app.client.endpoints.rerank import RERANK
+from app.client.endpoints.responses import RESPONSES
 
-ENDPOINTS: dict[str, EndpointType] = {e.name: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, RERANK)}
+ENDPOINTS: dict[str, EndpointType] = {
+    e.name: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES, ANTHROPIC_MESSAGES)
+}
 # the paths of the OpenAI surfaces, accepted as --endpoint values (vLLM's flag takes them)
 PATH_ALIASES: dict[str, str] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/rerank": "rerank",
+    "/v1/responses": "responses",
+    "/v1/messages": "anthropic-messages",
 }
 
 

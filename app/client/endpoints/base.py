@@ -51,6 +51,7 @@ class SpecFacts:
     dataset: str
     timed: bool  # the dataset gives each request's send time (a trace)
     multi_turn: bool
+    output_len: int = 0  # the output tokens each request asks for (0: not given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +196,26 @@ def usage_of(obj: dict[str, Any]) -> dict[str, Any] | None:
 def wrong_shape(answer: str, data: bytes | None) -> str:
     """The error of an answer of another surface's shape: what was expected, what came."""
     return f"expected {answer}, got {describe_answer(data)}"
+
+
+class KeyHeaders(Protocol):
+    """What a surface whose requests carry their own headers adds (Anthropic's
+    ``anthropic-version``) and where its API key goes (``x-api-key``): the optional
+    ``request_headers`` method of an ``EndpointType``. A surface without it sends the key as
+    ``Authorization: Bearer``."""
+
+    def request_headers(self, options: BaseModel) -> tuple[tuple[tuple[str, str], ...], str]:
+        """(its own headers, the header its API key goes in as is)."""
+        ...
+
+
+def surface_headers(
+    kind: object, options: BaseModel
+) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The surface's own headers and its key's header (None: ``Authorization: Bearer``),
+    for ``app.client.http_request.request_headers(surface=..., key_header=...)``."""
+    fn = getattr(kind, "request_headers", None)
+    if fn is None:
+        return (), None
+    own, key_header = fn(options)
+    return tuple(own), key_header

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from app.client.tokenizer import WORDS
 from app.targets.sim_config import Fault, SimConfig
 from app.targets.simulator.http import HttpProtocol, json_bytes
-from app.targets.simulator.plan import Plan, fault_event, h64
+from app.targets.simulator.plan import EventStreamShape, Plan, Wire, fault_event, h64
 from app.targets.simulator.records import (
     K_CONTENT,
     K_DONE,
@@ -71,6 +71,7 @@ class Gen:
         "cache_on",
         "coalesce",
         "created",
+        "events",
         "fault",
         "fault_event",
         "ident",
@@ -92,6 +93,7 @@ class Gen:
         "srv",
         "state",
         "suffix",
+        "switch",
         "tail",
         "tape",
         "text_offset",
@@ -142,6 +144,14 @@ class Gen:
         self.c_prefix = head + shape.content_open
         self.r_prefix = head + shape.reasoning_open
         self.suffix = shape.close
+        # a stream of typed events (Responses API, Anthropic Messages): the shape's own
+        # frames around the deltas, and its events between reasoning and content
+        self.events = shape if isinstance(shape, EventStreamShape) else None
+        self.switch = b""
+        if self.events is not None:
+            self.c_prefix, self.r_prefix = self.events.prefixes(self.wire())
+            if self.kr:
+                self.switch = _frame(self.events.transition(self.wire()))
         self.tail = self._tail()
 
     # chunk JSON -------------------------------------------------------------
@@ -156,7 +166,25 @@ class Gen:
         }
         return b"data: " + json_bytes(obj) + b"\n\n"
 
+    def wire(self) -> Wire:
+        """What an event shape writes around the deltas (``EventStreamShape``)."""
+        off = self.text_offset
+        return Wire(
+            self.ident,
+            self.created,
+            self.plan.model,
+            self.input_tokens,
+            self.plan.cached_tokens if self.cache_on else None,
+            self.n,
+            self.kr,
+            self.plan.finish_reason,
+            self._text(off, self.kr),
+            self._text(off + self.kr, self.n - self.kr),
+        )
+
     def role_chunk(self) -> bytes:
+        if self.events is not None:
+            return _frame(self.events.opening(self.wire()))
         choice = {
             "index": 0,
             "delta": {"role": "assistant", "content": None},
@@ -178,6 +206,8 @@ class Gen:
 
     def _tail(self) -> bytes:
         plan = self.plan
+        if self.events is not None:
+            return _frame(self.events.closing(self.wire())) + b"0\r\n\r\n"
         out = _frame(self._chunk([self.shape.finish_choice(plan.finish_reason)]))
         if plan.include_usage:
             out += _frame(self._chunk([], usage=self.usage()))
@@ -189,6 +219,8 @@ class Gen:
 
     def full_response(self) -> bytes:
         plan = self.plan
+        if self.events is not None:
+            return self.events.whole(self.wire())
         off = self.text_offset
         reasoning = self._text(off, self.kr)
         content = self._text(off + self.kr, self.n - self.kr)
@@ -284,6 +316,8 @@ class Gen:
                 parts.append(_MALFORMED_FRAME)
                 marks += (due, K_MALFORMED, 0)
             sent = self.sent
+            if self.switch and sent == self.kr:
+                parts.append(self.switch)
             if sent < self.kr:
                 count = min(self.per_event, self.kr - sent)
                 prefix, kind = self.r_prefix, K_REASONING

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from app.client.tokenizer import PRETOKEN
 from app.targets.sim_config import FAULT_ORDER, Fault, SimConfig
@@ -60,6 +60,49 @@ class StreamShape(Protocol):
     def finish_choice(self, finish_reason: str) -> dict[str, Any]: ...
 
     def whole_choice(self, content: str, reasoning: str, finish_reason: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """What a stream of typed events writes around its deltas (``EventStreamShape``)."""
+
+    ident: str  # the answer's id: "resp-sim-3"
+    created: int
+    model: str
+    input_tokens: int
+    cached_tokens: int | None  # None: the prefix cache is off
+    output_tokens: int
+    reasoning_tokens: int
+    finish_reason: str  # "length" or "stop"
+    reasoning: str  # the whole texts (closing events and whole answers carry them)
+    content: str
+
+
+@runtime_checkable
+class EventStreamShape(StreamShape, Protocol):
+    """A stream of typed events (the Responses API, Anthropic Messages) rather than chat-style
+    chunks: its own bytes before each delta's text (``prefixes``), its opening events
+    (written whatever the config's ``role_chunk``), the events between the last reasoning
+    delta and the first content delta, its closing events (its usage among them, no
+    ``[DONE]``) and its whole answer. Each returns SSE events (blank line included)."""
+
+    def prefixes(self, wire: Wire) -> tuple[bytes, bytes]:
+        """(a content delta's bytes up to its text, a reasoning delta's)."""
+        ...
+
+    def opening(self, wire: Wire) -> bytes: ...
+
+    def transition(self, wire: Wire) -> bytes: ...
+
+    def closing(self, wire: Wire) -> bytes: ...
+
+    def whole(self, wire: Wire) -> bytes: ...
+
+
+def sse(event: str, obj: dict[str, Any]) -> bytes:
+    """One SSE event with its ``event:`` line (compact JSON)."""
+    data = json.dumps(obj, separators=(",", ":"))
+    return b"event: %s\ndata: %s\n\n" % (event.encode(), data.encode())
 
 
 @dataclass(slots=True)

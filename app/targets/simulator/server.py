@@ -238,7 +238,8 @@ class SimServer:
         gen = Gen(self, proto, kept, plan, seq, fault)
         proto.gen = gen
         if plan.stream:
-            role = self.config.role_chunk and plan.shape.role_chunk
+            # an event shape's opening events are always written (its usage may be there)
+            role = (self.config.role_chunk and plan.shape.role_chunk) or gen.events is not None
             t = proto.start_stream(gen.role_chunk() if role else b"")
             rec.headers_ns, rec.status = t, 200
             if role:

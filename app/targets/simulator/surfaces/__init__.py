@@ -10,14 +10,24 @@ Adding a surface: its handler module here and its line in ``HANDLERS``
 from __future__ import annotations
 
 from app.client.endpoints import ENDPOINTS
+from app.targets.simulator.surfaces.anthropic_messages import ANTHROPIC_MESSAGES_SURFACE
 from app.targets.simulator.surfaces.base import Surface
 from app.targets.simulator.surfaces.chat import CHAT_SURFACE
 from app.targets.simulator.surfaces.completions import COMPLETIONS_SURFACE
 from app.targets.simulator.surfaces.embeddings import EMBEDDINGS_SURFACE
 from app.targets.simulator.surfaces.rerank import RERANK_SURFACE
+from app.targets.simulator.surfaces.responses import RESPONSES_SURFACE
 
 HANDLERS: dict[str, Surface] = {
-    s.endpoint: s for s in (CHAT_SURFACE, COMPLETIONS_SURFACE, EMBEDDINGS_SURFACE, RERANK_SURFACE)
+    s.endpoint: s
+    for s in (
+        CHAT_SURFACE,
+        COMPLETIONS_SURFACE,
+        EMBEDDINGS_SURFACE,
+        RERANK_SURFACE,
+        RESPONSES_SURFACE,
+        ANTHROPIC_MESSAGES_SURFACE,
+    )
 }
 
 
