@@ -50,6 +50,7 @@ from app.client.http_stream import StreamRequest, reserve_fds, resolve
 from app.client.limits import BufferBudget
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
+from app.client.server_controls import ServerControls
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
 from app.client.sessions import (
     Sessions,
@@ -134,6 +135,7 @@ class LoadResult:
     connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
     dataset_source: str | None = None  # the dataset file's identity (Workload.source)
     workload_stats: dict[str, object] | None = None  # Workload.stats (a trace's reuse)
+    server_controls: dict[str, Any] = field(default_factory=dict)  # ServerControls.record
 
 
 FD_RESERVE = 64  # descriptors kept for everything but the run's connections
@@ -747,11 +749,14 @@ async def _run(
     reserve_fds(r.slots + 8)
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
+    controls = ServerControls(spec) if ServerControls.wanted(spec) else None
     try:
         if warm:
             for it in warm:
                 it.scheduled_ns = time.monotonic_ns() - r.start_ns
             await r.dispatch(warm)
+        if controls is not None and not r.halted and r.resolve_error is None:
+            await controls.before_measure()  # reset, counters, profiler (after the warm-ups)
         r.phase = "measure"
         r.measure_start_ns = time.monotonic_ns() - r.start_ns
         for it, t in zip(measured, schedule.times_ns.tolist(), strict=sessions is None):
@@ -773,11 +778,17 @@ async def _run(
         r.pool.close_all()
         r.sample_cpu_wait()
         r.cpu_wait.close()
-    end_ns = time.monotonic_ns() - r.start_ns
+        end_ns = time.monotonic_ns() - r.start_ns
+        if controls is not None:  # the profiler stopped, the counters read: after the end
+            await controls.after_measure()
     r.clock.resample()
     if on_progress is not None:
         on_progress(r.progress())
-    return _result(r, end_ns)
+    result = _result(r, end_ns)
+    if controls is not None:
+        result.server_controls = controls.record
+        result.notes.extend(controls.notes)
+    return result
 
 
 def _result(r: _Run, end_ns: int) -> LoadResult:
