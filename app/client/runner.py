@@ -50,8 +50,8 @@ from app.client.http_stream import StreamRequest, reserve_fds, resolve
 from app.client.limits import BufferBudget
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
-from app.client.server_controls import ServerControls
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
+from app.client.server_controls import ServerControls
 from app.client.sessions import (
     Sessions,
     build_session_workload,

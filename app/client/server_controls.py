@@ -162,8 +162,7 @@ class ServerControls:
             )
         else:
             self.notes.append(
-                f"prefix cache not reset: {tried[-1]}; the run went on with whatever the "
-                "cache held"
+                f"prefix cache not reset: {tried[-1]}; the run went on with whatever the cache held"
             )
 
     def _start_profile(self, client: httpx.Client) -> None:
@@ -205,9 +204,7 @@ class ServerControls:
             return None
         _authorize(client, self.spec, url)
         try:
-            ans = get_bounded(
-                client, url, max_bytes=MAX_SCRAPE_BYTES, deadline_s=READING_TIMEOUT_S
-            )
+            ans = get_bounded(client, url, max_bytes=MAX_SCRAPE_BYTES, deadline_s=READING_TIMEOUT_S)
         except httpx.HTTPError:
             return None
         if ans.status != 200 or ans.body is None:

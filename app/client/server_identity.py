@@ -58,7 +58,9 @@ def flatten(obj: Any, *, max_keys: int = MAX_KEYS) -> dict[str, Any]:
         elif isinstance(node, str):
             out[prefix or "value"] = clean_text(node)
         elif node is None or isinstance(node, bool | int):
-            out[prefix or "value"] = node if not isinstance(node, int) or abs(node) < 2**53 else str(node)
+            out[prefix or "value"] = (
+                node if not isinstance(node, int) or abs(node) < 2**53 else str(node)
+            )
         elif isinstance(node, float):
             out[prefix or "value"] = node if node == node and abs(node) != float("inf") else None
 

@@ -30,7 +30,9 @@ class SpecCounts:
         self.draft_tokens += other.draft_tokens
         self.accepted += other.accepted
         if len(self.accepted_per_pos) < len(other.accepted_per_pos):
-            self.accepted_per_pos += [0] * (len(other.accepted_per_pos) - len(self.accepted_per_pos))
+            self.accepted_per_pos += [0] * (
+                len(other.accepted_per_pos) - len(self.accepted_per_pos)
+            )
         for i, n in enumerate(other.accepted_per_pos):
             self.accepted_per_pos[i] += n
 
