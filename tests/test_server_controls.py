@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -149,8 +149,8 @@ def test_cli_bench_resets_profiles_and_reads_acceptance_over_the_measured_window
     assert again["load"]["prefix_cache_responses"]["hit_tokens"] > 0  # not reset
     ctl = rep["load"]["server_controls"]
     assert ctl["prefix_cache_reset"] == {"reset": True, "via": "POST /reset_prefix_cache"}
-    assert ctl["profile"] == {"started": True, "stopped": True,
-                              "trace_path": "/tmp/tokentrace-sim-traces/sim-trace-1.json"}  # fmt: skip
+    trace = "/tmp/tokentrace-sim-traces/sim-trace-1.json"
+    assert ctl["profile"] == {"started": True, "stopped": True, "trace_path": trace}
     # acceptance over the measured window: the ground truth's measured requests, by hand
     mine = [(rid, r) for rid, r in gt["requests"].items() if rid.startswith(rep["run_id"] + "-")]
     assert len(mine) == W + N
@@ -237,11 +237,14 @@ def test_cli_sweep_resets_before_every_step(
                 "--concurrencies", "1", "2", "3", "--reset-prefix-cache",
                 "--database-url", sqlite_url, "--json"]  # fmt: skip
         assert main(args) == 0
+        summary = _json_out(capsys)
         gt = sim.ground_truth()
     finally:
         sim.stop()
+    steps = [st for st in summary["steps"] if st.get("run_id")]
+    assert len(steps) >= 2  # a step may be the last when the simulator saturates early
     resets = [c["after_requests"] for c in gt["controls"] if c["control"] == "reset_prefix_cache"]
-    assert resets == [0, 4, 8]  # before each step's requests
+    assert resets == [4 * i for i in range(len(steps))]  # before each step's requests
 
 
 def test_profile_flag_alone_profiles_the_server_and_with_a_name_shows_definitions() -> None:
@@ -262,7 +265,7 @@ def test_profile_flag_alone_profiles_the_server_and_with_a_name_shows_definition
 
 class _Hostile(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    answers: dict[str, bytes] = {}
+    answers: ClassVar[dict[str, bytes]] = {}
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -287,13 +290,13 @@ def hostile() -> Iterator[str]:
     deep = b'{"d":' * 5000 + b'"x"' + b"}" * 5000  # deeper than the parser goes
     info = {f"k{i}": "v\x00" + "z" * 1000 for i in range(200)}  # 200 KB: read, then cut
     info = {"engine\x00": "evil\x00engine", "nested": {"a": {"b": {"c": {"d": 1}}}}, **info}
+    models = [{"id": "m", "max_model_len": 2**80}, {"id": "n", "max_model_len": True},
+              {"id": "o", "max_model_len": 8192}]  # fmt: skip
     _Hostile.answers = {
         "/version": json.dumps({"version": "9" * (300 << 10)}).encode(),  # > MAX_BYTES
         "/server_info": deep,  # too deep to parse
         "/get_server_info": json.dumps(info).encode(),
-        "/v1/models": json.dumps({"data": [
-            {"id": "m", "max_model_len": 2**80}, {"id": "n", "max_model_len": True},
-            {"id": "o", "max_model_len": 8192}]}).encode(),  # fmt: skip
+        "/v1/models": json.dumps({"data": models}).encode(),
     }
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
     srv.daemon_threads = True
@@ -335,8 +338,8 @@ def test_a_profilers_trace_path_is_cleaned() -> None:
 def test_launch_and_sweep_forms_carry_the_controls() -> None:
     from app.web import launch_form, sweeps_form
 
-    form = launch_form.defaults() | {"base_url": "http://127.0.0.1:8000", "model": "m",
-                                     "reset_prefix_cache": "on", "server_profile": "on"}  # fmt: skip
+    on = {"reset_prefix_cache": "on", "server_profile": "on"}
+    form = launch_form.defaults() | {"base_url": "http://127.0.0.1:8000", "model": "m"} | on
     created, errors = launch_form.parse(form)
     assert created is not None, errors
     assert created.reset_prefix_cache and created.server_profile
@@ -356,6 +359,7 @@ def test_launch_and_sweep_forms_carry_the_controls() -> None:
 # ------------------------------------------------------------------ REST and a worker
 
 
+@pytest.mark.slow
 def test_rest_and_worker_run_the_controls_and_the_page_shows_them(
     live_server: LiveServerFactory,  # noqa: F811
     sqlite_url: str,
@@ -379,8 +383,8 @@ def test_rest_and_worker_run_the_controls_and_the_page_shows_them(
             wait_job(c, job_id, ("succeeded",), 10)
             detail = c.get(f"/runs/{run_id}").json()
             exported = c.get(f"/runs/{run_id}/export/summary.json").text
-            page = httpx.get(f"{srv.url}/runs/{run_id}",
-                             headers={"Authorization": f"Bearer {srv.admin_token}"}).text  # fmt: skip
+            bearer = {"Authorization": f"Bearer {srv.admin_token}"}
+            page = httpx.get(f"{srv.url}/runs/{run_id}", headers=bearer).text
         gt = sim.ground_truth()
     finally:
         sim.stop()
