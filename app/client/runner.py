@@ -658,6 +658,7 @@ async def run_load(
     dataset_dirs: Sequence[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
     allow_link_local: bool = True,
+    read_server_counters: bool = False,
 ) -> LoadResult:
     """Run ``spec`` against its target and return every request's record plus client health.
 
@@ -673,6 +674,9 @@ async def run_load(
     anything is sent.
     ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
     address (cloud metadata services): every request then fails saying so, none is sent.
+    The server controls the spec asks for (``app.client.server_controls``) run at the
+    measured window's edges; ``read_server_counters`` (a run observed by ``execute``, with
+    ``scrape_metrics``) also reads the engine's speculative-decoding counters there.
     """
     spec = resolve_api_key(spec)  # refused before anything is sent: app.client.target_keys
     tok = load_tokenizer(spec.tokenizer, dataset_dirs)  # confined as dataset_path is
@@ -705,6 +709,7 @@ async def run_load(
                 scheduling,
                 allow_link_local,
                 sessions,
+                read_server_counters,
             )
             result.dataset_source = workload.source
             result.workload_stats = workload.stats
@@ -726,6 +731,7 @@ async def _run(
     scheduling: Scheduling = NORMAL,
     allow_link_local: bool = True,
     sessions: Sessions | None = None,
+    read_server_counters: bool = False,
 ) -> LoadResult:
     schedule = schedule_for(spec, workload.at_ns)
     items = _items(spec, workload.warmup, workload.measured)
@@ -749,7 +755,11 @@ async def _run(
     reserve_fds(r.slots + 8)
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
-    controls = ServerControls(spec) if ServerControls.wanted(spec) else None
+    controls = (
+        ServerControls(spec, read_counters=read_server_counters)
+        if ServerControls.wanted(spec, read_server_counters)
+        else None
+    )
     try:
         if warm:
             for it in warm:

@@ -10,8 +10,10 @@ runner calls at two points: right after the warm-ups, before the first measured 
 * ``server_profile``: ``POST /start_profile`` before, ``POST /stop_profile`` after (vLLM with
   ``VLLM_TORCH_PROFILER_DIR``, SGLang); the trace's path is kept when the engine says it.
   An engine without the profiler: the run goes on, its notes say so.
-* Speculative decoding: with ``scrape_metrics``, the engine's ``/metrics`` is read at both
-  points and the acceptance over the window computed (``app.analysis.spec_decode``).
+* Speculative decoding: with ``scrape_metrics`` (and ``read_counters``: the run is observed,
+  as ``app.client.execute`` does; ``run_load``'s ``read_server_counters``), the engine's
+  ``/metrics`` is read at both points and the acceptance over the window computed
+  (``app.analysis.spec_decode``).
 
 Every answer is bounded (``app.client.bounded_get``): a control's body at most
 ``MAX_BYTES``, read in ``CONTROL_TIMEOUT_S`` (``PROFILE_STOP_TIMEOUT_S`` for a profiler
@@ -81,8 +83,9 @@ class ServerControls:
     """One run's controls (``wanted`` says whether it has any). ``record`` goes to the run's
     load statistics (``STATS_KEY``), ``notes`` to its validity notes."""
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, *, read_counters: bool = True) -> None:
         self.spec = spec
+        self.read_counters = read_counters and spec.scrape_metrics
         self.base = control_base(spec.base_url)
         self.record: dict[str, Any] = {}
         self.notes: list[str] = []
@@ -91,8 +94,10 @@ class ServerControls:
         self._started = False
 
     @staticmethod
-    def wanted(spec: RunSpec) -> bool:
-        return spec.reset_prefix_cache or spec.server_profile or spec.scrape_metrics
+    def wanted(spec: RunSpec, read_counters: bool = True) -> bool:
+        return spec.reset_prefix_cache or spec.server_profile or (
+            read_counters and spec.scrape_metrics
+        )
 
     async def before_measure(self) -> None:
         self._started = True
@@ -127,7 +132,7 @@ class ServerControls:
         with self._client(CONTROL_TIMEOUT_S) as client:
             if self.spec.reset_prefix_cache:
                 self._reset(client)
-            if self.spec.scrape_metrics:
+            if self.read_counters:
                 self._reading = self._read_counters(client)
             if self.spec.server_profile:
                 self._start_profile(client)
