@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -403,3 +404,50 @@ def test_rest_and_worker_run_the_controls_and_the_page_shows_them(
     assert 'id="server-controls"' in page
     assert "reset before the measured requests (POST /reset_prefix_cache)" in page
     assert "acceptance rate " in page and "sim-trace-1.json" in page
+
+
+# ------------------------------------------------------------------ the key; the sim's options
+
+
+def test_the_controls_get_the_key_only_where_its_binding_covers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.client.execute import execute
+    from app.client.runner import run_load
+    from tests.target_listener import Listener
+
+    var, key = "TOKENTRACE_TARGET_KEY_CTL", "sk-ctl-0123456789abcdef"
+    with Listener() as target:
+        monkeypatch.setenv(var, key)
+        monkeypatch.setenv(var + "_TARGETS", f"{target.url}/v1")  # the API's path only
+        spec = RunSpec(base_url=target.url + "/v1", model="m", num_prompts=2, input_len=4,
+                       output_len=2, api_key_env=var, reset_prefix_cache=True,
+                       server_profile=True)  # fmt: skip
+        done = asyncio.run(execute(spec, lambda: run_load(spec, run_tag="k")))
+        assert done.result is not None and done.result.counts["ok"] == 2, done.error
+        by_path = {s.path: s.authorization for s in target.requests()}
+    assert by_path["/v1/chat/completions"] == f"Bearer {key}"
+    for path in ("/reset_prefix_cache", "/start_profile", "/stop_profile", "/version"):
+        assert by_path[path] is None, path  # outside the binding: sent without the key
+
+
+def test_simulator_options_and_their_bounds() -> None:
+    from app.targets.simulator.cli import build_arg_parser, config_from_args
+
+    argv = ["--prefix-cache-reset", "sglang", "--no-profiler", "--no-identity",
+            "--max-model-len", "2048", "--spec-decode-draft-len", "5",
+            "--spec-decode-acceptance", "0.25"]  # fmt: skip
+    ns = build_arg_parser().parse_args(argv)
+    cfg = config_from_args(ns)
+    assert (cfg.prefix_cache_reset, cfg.profiler, cfg.identity, cfg.max_model_len) == (
+        "sglang", False, False, 2048,
+    )
+    assert (cfg.spec_decode_draft_len, cfg.spec_decode_acceptance) == (5, 0.25)
+    for bad, msg in (
+        ({"prefix_cache_reset": "trt"}, "prefix_cache_reset must be vllm, sglang or none"),
+        ({"spec_decode_draft_len": 65}, "spec_decode_draft_len must be in 0..64"),
+        ({"spec_decode_acceptance": 1.5}, "spec_decode_acceptance must be in [0, 1]"),
+        ({"max_model_len": 0}, "max_model_len must be in 1..1e8"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            SimConfig(**bad)  # type: ignore[arg-type]
