@@ -753,13 +753,13 @@ async def _run(
         r.addr = None
     # sockets for every stream that can be open at once, allocated before the clock matters
     reserve_fds(r.slots + 8)
-    mon = asyncio.create_task(r.monitor())
-    post = asyncio.create_task(r.postprocess())
-    controls = (
+    controls = (  # built before the monitor starts (its client's set-up is no loop lag)
         ServerControls(spec, read_counters=read_server_counters)
         if ServerControls.wanted(spec, read_server_counters)
         else None
     )
+    mon = asyncio.create_task(r.monitor())
+    post = asyncio.create_task(r.postprocess())
     try:
         if warm:
             for it in warm:

@@ -92,6 +92,9 @@ class ServerControls:
         self._reading: dict[str, float] | None = None
         self._profiling = False
         self._started = False
+        # built here, before the warm-ups: an httpx client loads its CA bundle (~0.1-0.2 s),
+        # which must not fall between the warm-ups and the first measured request
+        self._http = httpx.Client(timeout=CONTROL_TIMEOUT_S, trust_env=False)
 
     @staticmethod
     def wanted(spec: RunSpec, read_counters: bool = True) -> bool:
@@ -104,14 +107,14 @@ class ServerControls:
         await asyncio.to_thread(self._before)
 
     async def after_measure(self) -> None:
-        """Once; a run that never reached its measured window (``before_measure`` not
-        called) does nothing."""
-        if self._started:
-            self._started = False
-            await asyncio.to_thread(self._after)
-
-    def _client(self, timeout_s: float) -> httpx.Client:
-        return httpx.Client(timeout=timeout_s, trust_env=False)
+        """Once, then the client is closed; a run that never reached its measured window
+        (``before_measure`` not called) sends nothing."""
+        try:
+            if self._started:
+                self._started = False
+                await asyncio.to_thread(self._after)
+        finally:
+            self._http.close()
 
     def _post(
         self, client: httpx.Client, path: str, timeout_s: float
@@ -121,7 +124,14 @@ class ServerControls:
         url = self.base + path
         _authorize(client, self.spec, url)
         try:
-            ans = get_bounded(client, url, max_bytes=MAX_BYTES, deadline_s=timeout_s, method="POST")
+            ans = get_bounded(
+                client,
+                url,
+                max_bytes=MAX_BYTES,
+                deadline_s=timeout_s,
+                method="POST",
+                timeout_s=timeout_s,
+            )
         except httpx.HTTPError as e:
             return None, b"", f"could not reach it ({type(e).__name__})"
         if ans.body is None:
@@ -129,23 +139,23 @@ class ServerControls:
         return ans.status, ans.body, f"HTTP {ans.status}"
 
     def _before(self) -> None:
-        with self._client(CONTROL_TIMEOUT_S) as client:
-            if self.spec.reset_prefix_cache:
-                self._reset(client)
-            if self.read_counters:
-                self._reading = self._read_counters(client)
-            if self.spec.server_profile:
-                self._start_profile(client)
+        client = self._http
+        if self.spec.reset_prefix_cache:
+            self._reset(client)
+        if self.read_counters:
+            self._reading = self._read_counters(client)
+        if self.spec.server_profile:
+            self._start_profile(client)
 
     def _after(self) -> None:
-        with self._client(PROFILE_STOP_TIMEOUT_S) as client:
-            if self._profiling:
-                self._stop_profile(client)
-            if self._reading is not None:
-                end = self._read_counters(client)
-                figures = spec_decode(self._reading, end) if end is not None else None
-                if figures is not None:
-                    self.record["spec_decode"] = figures
+        client = self._http
+        if self._profiling:
+            self._stop_profile(client)
+        if self._reading is not None:
+            end = self._read_counters(client)
+            figures = spec_decode(self._reading, end) if end is not None else None
+            if figures is not None:
+                self.record["spec_decode"] = figures
 
     def _reset(self, client: httpx.Client) -> None:
         tried: list[str] = []
