@@ -325,6 +325,10 @@ def test_identity_reads_are_bounded_against_a_hostile_engine(hostile: str) -> No
         assert "\x00" not in k and (not isinstance(v, str) or "\x00" not in v)
         assert not isinstance(v, str) or len(v) <= server_identity.MAX_TEXT_CHARS
     json.dumps(ident)  # storable as it is
+    _Hostile.answers["/version"] = b'"1.0\\u0000-evil"'  # a bare JSON string, a NUL in it
+    assert server_identity.fetch(spec)["version"] == "1.0-evil"
+    _Hostile.answers["/version"] = b"v2 \x00plain text"
+    assert server_identity.fetch(spec)["version"] == "v2 plain text"
 
 
 def test_a_profilers_trace_path_is_cleaned() -> None:

@@ -112,8 +112,8 @@ def fetch(spec: RunSpec, *, max_model_len: int | None = None) -> dict[str, Any]:
             out["version"] = clean_text(str(v)) if v is not None else None
             if out["version"] is None:
                 missing["/version"] = "no 'version' in the answer"
-        elif isinstance(body, str):
-            out["version"] = body
+        elif isinstance(body, str | int | float):  # a bare JSON string or number, or text
+            out["version"] = clean_text(str(body))
         for path in INFO_PATHS:
             body, why = _read(client, spec, base + path)
             if why is None and isinstance(body, dict):
