@@ -31,6 +31,16 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+SERVER_PROFILE = "server"  # ``--profile`` alone: the server's profiler, not definitions
+
+
+def definitions_profile(ns: argparse.Namespace) -> str | None:
+    """The other tool whose definitions ``--profile NAME`` asks for (None for ``--profile``
+    alone, which profiles the server)."""
+    prof: str | None = ns.profile
+    return None if prof == SERVER_PROFILE else prof
+
+
 # RunSpec field -> the flag a user typed, for error messages.
 FLAG_FOR_FIELD = {
     "base_url": "--base-url",
@@ -289,6 +299,19 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not scrape the target's /metrics during the run",
     )
+    p.add_argument(
+        "--reset-prefix-cache",
+        action="store_true",
+        help="empty the server's prefix cache after the warm-ups, before the measured "
+        "requests (vLLM POST /reset_prefix_cache, SGLang POST /flush_cache); a sweep: before "
+        "each step",
+    )
+    p.add_argument(
+        "--server-profile",
+        action="store_true",
+        help="run the server's profiler over the measured window (POST /start_profile, "
+        "/stop_profile; vLLM needs VLLM_TORCH_PROFILER_DIR); the trace's path is recorded",
+    )
     p.add_argument("--extra-body", default=None, help="JSON object merged into each request")
     p.add_argument("--temperature", type=float, default=None, help="sampling, into the body")
     p.add_argument("--top-p", type=float, default=None)
@@ -337,7 +360,15 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-save", action="store_true", help="do not save the run to the database")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--profile", default=None, help="also show: vllm | guidellm | aiperf")
+    p.add_argument(
+        "--profile",
+        nargs="?",
+        const=SERVER_PROFILE,
+        default=None,
+        metavar="DEFINITIONS",
+        help="alone: profile the server over the measured window (as --server-profile); "
+        "with vllm | guidellm | aiperf: also show that tool's metric definitions",
+    )
     p.add_argument("--database-url", default=None, help="overrides TOKENTRACE_DATABASE_URL")
     p.add_argument(
         "--server", default=None, help="submit to a tokentrace dashboard (URL) and follow it"
@@ -432,6 +463,8 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "max_error_rate": ns.max_error_rate,
         "metrics_url": ns.metrics_url,
         "scrape_metrics": not ns.no_scrape_metrics,
+        "reset_prefix_cache": ns.reset_prefix_cache,
+        "server_profile": ns.server_profile or ns.profile == SERVER_PROFILE,
         "extra_body": extra,
         "temperature": ns.temperature,
         "top_p": ns.top_p,

@@ -24,6 +24,7 @@ from app.cli.args import (
     add_bench_arguments,
     check_local_key,
     check_series,
+    definitions_profile,
     flagged,
     spec_from_args,
 )
@@ -146,8 +147,9 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
             check_realtime()
         except RealtimeRefused as e:
             raise UsageError(f"--realtime: {e}") from None
-    if ns.profile is not None and ns.profile not in PROFILE_CHOICES:
-        raise UsageError(f"--profile: choose from {', '.join(PROFILE_CHOICES)}")
+    definitions = definitions_profile(ns)
+    if definitions is not None and definitions not in PROFILE_CHOICES:
+        raise UsageError(f"--profile: alone, or one of {', '.join(PROFILE_CHOICES)}")
     if spec.dataset == "jsonl" and spec.dataset_path and not Path(spec.dataset_path).is_file():
         raise UsageError(f"--dataset-path: no such file {spec.dataset_path}")
     check_local_key(spec)
@@ -184,7 +186,7 @@ def cmd_bench(ns: argparse.Namespace, console: Console) -> int:
                 name=ns.name,
                 on_progress=on_progress,
                 handle_sigint=True,
-                profile=ns.profile,
+                profile=definitions,
                 kernel_stamps=ns.clock == "auto",
                 realtime=ns.realtime,
                 series_name=series_name,

@@ -22,6 +22,7 @@ from app.analysis.metric_defs import (
     rates,
 )
 from app.analysis.prefix_cache import responses_prefix_cache
+from app.analysis.server_controls import control_rows
 from app.analysis.server_timing import client_mean_key
 from app.analysis.turns import PER_TOKEN, turn_metrics
 from app.analysis.verdict import verdict_of
@@ -29,7 +30,6 @@ from app.client.endpoints import items_noun
 from app.services.client_health import client_health
 
 PCT_KEYS = ("p50", "p90", "p95", "p99", "p99_9", "max")
-
 
 
 def latency_rows(spec: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
@@ -134,6 +134,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     timing = report.get("server_timing")
     if isinstance(timing, dict):
         render_server_timing(timing, console)
+    for label, text in control_rows(load_block):  # server controls and identity
+        console.print(f"{label}: {text}", highlight=False, markup=False)
     prof = report.get("profile")
     if prof:
         render_profile(prof, console)

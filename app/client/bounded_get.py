@@ -26,11 +26,21 @@ class BoundedAnswer:
 
 
 def get_bounded(
-    client: httpx.Client, url: str, *, max_bytes: int, deadline_s: float
+    client: httpx.Client,
+    url: str,
+    *,
+    max_bytes: int,
+    deadline_s: float,
+    method: str = "GET",
+    timeout_s: float | None = None,
 ) -> BoundedAnswer:
-    """GET ``url``; transport errors (``httpx.HTTPError``) propagate."""
+    """GET ``url`` (or ``method``: a control's POST, with no body; ``timeout_s``: httpx's
+    timeouts for this request, else the client's); transport errors (``httpx.HTTPError``)
+    propagate."""
     deadline = time.monotonic() + deadline_s
-    with client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp:
+    headers = {"Accept-Encoding": "identity"}
+    timeout = client.timeout if timeout_s is None else httpx.Timeout(timeout_s)
+    with client.stream(method, url, headers=headers, timeout=timeout) as resp:
         ctype = resp.headers.get("content-type", "no content type").split(";")[0].strip()[:60]
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":

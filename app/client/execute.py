@@ -22,9 +22,11 @@ from app.analysis.prefix_cache import prefix_cache, records_prefix_cache
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
-from app.client import served_models
+from app.client import served_models, server_identity
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
 from app.client.runner import LagStats, LoadResult
+from app.client.server_controls import STATS_KEY as SERVER_CONTROLS_KEY
+from app.client.server_controls import metrics_url
 from app.client.spec import RunSpec
 from app.client.target_keys import key_may_reach, resolve_api_key
 from app.domain import RequestRecord, RequestStatus, RunStatus
@@ -73,6 +75,10 @@ async def execute(
     except ValueError as e:
         return Executed(spec, None, e, None, [])
     served = await asyncio.to_thread(served_models.fetch, keyed)  # under base_url
+    lengths = served.max_model_len or {}
+    identity = await asyncio.to_thread(
+        server_identity.fetch, keyed, max_model_len=lengths.get(spec.model)
+    )
     scraper = start_scraper(keyed)
     if scraper is not None and on_scraper is not None:
         on_scraper(scraper)
@@ -92,6 +98,7 @@ async def execute(
             meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
     served_models.record(meta.load_stats, meta.validity, spec.model, served)
+    meta.load_stats[server_identity.STATS_KEY] = identity
     return Executed(spec, result, None, meta, scraped.series)
 
 
@@ -202,6 +209,8 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
         "connections": dict(result.connections),
         "dataset_source": result.dataset_source,
     }
+    if result.server_controls:  # reset, profile, speculative decoding (server_controls)
+        out[SERVER_CONTROLS_KEY] = dict(result.server_controls)
     if result.workload_stats is not None:
         out["workload"] = dict(result.workload_stats)
         if result.workload_stats.get("kind") == "trace":
@@ -252,18 +261,6 @@ def _cached(records: list[RequestRecord]) -> dict[str, Any]:
 class ScrapeOutcome:
     status: dict[str, Any]  # goes to load_stats["server_metrics"]
     series: list[Series] = field(default_factory=list)  # run-relative times
-
-
-def metrics_url(spec: RunSpec) -> str | None:
-    """Where to scrape: ``spec.metrics_url``, else ``base_url`` + ``/metrics`` (``/v1`` cut);
-    None when scraping is off."""
-    if not spec.scrape_metrics:
-        return None
-    if spec.metrics_url:
-        return spec.metrics_url
-    base = spec.base_url.rstrip("/")
-    base = base.removesuffix("/v1")
-    return f"{base}/metrics"
 
 
 def start_scraper(spec: RunSpec) -> MetricsScraper | None:

@@ -51,6 +51,7 @@ from app.client.limits import BufferBudget
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
+from app.client.server_controls import ServerControls
 from app.client.sessions import (
     Sessions,
     build_session_workload,
@@ -134,6 +135,7 @@ class LoadResult:
     connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
     dataset_source: str | None = None  # the dataset file's identity (Workload.source)
     workload_stats: dict[str, object] | None = None  # Workload.stats (a trace's reuse)
+    server_controls: dict[str, Any] = field(default_factory=dict)  # ServerControls.record
 
 
 FD_RESERVE = 64  # descriptors kept for everything but the run's connections
@@ -659,6 +661,7 @@ async def run_load(
     dataset_dirs: Sequence[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
     allow_link_local: bool = True,
+    read_server_counters: bool = False,
 ) -> LoadResult:
     """Run ``spec`` against its target and return every request's record plus client health.
 
@@ -674,6 +677,9 @@ async def run_load(
     anything is sent.
     ``allow_link_local=False`` (workers) refuses a target that resolves to a link-local
     address (cloud metadata services): every request then fails saying so, none is sent.
+    The server controls the spec asks for (``app.client.server_controls``) run at the
+    measured window's edges; ``read_server_counters`` (a run observed by ``execute``, with
+    ``scrape_metrics``) also reads the engine's speculative-decoding counters there.
     """
     spec = resolve_api_key(spec)  # refused before anything is sent: app.client.target_keys
     tok = load_tokenizer(spec.tokenizer, dataset_dirs)  # confined as dataset_path is
@@ -706,6 +712,7 @@ async def run_load(
                 scheduling,
                 allow_link_local,
                 sessions,
+                read_server_counters,
             )
             result.dataset_source = workload.source
             result.workload_stats = workload.stats
@@ -727,6 +734,7 @@ async def _run(
     scheduling: Scheduling = NORMAL,
     allow_link_local: bool = True,
     sessions: Sessions | None = None,
+    read_server_counters: bool = False,
 ) -> LoadResult:
     schedule = schedule_for(spec, workload.at_ns)
     items = _items(spec, workload.warmup, workload.measured)
@@ -748,6 +756,11 @@ async def _run(
         r.addr = None
     # sockets for every stream that can be open at once, allocated before the clock matters
     reserve_fds(r.slots + 8)
+    controls = (  # built before the monitor starts (its client's set-up is no loop lag)
+        ServerControls(spec, read_counters=read_server_counters)
+        if ServerControls.wanted(spec, read_server_counters)
+        else None
+    )
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
     try:
@@ -755,6 +768,8 @@ async def _run(
             for it in warm:
                 it.scheduled_ns = time.monotonic_ns() - r.start_ns
             await r.dispatch(warm)
+        if controls is not None and not r.halted and r.resolve_error is None:
+            await controls.before_measure()  # reset, counters, profiler (after the warm-ups)
         r.phase = "measure"
         r.measure_start_ns = time.monotonic_ns() - r.start_ns
         for it, t in zip(measured, schedule.times_ns.tolist(), strict=sessions is None):
@@ -776,11 +791,17 @@ async def _run(
         r.pool.close_all()
         r.sample_cpu_wait()
         r.cpu_wait.close()
-    end_ns = time.monotonic_ns() - r.start_ns
+        end_ns = time.monotonic_ns() - r.start_ns
+        if controls is not None:  # the profiler stopped, the counters read: after the end
+            await controls.after_measure()
     r.clock.resample()
     if on_progress is not None:
         on_progress(r.progress())
-    return _result(r, end_ns)
+    result = _result(r, end_ns)
+    if controls is not None:
+        result.server_controls = controls.record
+        result.notes.extend(controls.notes)
+    return result
 
 
 def _result(r: _Run, end_ns: int) -> LoadResult:

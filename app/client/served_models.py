@@ -31,6 +31,7 @@ class ServedModels:
     url: str
     ids: list[str] | None  # None: could not be listed
     error: str | None = None
+    max_model_len: dict[str, int] | None = None  # model id -> its context length, where listed
 
 
 def models_url(base_url: str) -> str:
@@ -57,6 +58,19 @@ def parse_models(body: Any) -> list[str]:
     return [i[:MAX_ID_CHARS] for i in ids[:MAX_IDS]]
 
 
+def model_lengths(body: Any) -> dict[str, int]:
+    """Each listed model's ``max_model_len`` (vLLM lists it), a positive int below 2^53."""
+    out: dict[str, int] = {}
+    data = body.get("data") if isinstance(body, dict) else None
+    for m in data if isinstance(data, list) else []:
+        if not isinstance(m, dict) or m.get("id") is None or len(out) >= MAX_IDS:
+            continue
+        n = m.get("max_model_len")
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**53:
+            out[str(m["id"])[:MAX_ID_CHARS]] = n
+    return out
+
+
 def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
     """GET the target's model list; any failure is returned as ``error``."""
     url = models_url(spec.base_url)
@@ -77,7 +91,8 @@ def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
     if ans.body is None:
         return ServedModels(url, None, f"not read: {ans.error}")
     try:
-        return ServedModels(url, parse_models(json.loads(ans.body)))
+        body = json.loads(ans.body)
+        return ServedModels(url, parse_models(body), max_model_len=model_lengths(body))
     except (ValueError, RecursionError) as e:
         return ServedModels(url, None, f"not a model list ({e})")
 

@@ -239,6 +239,17 @@ class RunSpec(BaseModel):
     scrape_metrics: bool = True
     metrics_url: str | None = Field(None, description="default: base_url + /metrics")
     metrics_series: list[str] = Field(default_factory=list, description="extra series names")
+    # server controls around the measured window (app.client.server_controls)
+    reset_prefix_cache: bool = Field(
+        False,
+        description="empty the server's prefix cache after the warm-ups, before the first "
+        "measured request (vLLM POST /reset_prefix_cache, SGLang POST /flush_cache)",
+    )
+    server_profile: bool = Field(
+        False,
+        description="run the server's profiler over the measured window (POST /start_profile "
+        "and /stop_profile); the trace's path is kept when the server says it",
+    )
     # how much of the target's answers the client may hold (app.client.limits)
     limits: ClientLimits = Field(default_factory=ClientLimits)
 

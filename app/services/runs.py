@@ -145,6 +145,7 @@ async def _load(
             stop=stop,
             kernel_stamps=kernel_stamps,
             realtime=realtime,
+            read_server_counters=True,  # execute observes the run
         )
     finally:
         if handle_sigint:

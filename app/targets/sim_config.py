@@ -82,6 +82,19 @@ class SimConfig:
     # prefix cache (``app.targets.simulator.prefix_cache``): block size in tokens, 0 = none
     prefix_cache_block: int = 0
     prefix_cache_blocks: int = 65_536  # blocks remembered (least recently used forgotten)
+    # server controls (``app.targets.simulator.controls``): which prefix-cache reset it
+    # serves ("vllm": POST /reset_prefix_cache, "sglang": POST /flush_cache, "none"),
+    # POST /start_profile and /stop_profile (False: 404), GET /version and /server_info
+    # (False: 404); max_model_len is listed in /v1/models
+    prefix_cache_reset: str = "vllm"
+    profiler: bool = True
+    profile_dir: str = "/tmp/tokentrace-sim-traces"
+    identity: bool = True
+    max_model_len: int = 32_768
+    # speculative decoding (``app.targets.simulator.spec_decode``): draft tokens per step
+    # (0: off) and each draft token's acceptance probability (seeded draws)
+    spec_decode_draft_len: int = 0
+    spec_decode_acceptance: float = 0.7
     max_body_bytes: int = 64 * 1024 * 1024
     coalesce_late: bool = True  # when behind schedule, send a stream's overdue events together
     spin_us: int = 1000  # busy-poll window before a deadline (epoll sleeps in whole ms)
@@ -134,6 +147,16 @@ class SimConfig:
         _check(self.kv_capacity_tokens >= 1, "kv_capacity_tokens must be >= 1")
         _check(0 <= self.prefix_cache_block <= 4096, "prefix_cache_block must be in 0..4096")
         _check(self.prefix_cache_blocks >= 1, "prefix_cache_blocks must be >= 1")
+        _check(
+            self.prefix_cache_reset in ("vllm", "sglang", "none"),
+            "prefix_cache_reset must be vllm, sglang or none",
+        )
+        _check(1 <= self.max_model_len <= 100_000_000, "max_model_len must be in 1..1e8")
+        _check(0 <= self.spec_decode_draft_len <= 64, "spec_decode_draft_len must be in 0..64")
+        _check(
+            math.isfinite(self.spec_decode_acceptance) and 0 <= self.spec_decode_acceptance <= 1,
+            "spec_decode_acceptance must be in [0, 1]",
+        )
         _check(self.max_body_bytes >= 1024, "max_body_bytes must be >= 1024")
         _check(self.spin_us >= 0, "spin_us must be >= 0")
         _check(

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis.prefix_cache import cached_share, prefix_cache
+from app.analysis.server_controls import control_rows
 from app.figures.interop import server_metrics_figure_of
 from app.figures.scriptjson import plotly_json
 from app.services.import_compare import comparison_of, import_window
@@ -24,7 +25,9 @@ def add_interop(
     """Add ``imported`` (the file's figures beside ours, or None), ``import_setup`` (what
     an imported file says about its setup, or None for our own runs), ``server_status``,
     ``prefix_cache`` (the server's counters, ``app.analysis.prefix_cache``),
-    ``prefix_cache_responses`` (the cached share its responses reported) and the
+    ``prefix_cache_responses`` (the cached share its responses reported),
+    ``server_controls`` (the engine's identity, cache reset, profiler and speculative
+    decoding: ``app.analysis.server_controls``) and the
     ``server_metrics`` figure to a run page's context."""
     with session_scope(sessions) as s:
         info = interop_repo.get_import(s, run_id)
@@ -52,6 +55,7 @@ def add_interop(
         window = import_window(cols.sent_ns, info.window_s)
         ctx["imported"] = comparison_of(info, part.metrics, window, group)
     ctx["server_status"] = status_block if isinstance(status_block, dict) else None
+    ctx["server_controls"] = control_rows(load) if isinstance(load, dict) else []
     fig = server_metrics_figure_of(series, cols, status)
     figures = ctx.setdefault("figures", {})
     figures["server_metrics"] = plotly_json(fig)

@@ -193,6 +193,20 @@ FIELDS: tuple[FormField, ...] = (
         help="metric names beyond the built-in ones, comma-separated",
         group="Server metrics",
     ),
+    FormField(
+        "reset_prefix_cache",
+        "Reset prefix cache",
+        "checkbox",
+        help=_help("reset_prefix_cache") + "; a sweep: before each step",
+        group="Server controls",
+    ),
+    FormField(
+        "server_profile",
+        "Profile the server",
+        "checkbox",
+        help=_help("server_profile"),
+        group="Server controls",
+    ),
     FormField("tags", "Tags", help="comma-separated", group="Placement"),
     FormField("req_labels", "Worker labels", help="key=value, comma-separated", group="Placement"),
     FormField("req_gpu_name", "GPU name contains", group="Placement"),
@@ -211,8 +225,8 @@ FIELDS: tuple[FormField, ...] = (
 LIMIT_KEYS = tuple(ClientLimits.model_fields)  # the form's limits_<key> fields
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 GROUPS: tuple[str, ...] = (
-    "Target", "Workload", "Load", "Goodput", "Sampling", "Server metrics", "Reproduction",
-    "Placement", "Limits",
+    "Target", "Workload", "Load", "Goodput", "Sampling", "Server metrics", "Server controls",
+    "Reproduction", "Placement", "Limits",
 )  # fmt: skip
 LIST_FIELDS = ("tags", "metrics_series")  # comma-separated in the form, lists in the spec
 CHECKBOXES_ON = ("ignore_eos", "scrape_metrics", "stream")  # default on

@@ -97,6 +97,7 @@ class LoadThread:
                 dataset_dirs=self._dataset_dirs,
                 cancelled=self._cancel_requested,
                 allow_link_local=self._allow_link_local,
+                read_server_counters=True,  # execute observes the run
             )
         finally:
             with self._lock:

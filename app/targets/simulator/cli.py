@@ -83,6 +83,29 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
         help="cache prompt prefixes in blocks of this many tokens (0: no prefix cache)",
     )
     p.add_argument(
+        "--prefix-cache-reset",
+        choices=("vllm", "sglang", "none"),
+        default=d.prefix_cache_reset,
+        help="the cache reset served: vllm POST /reset_prefix_cache, sglang POST /flush_cache",
+    )
+    p.add_argument("--no-profiler", action="store_true", help="no /start_profile, /stop_profile")
+    p.add_argument("--no-identity", action="store_true", help="no /version, /server_info")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument(
+        "--spec-decode-draft-len",
+        type=int,
+        default=d.spec_decode_draft_len,
+        metavar="K",
+        help="simulate speculative decoding with K draft tokens per step (0: off)",
+    )
+    p.add_argument(
+        "--spec-decode-acceptance",
+        type=float,
+        default=d.spec_decode_acceptance,
+        metavar="P",
+        help="each draft token's acceptance probability (seeded)",
+    )
+    p.add_argument(
         "--tls-certfile",
         default=None,
         metavar="PEM",
@@ -145,6 +168,12 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         fault_after_tokens=ns.fault_after_tokens,
         seed=ns.seed,
         prefix_cache_block=ns.prefix_cache_block,
+        prefix_cache_reset=ns.prefix_cache_reset,
+        profiler=not ns.no_profiler,
+        identity=not ns.no_identity,
+        max_model_len=ns.max_model_len,
+        spec_decode_draft_len=ns.spec_decode_draft_len,
+        spec_decode_acceptance=ns.spec_decode_acceptance,
         record_ground_truth=not ns.no_ground_truth,
         keep_alive=not ns.no_keep_alive,
         idle_timeout_s=ns.idle_timeout_s,

@@ -50,6 +50,8 @@ class Batch(Protocol):
     generation_tokens_total: int
     success_total: int
 
+    def count_spec(self, seq: int, output_tokens: int, rec: Record | None) -> None: ...
+
 
 def build_tape(seed: int) -> list[bytes]:
     """The words every response's text is read from (a request starts at a seeded offset)."""
@@ -89,6 +91,7 @@ class Gen:
         "rec",
         "rng",
         "sent",
+        "seq",
         "shape",
         "srv",
         "state",
@@ -114,6 +117,7 @@ class Gen:
         self.rec = rec
         self.plan = plan
         self.n = plan.output_tokens
+        self.seq = seq
         self.kr = plan.reasoning_tokens
         self.input_tokens = plan.input_tokens
         self.cache_on = cfg.prefix_cache_block > 0
@@ -302,6 +306,7 @@ class Gen:
         if nxt is None:
             self.release()
             self.srv.success_total += 1
+            self.srv.count_spec(self.seq, self.n, self.rec)
             proto.response_done()
         return nxt
 
@@ -362,6 +367,7 @@ class Gen:
             self.rec.add(t, due, K_MALFORMED if malformed else K_RESPONSE, self.n)
         self.release()
         self.srv.success_total += 1
+        self.srv.count_spec(self.seq, self.n, self.rec)
 
     def _stop(self, abort: bool) -> None:
         t = monotonic_ns()

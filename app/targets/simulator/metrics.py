@@ -11,6 +11,7 @@ from typing import Protocol
 
 from app.targets.sim_config import SimConfig
 from app.targets.simulator.prefix_cache import PrefixCache
+from app.targets.simulator.spec_decode import SpecCounts
 
 
 class Counters(Protocol):
@@ -25,6 +26,7 @@ class Counters(Protocol):
     success_total: int
     requests_by_fault: dict[str, int]
     prefix_cache: PrefixCache | None
+    spec: SpecCounts
 
 
 def metrics_text(srv: Counters, open_connections: int) -> str:
@@ -93,12 +95,39 @@ def metrics_text(srv: Counters, open_connections: int) -> str:
                 pc.hits,
             ),
         ]
+    sd = srv.spec
+    if srv.config.spec_decode_draft_len:
+        rows += [
+            ("vllm:spec_decode_num_drafts_total", "counter", "Draft steps.", label, sd.drafts),
+            (
+                "vllm:spec_decode_num_draft_tokens_total",
+                "counter",
+                "Tokens drafted.",
+                label,
+                sd.draft_tokens,
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Draft tokens accepted.",
+                label,
+                sd.accepted,
+            ),
+        ]
     lines: list[str] = []
     for name, kind, help_text, labels, value in rows:
         lines += [
             f"# HELP {name} {help_text}",
             f"# TYPE {name} {kind}",
             f"{name}{labels} {_num(value)}",
+        ]
+    if srv.config.spec_decode_draft_len:
+        name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {name} Draft tokens accepted, by position.", f"# TYPE {name} counter"]
+        model = json.dumps(srv.config.model)
+        lines += [
+            f'{name}{{model_name={model},position="{i}"}} {n}'
+            for i, n in enumerate(sd.accepted_per_pos)
         ]
     lines += [
         "# HELP tokentrace_sim_requests_total Completion requests by injected fault.",

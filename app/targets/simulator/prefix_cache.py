@@ -23,6 +23,16 @@ class PrefixCache:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.queries = 0  # prompt tokens looked up
         self.hits = 0  # of them, found cached
+        self.resets = 0  # times emptied (``reset``)
+
+    def reset(self) -> None:
+        """Forget every block (POST /reset_prefix_cache): the next prompts miss. The
+        counters go on, as vLLM's do."""
+        self._blocks.clear()
+        self.resets += 1
+
+    def __len__(self) -> int:
+        return len(self._blocks)
 
     def lookup(self, tokens: list[str], counted: int) -> int:
         """Cached tokens of a prompt of ``tokens`` (``counted`` tokens by the server's

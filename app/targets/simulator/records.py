@@ -57,6 +57,7 @@ class Record:
         "received_ns",
         "rx_clock",
         "seq",
+        "spec",
         "status",
         "stream",
         "t_ns",
@@ -82,6 +83,7 @@ class Record:
         self.fault_ns: int | None = None
         self.fault_after_tokens: int | None = None
         self.status: int | None = None
+        self.spec: dict[str, object] | None = None  # its draft steps (spec_decode), if any
         self.t_ns = array("q")
         self.due_ns = array("q")
         self.kind = array("b")
@@ -121,6 +123,7 @@ class Record:
             "fault_ns": self.fault_ns,
             "fault_after_tokens": self.fault_after_tokens,
             "status": self.status,
+            "spec_decode": self.spec,
             "events": {
                 "t_ns": self.t_ns.tolist(),
                 "due_ns": self.due_ns.tolist(),

@@ -20,6 +20,7 @@ from typing import Any
 import h11
 
 from app.targets.sim_config import Fault, SimConfig
+from app.targets.simulator import controls
 from app.targets.simulator.answer import Answer
 from app.targets.simulator.generator import Gen, build_tape
 from app.targets.simulator.http import HttpProtocol, error_body, json_bytes
@@ -28,6 +29,7 @@ from app.targets.simulator.plan import BadRequest, Plan, decide_fault
 from app.targets.simulator.prefix_cache import PrefixCache
 from app.targets.simulator.records import EVENT_KINDS, K_ERROR, K_ROLE, Record
 from app.targets.simulator.scheduler import Scheduler
+from app.targets.simulator.spec_decode import SpecCounts, request_counts
 from app.targets.simulator.stamps import clock_offset, listen_socket
 from app.targets.simulator.surfaces import HANDLERS, routes
 from app.targets.simulator.surfaces.base import Surface
@@ -54,6 +56,9 @@ class SimServer:
             if config.prefix_cache_block
             else None
         )
+        self.spec = SpecCounts(accepted_per_pos=[0] * config.spec_decode_draft_len)
+        self.controls = controls.ControlLog()
+        self._control_routes = controls.routes(config)
         self._seq = 0
         self.connections_accepted = 0
         self.clock_offset_ns = clock_offset()
@@ -117,7 +122,23 @@ class SimServer:
             "event_kinds": list(EVENT_KINDS),
             "connections_accepted": self.connections_accepted,
             "requests": {rid: r.to_json() for rid, r in self._records.items()},
+            "spec_decode": self.spec.to_json(),
+            "controls": list(self.controls.calls),
+            "prefix_cache_blocks_held": len(self.prefix_cache) if self.prefix_cache else 0,
         }
+
+    def count_spec(self, seq: int, output_tokens: int, rec: Record | None) -> None:
+        """A request generated ``output_tokens`` whole: its draft steps into the counters
+        (and its ground truth)."""
+        cfg = self.config
+        if not cfg.spec_decode_draft_len:
+            return
+        counts = request_counts(
+            cfg.seed, seq, output_tokens, cfg.spec_decode_draft_len, cfg.spec_decode_acceptance
+        )
+        self.spec.add(counts)
+        if rec is not None:
+            rec.spec = counts.to_json()
 
     def reset(self) -> None:
         """Forget the ground truth and restart the request counter (faults repeat)."""
@@ -144,6 +165,9 @@ class SimServer:
             ),
             "/_sim/reset": ("POST", lambda: self._reset_route(proto)),
         }
+        control = self._control_routes.get(path)
+        if control is not None:
+            routes[path] = (controls.method_of(control), lambda: self._control(proto, control))
         surface = self.surfaces.get(path)
         route = routes.get(path)
         if surface is not None:
@@ -162,6 +186,10 @@ class SimServer:
         self.reset()
         proto.send_simple(200, b'{"ok":true}')
 
+    def _control(self, proto: HttpProtocol, control: str) -> None:
+        ans = controls.answer(control, self.config, self.controls, self.prefix_cache, self._seq)
+        proto.send_simple(200, json_bytes(ans))
+
     def _models(self) -> bytes:
         return json_bytes(
             {
@@ -172,6 +200,7 @@ class SimServer:
                         "object": "model",
                         "created": 0,
                         "owned_by": "tokentrace-sim",
+                        "max_model_len": self.config.max_model_len,
                     }
                 ],
             }
