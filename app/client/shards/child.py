@@ -1,5 +1,6 @@
-"""One load process of a dealt run (``multiprocessing``'s ``spawn``: a fresh interpreter, no
-fork after threads). It talks to the parent over one pipe.
+"""One load process of a dealt run: ``python -m app.client.shards FD`` (a fresh
+interpreter: no fork after threads). It talks to the parent over one socket (``FD``, a
+``multiprocessing.connection.Connection``).
 
 Parent -> child: ``ChildJob`` (first), then ``("start", phase, t_ns)`` and ``("stop",)``.
 Child -> parent: ``("ready", phase)`` when it is ready for ``phase`` ("run": imports done,

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing as mp
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from app.client.load_result import LoadResult, Progress
-from app.client.shards.child import ChildFigures, ChildJob, child_main
+from app.client.shards.child import ChildFigures, ChildJob
 from app.client.shards.merge import ProcessOutcome, merge
 from app.client.shards.plan import Plan, build_plan, usable_cores
 from app.client.spec import RunSpec
@@ -39,7 +40,7 @@ STOP_WAIT_S = 30.0  # cancelled from outside: how long the processes get to repo
 
 
 class _Child:
-    def __init__(self, p: int, proc: BaseProcess, conn: Connection) -> None:
+    def __init__(self, p: int, proc: subprocess.Popen[bytes], conn: Connection) -> None:
         self.p = p
         self.proc = proc
         self.conn = conn
@@ -52,17 +53,19 @@ class _Child:
 
 
 def _spawn(plan: Plan, job: Callable[[int], ChildJob]) -> list[_Child]:
-    ctx = mp.get_context("spawn")
+    """``python -m app.client.shards FD`` per share, a socket pair its channel: a
+    fresh interpreter (no fork after threads, no re-import of the caller's main module)."""
     children: list[_Child] = []
     for share in plan.shares:
-        mine, theirs = ctx.Pipe()
-        proc = ctx.Process(
-            target=child_main, args=(theirs,), name=f"tokentrace-load-{share.process}"
+        mine, theirs = socket.socketpair()
+        fd = theirs.fileno()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.client.shards", str(fd)],
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
         )
-        proc.daemon = True
-        proc.start()
         theirs.close()
-        child = _Child(share.process, proc, mine)
+        child = _Child(share.process, proc, Connection(mine.detach()))
         child.send(job(share.process))
         children.append(child)
     return children
@@ -75,6 +78,11 @@ def _listen(child: _Child, post: Callable[[int, tuple[Any, ...]], None]) -> None
         except (EOFError, OSError):
             post(child.p, ("eof",))
             return
+        except Exception as e:  # a message that does not load: the process is lost to the run
+            post(child.p, ("error", f"unreadable message: {e!r}"))
+            with contextlib.suppress(OSError):
+                child.proc.kill()
+            continue
         post(child.p, msg)
 
 
@@ -143,9 +151,10 @@ class _Coordinator:
         elif kind == "eof":
             child = self.children[p]
             child.ended = True
-            child.proc.join(5.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(5.0)
             if out.result is None and out.error is None:
-                out.error = f"the process exited with code {child.proc.exitcode}"
+                out.error = f"the process exited with code {child.proc.returncode}"
             for phase in self.ready:  # the others need not wait for it
                 self.barrier(phase)
 
@@ -255,10 +264,12 @@ def _wall_at(t_mono_ns: int) -> datetime:
 def _reap(children: list[_Child], wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     for c in children:
-        c.proc.join(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.proc.wait(max(0.0, deadline - time.monotonic()))
     for c in children:
-        if c.proc.is_alive():
+        if c.proc.poll() is None:
             c.proc.terminate()
-            c.proc.join(5.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(5.0)
         with contextlib.suppress(OSError):
             c.conn.close()
