@@ -260,11 +260,11 @@ class RunSpec(BaseModel):
         if v == "auto":
             return v
         if isinstance(v, bool) or not isinstance(v, int | str):
-            raise ValueError("processes: a whole number of processes (1 to 1024) or auto")
+            raise ValueError("processes: a whole number from 1 to 1024, or auto")
         try:
             n = int(v)
         except ValueError:
-            raise ValueError("processes: a whole number of processes (1 to 1024) or auto") from None
+            raise ValueError("processes: a whole number from 1 to 1024, or auto") from None
         if not 1 <= n <= MAX_PROCESSES:
             raise ValueError(f"processes: from 1 to {MAX_PROCESSES} (or auto), not {n}")
         return n

@@ -28,7 +28,8 @@ from app.analysis.verdict import verdict_of
 from app.client import eventloop
 from app.client.datasets.base import DatasetError
 from app.client.execute import execute
-from app.client.runner import LoadResult, Progress, run_load
+from app.client.load_result import LoadResult, Progress
+from app.client.shards.load import run_load
 from app.client.spec import RunSpec
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.protocol.wire import RunMeta
