@@ -216,6 +216,7 @@ class WireRequest(_Model):
     # multi-turn sessions (absent from older workers: single requests)
     session: int | None = Field(None, ge=0, le=2**31 - 1)
     turn: int | None = Field(None, ge=1, le=2**31 - 1)
+    process: int | None = Field(None, ge=0, le=1023)  # a dealt run's load process
     events_b64: str = ""
 
     @classmethod
@@ -247,6 +248,7 @@ class WireRequest(_Model):
             retries=r.retries,
             session=r.session,
             turn=r.turn,
+            process=r.process,
             events_b64=base64.b64encode(blob).decode("ascii"),
         )
 
@@ -291,6 +293,7 @@ class WireRequest(_Model):
             retries=self.retries,
             session=self.session,
             turn=self.turn,
+            process=self.process,
             event_t_ns=t,
             event_bytes=nb,
             event_kind=kind,
