@@ -229,7 +229,10 @@ def execute_bench(
     with session_scope(sessions) as s:
         store_requests(s, run_id, result.records)
         server_metrics.store(s, run_id, done.series)
-    report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
+    lost = result.counts.get("lost") or None  # a load process that died (app.client.shards)
+    report = finalize_run(
+        sessions, run_id, status=status, meta=meta, profile=profile, lost_requests=lost
+    )
     return BenchOutcome(run_id, report, failed, status)
 
 
