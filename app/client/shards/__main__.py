@@ -1,4 +1,5 @@
-"""``python -m app.client.shards FD``: one load process of a dealt run (``child``)."""
+"""``python -m app.client.shards FD [P]``: load process ``P`` of a dealt run (``child``),
+its channel to the parent the socket ``FD``."""
 
 import sys
 from multiprocessing.connection import Connection

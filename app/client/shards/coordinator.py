@@ -53,14 +53,15 @@ class _Child:
 
 
 def _spawn(plan: Plan, job: Callable[[int], ChildJob]) -> list[_Child]:
-    """``python -m app.client.shards FD`` per share, a socket pair its channel: a
+    """``python -m app.client.shards FD P`` per share (``P``: its number, for ``ps``), a
+    socket pair its channel: a
     fresh interpreter (no fork after threads, no re-import of the caller's main module)."""
     children: list[_Child] = []
     for share in plan.shares:
         mine, theirs = socket.socketpair()
         fd = theirs.fileno()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.client.shards", str(fd)],
+            [sys.executable, "-m", "app.client.shards", str(fd), str(share.process)],
             pass_fds=(fd,),
             stdin=subprocess.DEVNULL,
         )
