@@ -6,4 +6,5 @@ from multiprocessing.connection import Connection
 
 from app.client.shards.child import child_main
 
-child_main(Connection(int(sys.argv[1])))
+if __name__ == "__main__":
+    child_main(Connection(int(sys.argv[1])))
