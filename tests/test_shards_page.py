@@ -1,0 +1,96 @@
+"""A dealt run stored and shown (issue 26 part 3): ``tokentrace bench --processes 2`` stores
+one run whose requests each name their process (``requests.process_idx``: the export and
+the request rows); the run page's per-process table and the CLI's process lines agree
+with counts recomputed from the exported rows. Bad ``processes``: exit 2 / 422 naming it,
+nothing stored."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.cli.main import main
+from app.services.runs import open_database
+from app.storage.models import Run
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
+from tests.api_support import SPEC, Api, api_client
+from tests.web_support import web_app
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _runs(url: str) -> int:
+    with open_database(url)() as s:
+        return int(s.scalar(select(func.count()).select_from(Run)) or 0)
+
+
+def test_bench_processes_stores_one_run_and_shows_each_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    sim = start_simulator_thread(SimConfig(ttft_ms=3, itl_ms=2, output_len=8, seed=1))
+    try:
+        rc = main([
+            "bench", "--base-url", sim.base_url, "--model", "tokentrace-sim",
+            "--num-prompts", "20", "--max-concurrency", "4", "--processes", "2",
+            "--output-len", "8", "--database-url", url,
+        ])  # fmt: skip
+    finally:
+        sim.stop()
+    assert rc == 0
+    out = capsys.readouterr().out
+    with TestClient(web_app(url)) as client:
+        run_id = client.get("/api/v1/runs").json()["items"][0]["id"]
+        rows: list[dict[str, Any]] = client.get(f"/runs/{run_id}/requests.json").json()
+        page = client.get(f"/runs/{run_id}").text
+    assert sorted(r["idx"] for r in rows) == list(range(20))
+    # dealt by hand: 4 slots over 2 processes, request i with slot i mod 4
+    assert {r["idx"]: r["process"] for r in rows} == {i: (i % 4) % 2 for i in range(20)}
+    per = Counter(r["process"] for r in rows if r["status"] == "ok")
+    assert per == {0: 10, 1: 10}
+    table = re.search(r'<table class="data" id="process-table">(.*?)</table>', page, re.S)
+    assert table is not None
+    cells = re.findall(
+        r'<tr data-process="(\d)"[^>]*>\s*<td>\d</td>\s*<td class="num">(\d+) / (\d+)</td>',
+        table.group(1),
+    )
+    assert [(int(p), int(ok), int(n)) for p, ok, n in cells] == [(0, per[0], 10), (1, per[1], 10)]
+    for p in (0, 1):
+        assert re.search(rf"process {p}: {per[p]}/10 ok, [\d,.]+ tok/s", out), out[-2000:]
+
+
+@pytest.fixture
+def api(sqlite_url: str) -> Iterator[Api]:
+    with api_client(sqlite_url) as a:
+        yield a
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, "many"])
+def test_api_refuses_bad_processes_with_422(api: Api, value: Any) -> None:
+    for path in ("/api/v1/runs", "/api/v1/sweeps"):
+        body = SPEC | {"processes": value} | ({"rates": [1.0]} if "sweeps" in path else {})
+        r = api.client.post(path, json=body, headers=api.h(api.run))
+        assert r.status_code == 422, (path, r.status_code, r.text[:300])
+        assert r.json()["detail"][0]["loc"][-1] == "processes", r.text[:300]
+    with api.sessions() as s:
+        assert int(s.scalar(select(func.count()).select_from(Run)) or 0) == 0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "x"])
+def test_cli_refuses_bad_processes_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    args = ["bench", "--model", "m", "--base-url", "http://127.0.0.1:9", "--database-url", url]
+    assert main([*args, f"--processes={value}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--processes" in err[0], err
+    assert _runs(url) == 0
