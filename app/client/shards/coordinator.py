@@ -35,7 +35,7 @@ from app.client.target_keys import resolve_api_key
 from app.client.tokenizer import load_tokenizer
 from app.domain import RequestRecord
 
-START_MARGIN_NS = 20_000_000  # from the last "ready" to the common start
+START_MARGIN_NS = 50_000_000  # from the last "ready" to the common start
 STOP_WAIT_S = 30.0  # cancelled from outside: how long the processes get to report
 
 
