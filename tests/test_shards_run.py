@@ -113,6 +113,7 @@ def test_two_processes_one_run(sim: SimulatorThread) -> None:
     assert outcome_status(res) is RunStatus.SUCCEEDED
 
 
+@pytest.mark.slow
 def test_a_dead_process_leaves_its_requests_lost(sim: SimulatorThread) -> None:
     """Process 1 is killed when its first record arrives: its other requests are lost,
     counted and said; the run is partial; process 0's run is whole."""
@@ -147,6 +148,7 @@ def test_a_dead_process_leaves_its_requests_lost(sim: SimulatorThread) -> None:
     )  # the records alone look whole: the lost count is what says otherwise
 
 
+@pytest.mark.slow
 def test_a_stop_reaches_every_process(sim: SimulatorThread) -> None:
     slow = start_simulator_thread(SimConfig(ttft_ms=5, itl_ms=20, output_len=20, seed=2))
     try:
@@ -172,3 +174,27 @@ def test_a_stop_reaches_every_process(sim: SimulatorThread) -> None:
     assert {p["process"] for p in res.processes} == {0, 1}
     assert all(p["error"] is None for p in res.processes)
     assert outcome_status(res) is RunStatus.CANCELLED
+
+
+def test_a_stop_before_the_common_start_sends_nothing(sim: SimulatorThread) -> None:
+    async def main() -> LoadResult:
+        stop = asyncio.Event()
+        stop.set()
+        return await run_load(_spec(sim.base_url), run_tag="b", stop=stop)
+
+    res: LoadResult = eventloop.run(main())
+    assert not _children()
+    assert res.stopped == "stopped" and res.counts["sent"] == 0 and res.records == []
+    assert res.counts["unsent"] == 24 and res.counts["lost"] == 0
+
+
+@pytest.mark.slow
+def test_processes_not_ready_in_time_fail_naming_how_many(
+    sim: SimulatorThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.client.shards import coordinator
+
+    monkeypatch.setattr(coordinator, "READY_TIMEOUT_S", 0.001)
+    with pytest.raises(RuntimeError, match=r"processes: 0 of 2 load processes were ready"):
+        eventloop.run(run_load(_spec(sim.base_url), run_tag="r"))
+    assert not _children()

@@ -724,8 +724,10 @@ async def _run(
         r.addr = None
     # sockets for every stream that can be open at once, allocated before the clock matters
     reserve_fds(r.slots + 8)
-    if share is not None:  # ready: every process starts at one instant
+    if share is not None:  # ready: every process starts at one instant (or is stopped first)
         r.rebase(await share.gate.start_at("run"))
+        if stop is not None and stop.is_set():
+            r.halt("stopped", "run stopped by the user")
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
     try:

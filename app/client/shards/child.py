@@ -71,18 +71,33 @@ class ChildFigures:
 
 
 class _Gate:
+    """``StartGate``: says "ready", then waits for the parent's instant and until it; a stop
+    meanwhile returns at once (the runner then halts before sending anything)."""
+
     def __init__(
-        self, send: Callable[[object], None], inbox: asyncio.Queue[int], figures: ChildFigures
+        self,
+        send: Callable[[object], None],
+        inbox: asyncio.Queue[int],
+        figures: ChildFigures,
+        stop: asyncio.Event,
     ) -> None:
         self.send = send
         self.inbox = inbox
         self.figures = figures
+        self.stop = stop
 
     async def start_at(self, phase: str) -> int:
         if phase == "run":
             self.figures.cpu_ready_s = _cpu_s()
         self.send(("ready", phase))
-        t_ns: int = await self.inbox.get()
+        got = asyncio.ensure_future(self.inbox.get())
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not got.done():
+            got.cancel()
+            return time.monotonic_ns()
+        t_ns = got.result()
         now = time.monotonic_ns()
         if t_ns - now > SPIN_NS:
             await asyncio.sleep((t_ns - now - SPIN_NS) / 1e9)
@@ -172,7 +187,7 @@ async def _main(conn: Connection, job: ChildJob) -> None:
     share = job.share
     spec = process_spec(job.spec, share)
     tok = load_tokenizer(spec.tokenizer, job.dataset_dirs)
-    gate = _Gate(sender.send, inbox, figures)
+    gate = _Gate(sender.send, inbox, figures, stop)
     process = share.process
 
     def on_record(rec: RequestRecord) -> None:

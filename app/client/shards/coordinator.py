@@ -36,6 +36,7 @@ from app.client.tokenizer import load_tokenizer
 from app.domain import RequestRecord
 
 START_MARGIN_NS = 50_000_000  # from the last "ready" to the common start
+READY_TIMEOUT_S = 300.0  # from spawning to every process ready (imports, tokenizer)
 STOP_WAIT_S = 30.0  # cancelled from outside: how long the processes get to report
 
 
@@ -229,9 +230,19 @@ async def run_processes(
             co.stop_all()
 
     watcher = asyncio.create_task(watch_stop())
+    ready_by = time.monotonic() + READY_TIMEOUT_S
     try:
         while co.live():
-            p, msg = await co.inbox.get()
+            if "run" in co.started:
+                p, msg = await co.inbox.get()
+            else:
+                try:
+                    p, msg = await asyncio.wait_for(co.inbox.get(), ready_by - time.monotonic())
+                except TimeoutError:
+                    raise RuntimeError(
+                        f"processes: {len(co.ready['run'])} of {plan.processes} load processes "
+                        f"were ready after {READY_TIMEOUT_S:g} s"
+                    ) from None
             co.handle(p, msg)
     except BaseException:
         co.stop_all()
