@@ -84,7 +84,7 @@ def one_run(base_url: str, args: argparse.Namespace, n: int) -> tuple[LoadResult
     res: LoadResult = eventloop.run(run_processes(spec, n, run_tag=tag, on_record=on_record))
     parent_cpu = _cpu() - c0
     tokens = sum(r.output_tokens or 0 for r in res.records if r.status is RequestStatus.OK)
-    children = sum(float(p["cpu_s"] or 0.0) for p in res.processes)
+    children = sum(p["cpu_s"] for p in res.processes if isinstance(p["cpu_s"], float))
     steady = marks.get("t1", 0.0) - marks.get("t0", 0.0)
     coord = (marks["c1"] - marks["c0"]) / steady if steady > 0 else None
     return res, {

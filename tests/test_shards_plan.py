@@ -7,6 +7,7 @@ Checked against the one-process runner's own workload and schedule, built indepe
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ import pytest
 from pydantic import ValidationError
 
 from app.client.shapes import schedule_for
-from app.client.shards import plan as plan_mod
 from app.client.shards.plan import build_plan, deal, process_spec, resolve_processes, slot_shares
 from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
@@ -153,9 +153,9 @@ def test_a_session_stays_on_one_process(tmp_path: Path) -> None:
 
 
 def test_auto_is_the_cores_the_machine_can_spare(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_mod.os, "sched_getaffinity", lambda _pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
     assert resolve_processes("auto") == 15
-    monkeypatch.setattr(plan_mod.os, "sched_getaffinity", lambda _pid: {0})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
     assert resolve_processes("auto") == 1
     assert resolve_processes(3) == 3
 
