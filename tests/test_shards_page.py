@@ -21,7 +21,7 @@ from app.services.runs import open_database
 from app.storage.models import Run
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from tests.api_support import SPEC, Api, api_client
+from tests.api_support import SPEC, Api, api_client, wire
 from tests.web_support import web_app
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,3 +94,27 @@ def test_cli_refuses_bad_processes_with_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--processes" in err[0], err
     assert _runs(url) == 0
+
+
+def test_a_worker_run_with_a_dead_load_process_is_partial_counting_its_lost(api: Api) -> None:
+    """A worker's dealt run whose process 1 died: every record it did make is stored, but
+    the load said 2 requests were lost (``load_stats.counts.lost``): partial, 2 lost."""
+    out = api.create_run(num_prompts=6, processes=2)
+    jid, rid = out["job_id"], out["run_id"]
+    job = api.lease(api.register())
+    assert job is not None and job["spec"]["processes"] == 2
+    lid = job["lease_id"]
+    body = {"lease_id": lid, "batch_no": 0, "requests": wire([0, 1, 2, 3])}
+    assert api.post_job(jid, "results", body).status_code == 200
+    note = "process 1 ended before its load did (it died): 2 of its 3 requests are lost"
+    meta = {
+        "clock_source": "kernel",
+        "validity": [note],
+        "load_stats": {"counts": {"planned": 6, "sent": 4, "lost": 2}},
+    }
+    done = {"lease_id": lid, "status": "succeeded", "total_batches": 1, "records": 4,
+            "run_meta": meta}  # fmt: skip
+    assert api.post_job(jid, "complete", done).status_code == 200
+    r = api.client.get(f"/api/v1/runs/{rid}", headers=api.h(api.run)).json()
+    assert r["run"]["status"] == "partial" and r["run"]["lost_requests"] == 2
+    assert note in r["report"]["validity"]["notes"]
