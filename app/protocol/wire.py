@@ -183,6 +183,10 @@ class HeartbeatRequest(_Model):
 class HeartbeatResponse(_Model):
     cancel: bool
     lease_expires_at: datetime
+    # the server's wall clock (ns) when it received the heartbeat and when it replied: with
+    # the worker's own send and receipt, a four-timestamp exchange (``clock_sync``)
+    clock_t2_ns: Int64 | None = None
+    clock_t3_ns: Int64 | None = None
 
 
 class WireRequest(_Model):
