@@ -118,3 +118,43 @@ def test_a_worker_run_with_a_dead_load_process_is_partial_counting_its_lost(api:
     r = api.client.get(f"/api/v1/runs/{rid}", headers=api.h(api.run)).json()
     assert r["run"]["status"] == "partial" and r["run"]["lost_requests"] == 2
     assert note in r["report"]["validity"]["notes"]
+
+
+def test_launch_forms_take_processes_and_show_it_again(tmp_path: Path) -> None:
+    """The run and sweep forms: ``processes`` stored with the spec, shown by "launch again";
+    0 is refused beside the field, nothing stored."""
+    from app.services import auth
+    from app.storage import repository as repo
+    from app.storage.db import session_scope
+    from app.web import launch_form, sweeps_form
+    from tests.web_support import post_form, sign_in
+
+    url = f"sqlite:///{tmp_path / 'forms.db'}"
+    sessions = open_database(url)
+    with session_scope(sessions) as s:
+        _, token = auth.create_token(s, scopes=["run"], name="runner")
+    base = {"base_url": "http://127.0.0.1:9", "model": "m", "num_prompts": "4"}
+    with TestClient(web_app(url)) as client:
+        assert sign_in(client, token).status_code == 303
+        for path, defaults in (("/launch", launch_form.defaults()),
+                               ("/launch/sweep", sweeps_form.defaults())):  # fmt: skip
+            form = defaults | base | {"processes": "3"}
+            if "sweep" in path:
+                form |= {"sweep_mode": "rates", "loads": "1, 2"}
+            r = post_form(client, path, form, follow_redirects=False)
+            errors = re.findall(r'id="err-([a-z_-]+)">([^<]*)<', r.text)
+            assert r.status_code == 303, (path, errors)
+            bad = post_form(client, path, form | {"processes": "0"}, follow_redirects=False)
+            assert bad.status_code == 422
+            assert ("processes", "processes: from 1 to 1024 (or auto), not 0") in re.findall(
+                r'id="err-([a-z_-]+)">([^<]*)<', bad.text
+            )
+        first = post_form(client, "/launch", launch_form.defaults() | base | {"processes": "auto"},
+                          follow_redirects=False)  # fmt: skip
+        run_id = first.headers["location"].removeprefix("/runs/")
+        again = client.get(f"/launch?again={run_id}").text
+    field = re.search(r'<input[^>]*name="processes"[^>]*>', again, re.S)
+    assert field is not None and 'value="auto"' in field.group(0), field
+    with session_scope(sessions) as s:
+        run = repo.find_run(s, run_id)
+        assert run is not None and run.spec["processes"] == "auto"
