@@ -198,3 +198,30 @@ def test_processes_not_ready_in_time_fail_naming_how_many(
     with pytest.raises(RuntimeError, match=r"processes: 0 of 2 load processes were ready"):
         eventloop.run(run_load(_spec(sim.base_url), run_tag="r"))
     assert not _children()
+
+
+@pytest.mark.slow
+def test_sessions_dealt_over_processes(sim: SimulatorThread, tmp_path: Path) -> None:
+    """Each session's turns all come from one process; sessions keep their global numbers;
+    the measured indices are contiguous after the warm-ups."""
+    import json
+
+    convs = [[f"s{s} t{k}" for k in range(1 + s % 3)] for s in range(7)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"turns": c}) + "\n" for c in convs))
+    spec = _spec(
+        sim.base_url, dataset="jsonl", dataset_path=str(path), multi_turn=True, num_prompts=5,
+        warmup_requests=2, output_len=3,
+    )  # fmt: skip
+    res: LoadResult = eventloop.run(run_load(spec, run_tag="m"))
+    measured = [r for r in res.records if not r.warmup]
+    assert [r.index for r in res.records] == list(range(2 + len(measured)))
+    assert all(r.status is RequestStatus.OK for r in res.records)
+    by_session: dict[int, set[int | None]] = {}
+    for r in measured:
+        assert r.session is not None
+        by_session.setdefault(r.session, set()).add(r.process)
+    assert sorted(by_session) == [0, 1, 2, 3, 4]
+    # 4 slots over 2 processes: session s with slot s mod 4 -> process (s mod 4) mod 2
+    assert by_session == {s: {(s % 4) % 2} for s in range(5)}
+    assert res.counts["planned"] == len(measured) == res.counts["ok"]
