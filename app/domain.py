@@ -130,6 +130,9 @@ class RequestRecord:
     # single requests (stored as requests.session_idx / turn_idx, migration 0012)
     session: int | None = None
     turn: int | None = None
+    # a run over several load processes (app.client.shards): the process that sent it
+    # (stored as requests.process_idx, migration 0019)
+    process: int | None = None
     # the prompt length by the client's tokenizer (in memory only: not stored, not on the wire)
     tokenizer_input_tokens: int | None = None
     event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -93,6 +93,7 @@ def request_row(r: dict[str, Any]) -> RequestRow:
         retries=int(r.get("retries") or 0),
         session=r.get("session_idx"),
         turn=r.get("turn_idx"),
+        process=r.get("process_idx"),
         cached_prompt_tokens=r.get("cached_prompt_tokens"),
     )
 

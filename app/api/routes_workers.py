@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -90,8 +91,11 @@ def heartbeat(
     settings: SettingsDep,
     caller: WorkerCaller,
 ) -> HeartbeatResponse:
-    """Renew the lease and report progress; ``cancel: true`` asks the worker to stop."""
-    return job_svc.heartbeat(session, job_id, body, caller, ttl_s=settings.lease_ttl_s)
+    """Renew the lease and report progress; ``cancel: true`` asks the worker to stop. The
+    reply carries the server's receipt and send times (the worker's clock offset to it)."""
+    t2 = time.time_ns()
+    resp = job_svc.heartbeat(session, job_id, body, caller, ttl_s=settings.lease_ttl_s)
+    return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
 
 
 @router.post("/jobs/{job_id}/results", tags=["worker protocol"], responses=LEASE_LOST)

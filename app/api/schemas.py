@@ -140,6 +140,8 @@ class RequestRow(BaseModel):
     # multi-turn sessions: session from 0, turn from 1; None for single requests
     session: int | None = None
     turn: int | None = None
+    # a run over several load processes: the process that sent it (from 0)
+    process: int | None = None
     # prompt tokens the server served from its prefix cache; None where it did not say
     cached_prompt_tokens: int | None = None
 

@@ -58,6 +58,7 @@ FLAG_FOR_FIELD = {
     "arrival": "--arrival",
     "burstiness": "--burstiness",
     "max_concurrency": "--max-concurrency",
+    "processes": "--processes",
     "warmup_requests": "--num-warmups",
     "request_timeout_s": "--request-timeout",
     "connection_mode": "--connection-mode",
@@ -249,6 +250,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrival", default=None, help="poisson | gamma | constant")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
     p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument(
+        "--processes",
+        default="1",
+        help="load processes on this host, one run (the schedule dealt to them); auto: the "
+        "cores this machine can spare (usable cores less one)",
+    )
     p.add_argument(
         "--multi-turn",
         action="store_true",
@@ -451,6 +458,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "arrival": arrival,
         "burstiness": ns.burstiness,
         "max_concurrency": ns.max_concurrency,
+        "processes": getattr(ns, "processes", 1),
         "multi_turn": ns.multi_turn,
         "max_turns": ns.max_turns,
         "turn_delay_ms": ns.turn_delay_ms,

@@ -50,6 +50,26 @@ def _pct(dist: dict[str, Any], key: str) -> Any:
     return dist.get(key)
 
 
+def _n(v: object, digits: int) -> str:
+    return f"{v:,.{digits}f}" if isinstance(v, int | float) else "—"
+
+
+def process_line(p: dict[str, Any]) -> str:
+    """One load process of a dealt run, e.g. "process 1: 12/12 ok, 1,204.5 tok/s, send lag
+    p99 0.210 ms, loop lag p99 0.300 ms, start skew 0.045 ms"."""
+    line = (
+        f"process {p.get('process')}: {p.get('ok')}/{p.get('planned')} ok, "
+        f"{_n(p.get('tokens_per_s'), 1)} tok/s, send lag p99 {_n(p.get('send_lag_p99_ms'), 3)} "
+        f"ms, loop lag p99 {_n(p.get('loop_lag_p99_ms'), 3)} ms, start skew "
+        f"{_n(p.get('start_skew_ms'), 3)} ms"
+    )
+    if p.get("lost"):
+        line += f", {p['lost']} lost ({p.get('error')})"
+    elif p.get("client_limited"):
+        line += ", client-limited"
+    return line
+
+
 def render_report(report: dict[str, Any], console: Console) -> None:
     m = report["metrics"]
     v = report["validity"]
@@ -77,6 +97,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     health = client_health(report)
     if health:
         console.print("client: " + " · ".join(health))
+    for p in (report.get("load") or {}).get("processes") or []:  # a dealt run's processes
+        console.print(process_line(p))
     render_verdict(v, console)
     for note in v.get("notes") or []:
         console.print(f"[yellow]note:[/] {note}")

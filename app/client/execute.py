@@ -23,8 +23,8 @@ from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
 from app.client import served_models, server_identity
+from app.client.load_result import LagStats, LoadResult
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
-from app.client.runner import LagStats, LoadResult
 from app.client.server_controls import STATS_KEY as SERVER_CONTROLS_KEY
 from app.client.server_controls import metrics_url
 from app.client.spec import RunSpec
@@ -211,6 +211,8 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
     }
     if result.server_controls:  # reset, profile, speculative decoding (server_controls)
         out[SERVER_CONTROLS_KEY] = dict(result.server_controls)
+    if result.processes:  # a run dealt over load processes (app.client.shards)
+        out["processes"] = [dict(p) for p in result.processes]
     if result.workload_stats is not None:
         out["workload"] = dict(result.workload_stats)
         if result.workload_stats.get("kind") == "trace":
@@ -221,7 +223,10 @@ def load_stats(result: LoadResult) -> dict[str, Any]:
 def outcome_status(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> RunStatus:
     """The run's status by the one rule (``app.analysis.trust.run_status``)."""
     return run_status(
-        tally(result.records), stopped=result.stopped == "stopped", max_error_rate=max_error_rate
+        tally(result.records),
+        stopped=result.stopped == "stopped",
+        max_error_rate=max_error_rate,
+        lost=result.counts.get("lost", 0),  # a load process that died (app.client.shards)
     )
 
 
@@ -304,5 +309,3 @@ def series_to_wire(series: list[Series]) -> list[ServerMetricSeries]:
         ServerMetricSeries(name=s.name, labels=s.labels, kind=s.kind, t_ns=s.t_ns, values=s.values)
         for s in series
     ]
-
-

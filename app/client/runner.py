@@ -33,8 +33,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from app.client.endpoints.base import ClassifyFn, surface_headers
 from app.client.http_request import Target, build_request, parse_target, request_headers
 from app.client.http_stream import StreamRequest, reserve_fds, resolve
 from app.client.limits import BufferBudget
+from app.client.load_result import LagStats, LoadResult, Progress, connection_notes
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
@@ -59,11 +60,14 @@ from app.client.sessions import (
     warmup_workload,
 )
 from app.client.shapes import schedule_for
+from app.client.shards.share import ShareRun
 from app.client.spec import RunSpec
 from app.client.target_keys import resolve_api_key
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
 from app.client.workload import build_workload
 from app.domain import ClockSource, RequestRecord, RequestStatus
+
+__all__ = ["LagStats", "LoadResult", "Progress", "run_built", "run_load", "run_load_sync"]
 
 MONITOR_PERIOD_S = 0.005
 SPIN_NS = 1_200_000  # ``wait_until``: the last stretch of a wait, in zero-timeout loop rounds
@@ -73,69 +77,6 @@ BURST_STARTS = 4  # request starts between two I/O rounds during a burst
 CLOCK_RESAMPLE_S = 1.0
 CPU_WAIT_NOTE_MS = 1.0  # a longer wait for a CPU within one monitor tick is noted in the run
 PROGRESS_PERIOD_S = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    elapsed_s: float
-    phase: str  # "warmup" | "measure" | "done"
-    planned: int  # measured requests planned
-    sent: int  # measured requests sent
-    done: int  # measured requests finished (any status)
-    errors: int  # measured requests finished not OK (of those already post-processed)
-    in_flight: int  # all requests in flight (warm-up included)
-    output_tokens: int  # output tokens of finished, post-processed measured requests
-    tokens_per_s: float  # output_tokens / time since the measured phase began
-
-
-@dataclass(frozen=True, slots=True)
-class LagStats:
-    """Milliseconds; None where there were no samples."""
-
-    n: int
-    p50_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-
-    @staticmethod
-    def of_ns(samples: list[int] | np.ndarray) -> LagStats:
-        a = np.asarray(samples, np.float64)
-        if a.size == 0:
-            return LagStats(0, None, None, None)
-        p50, p99 = np.percentile(a, [50, 99])
-        return LagStats(int(a.size), float(p50) / 1e6, float(p99) / 1e6, float(a.max()) / 1e6)
-
-
-@dataclass(slots=True)
-class LoadResult:
-    records: list[RequestRecord]  # ordered by index; warm-ups included, flagged
-    start_mono_ns: int  # run start on time.monotonic_ns(); record times are relative to it
-    start_wall: datetime  # the same instant, UTC wall clock
-    measure_start_ns: int  # run-relative start of the measured phase (after warm-up)
-    end_ns: int  # run-relative end of the run
-    clock_source: ClockSource
-    achieved_send_rate: float | None  # measured req/s: (sent-1)/(last send - first send)
-    send_lag: LagStats
-    loop_lag: LagStats
-    read_delay: LagStats  # kernel stamp -> user-space read, per event (kernel clock only)
-    cpu_wait: LagStats  # per monitor tick: time the load thread was runnable without a CPU
-    client_limited: bool
-    client_limited_reasons: list[str]
-    counts: dict[str, int]
-    max_in_flight: int
-    stopped: str | None  # why the run ended early ("max_duration", "stopped"), or None
-    clock_offset_ns: int  # realtime - monotonic at run start
-    clock_drift_max_ns: int  # largest change of that offset seen during the run
-    tokenizer: str
-    notes: list[str] = field(default_factory=list)
-    scheduling: Scheduling = NORMAL  # the load thread's CPU scheduling policy
-    cpu_wait_total_ms: float | None = None  # None where the OS does not report it
-    # where t0 came from: kernel transmit stamps, or the clock read right before the send
-    send_clock_source: ClockSource = ClockSource.USERSPACE
-    connections: dict[str, int | str] = field(default_factory=dict)  # ConnStats.to_dict()
-    dataset_source: str | None = None  # the dataset file's identity (Workload.source)
-    workload_stats: dict[str, object] | None = None  # Workload.stats (a trace's reuse)
-    server_controls: dict[str, Any] = field(default_factory=dict)  # ServerControls.record
 
 
 FD_RESERVE = 64  # descriptors kept for everything but the run's connections
@@ -245,6 +186,14 @@ class _Run:
         self.user_sends = 0
 
     # ---- control
+
+    def rebase(self, start_ns: int) -> None:
+        """Count the run from ``start_ns`` (a dealt run's common start, ``ShareRun.gate``)."""
+        now_mono, now_wall = time.monotonic_ns(), datetime.now(UTC)
+        self.start_ns = start_ns
+        self.start_wall = now_wall - timedelta(microseconds=(now_mono - start_ns) / 1e3)
+        if self.spec.max_duration_s:
+            self.deadline_ns = start_ns + int(self.spec.max_duration_s * 1e9)
 
     def halt(self, reason: str, message: str) -> None:
         if self.halted is not None:
@@ -643,10 +592,14 @@ def _set_once(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _items(spec: RunSpec, prompts_w: list[Prompt], prompts_m: list[Prompt]) -> list[_Item]:
-    warm = [_Item(i, p, True, 0) for i, p in enumerate(prompts_w)]
-    w = len(warm)
-    return warm + [_Item(w + i, p, False, 0) for i, p in enumerate(prompts_m)]
+def _items(prompts_w: list[Prompt], prompts_m: list[Prompt], share: ShareRun | None) -> list[_Item]:
+    """Warm-ups take indices 0..W-1, measured requests W..; a dealt run's, their global ones."""
+    w = len(prompts_w)
+    iw = share.warmup_index if share else range(w)
+    im = share.index if share else range(w, w + len(prompts_m))
+    return [_Item(i, p, True, 0) for i, p in zip(iw, prompts_w, strict=True)] + [
+        _Item(i, p, False, 0) for i, p in zip(im, prompts_m, strict=True)
+    ]
 
 
 async def run_load(
@@ -691,6 +644,30 @@ async def run_load(
         workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
     if spec.num_prompts is None:  # a trace replayed whole: its count is now known
         spec = spec.model_copy(update={"num_prompts": len(workload.measured)})
+    return await run_built(
+        spec, run_tag, tok, workload, sessions, on_progress=on_progress, stop=stop,
+        kernel_stamps=kernel_stamps, on_record=on_record, realtime=realtime,
+        allow_link_local=allow_link_local, read_server_counters=read_server_counters,
+    )  # fmt: skip
+
+
+async def run_built(
+    spec: RunSpec,
+    run_tag: str,
+    tok: BuiltinTokenizer | HFTokenizer,
+    workload: Workload,
+    sessions: Sessions | None,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop: asyncio.Event | None = None,
+    kernel_stamps: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    realtime: bool = False,
+    allow_link_local: bool = True,
+    read_server_counters: bool = False,
+    share: ShareRun | None = None,
+) -> LoadResult:
+    """``run_load`` once its workload is built (a dealt run's process: ``share``)."""
     target = parse_target(spec.base_url)
 
     # Everything allocated so far (modules, tokenizer, prompts) leaves the collector's view:
@@ -713,6 +690,7 @@ async def run_load(
                 allow_link_local,
                 sessions,
                 read_server_counters,
+                share,
             )
             result.dataset_source = workload.source
             result.workload_stats = workload.stats
@@ -735,9 +713,10 @@ async def _run(
     allow_link_local: bool = True,
     sessions: Sessions | None = None,
     read_server_counters: bool = False,
+    share: ShareRun | None = None,
 ) -> LoadResult:
     schedule = schedule_for(spec, workload.at_ns)
-    items = _items(spec, workload.warmup, workload.measured)
+    items = _items(workload.warmup, workload.measured, share)
     warm, measured = items[: len(workload.warmup)], items[len(workload.warmup) :]
     r = _Run(spec, run_tag, tok, target, on_progress, stop, kernel_stamps)
     r.on_record = on_record
@@ -756,11 +735,16 @@ async def _run(
         r.addr = None
     # sockets for every stream that can be open at once, allocated before the clock matters
     reserve_fds(r.slots + 8)
-    controls = (  # built before the monitor starts (its client's set-up is no loop lag)
+    controls = (  # built before the monitor starts (its client's set-up is no loop lag);
+        # a dealt run's processes leave them to the run as a whole (spec: one process)
         ServerControls(spec, read_counters=read_server_counters)
-        if ServerControls.wanted(spec, read_server_counters)
+        if share is None and ServerControls.wanted(spec, read_server_counters)
         else None
     )
+    if share is not None:  # ready: every process starts at one instant (or is stopped first)
+        r.rebase(await share.gate.start_at("run"))
+        if stop is not None and stop.is_set():
+            r.halt("stopped", "run stopped by the user")
     mon = asyncio.create_task(r.monitor())
     post = asyncio.create_task(r.postprocess())
     try:
@@ -772,10 +756,13 @@ async def _run(
             await controls.before_measure()  # reset, counters, profiler (after the warm-ups)
         r.phase = "measure"
         r.measure_start_ns = time.monotonic_ns() - r.start_ns
+        if share is not None and share.warmups:  # the measured phase too starts at one instant
+            r.measure_start_ns = await share.gate.start_at("measure") - r.start_ns
         for it, t in zip(measured, schedule.times_ns.tolist(), strict=sessions is None):
             it.scheduled_ns = r.measure_start_ns + int(t)
         if not r.halted and sessions is not None:
-            await drive_sessions(r, sessions, schedule.times_ns.tolist(), len(warm))
+            ids = share.session_ids if share else None
+            await drive_sessions(r, sessions, schedule.times_ns.tolist(), len(warm), ids)
         elif not r.halted:
             await r.dispatch(measured)
     finally:
@@ -867,7 +854,7 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
             f"{r.pool_waits} requests waited for a free connection (the client allows "
             f"{r.slots} open at once)"
         )
-    notes.extend(_connection_notes(r.pool.stats.to_dict()))
+    notes.extend(connection_notes(r.pool.stats.to_dict()))
     if r.kernel_sends and not r.user_sends:
         send_clock = ClockSource.KERNEL
     else:
@@ -922,32 +909,6 @@ def _result(r: _Run, end_ns: int) -> LoadResult:
         send_clock_source=send_clock,
         connections=r.pool.stats.to_dict(),
     )
-
-
-def _connection_notes(c: dict[str, int | str]) -> list[str]:
-    """What the connections did that a reader should know."""
-    notes: list[str] = []
-    if c["retried"]:
-        notes.append(
-            f"{c['retried']} requests failed on a kept-alive connection the server had "
-            "closed, before any response byte, and were sent again on a new one"
-        )
-    if c["read_to_close"]:
-        notes.append(
-            f"{c['read_to_close']} responses had neither Content-Length nor chunked framing: "
-            "read until the server closed, the connection dropped"
-        )
-    if c["mode"] == "keep-alive" and c["closed_by_server"]:
-        notes.append(
-            f"the server closed the connection after {c['closed_by_server']} responses "
-            "(Connection: close): the next request on each opened a new one"
-        )
-    if c["mode"] == "keep-alive" and c["closed_idle"]:
-        notes.append(
-            f"{c['closed_idle']} idle connections had been closed by the server before "
-            "reuse: new ones were opened"
-        )
-    return notes
 
 
 def run_load_sync(

@@ -98,8 +98,10 @@ class ServerControls:
 
     @staticmethod
     def wanted(spec: RunSpec, read_counters: bool = True) -> bool:
-        return spec.reset_prefix_cache or spec.server_profile or (
-            read_counters and spec.scrape_metrics
+        return (
+            spec.reset_prefix_cache
+            or spec.server_profile
+            or (read_counters and spec.scrape_metrics)
         )
 
     async def before_measure(self) -> None:

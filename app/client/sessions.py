@@ -136,10 +136,15 @@ def reply_text(raw: RawStream, classify: ClassifyFn) -> str | None:
 
 
 async def drive_sessions(
-    host: SessionHost, sessions: Sessions, times_ns: list[int], first_index: int
+    host: SessionHost,
+    sessions: Sessions,
+    times_ns: list[int],
+    first_index: int,
+    session_ids: list[int] | None = None,
 ) -> None:
     """Run the measured sessions: session i starts at ``times_ns[i]`` (after the measured
-    phase's start) once an active-session slot is free; returns when all have ended."""
+    phase's start) once an active-session slot is free; returns when all have ended.
+    ``session_ids``: the sessions' numbers (a dealt run's share: their global ones)."""
     measured = sessions.measured
     active = asyncio.Semaphore(host.slots)
     released: deque[int] = deque()  # when each session slot was given back (FIFO)
@@ -147,7 +152,8 @@ async def drive_sessions(
     taken = 0
     burst = 0
     start = host.start_ns + host.measure_start_ns
-    for s, (conv, t) in enumerate(zip(measured, times_ns, strict=False)):
+    for k, (conv, t) in enumerate(zip(measured, times_ns, strict=False)):
+        s = session_ids[k] if session_ids is not None else k
         if host.halted:
             break
         scheduled = start + int(t)

@@ -47,6 +47,7 @@ SECRET_HEADER_WORDS = ("authorization", "api-key", "apikey", "api_key", "token",
                        "cookie", "password", "auth")  # fmt: skip
 MAX_HEADERS = 64
 MAX_URL_CHARS = 2048
+MAX_PROCESSES = 1024
 MAX_API_KEY_CHARS = 8192
 # one request may stream for a day at most; a run lasts 30 days at most (its deadline in ns
 # must stay a finite integer)
@@ -181,6 +182,12 @@ class RunSpec(BaseModel):
     ramp_up_start_rps: float | None = Field(None, gt=0, le=1_000_000)
     ramp_up_end_rps: float | None = Field(None, gt=0, le=1_000_000)
     warmup_requests: int = Field(0, ge=0, le=100_000)
+    # load processes on this host (app.client.shards): one schedule dealt to them, one run
+    processes: int | Literal["auto"] = Field(
+        1,
+        description="load processes on this host: a count (1 to 1024) or auto (the cores "
+        "this machine can spare: its usable cores less one, at least 1)",
+    )
     request_timeout_s: float = Field(
         600.0, gt=0, le=MAX_REQUEST_TIMEOUT_S, description="one request's limit, s (<= 1 day)"
     )
@@ -258,6 +265,21 @@ class RunSpec(BaseModel):
     def _url(cls, v: str) -> str:
         return checked_url("base_url", v).rstrip("/")
 
+    @field_validator("processes", mode="before")
+    @classmethod
+    def _processes(cls, v: object) -> object:
+        if v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | str):
+            raise ValueError("processes: a whole number from 1 to 1024, or auto")
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError("processes: a whole number from 1 to 1024, or auto") from None
+        if not 1 <= n <= MAX_PROCESSES:
+            raise ValueError(f"processes: from 1 to {MAX_PROCESSES} (or auto), not {n}")
+        return n
+
     @field_validator("metrics_url")
     @classmethod
     def _metrics_url_text(cls, v: str | None) -> str | None:
@@ -285,6 +307,17 @@ class RunSpec(BaseModel):
         replays every line (how many is known once its file is read)."""
         if self.num_prompts is None and not dataset_type(self.dataset).timed:
             self.num_prompts = DEFAULT_NUM_PROMPTS
+        return self
+
+    @model_validator(mode="after")
+    def _controls_one_process(self) -> RunSpec:
+        """The server controls wrap one measured window; a run dealt over load processes
+        has one per process, so they are refused together rather than run N times."""
+        if self.processes != 1 and (self.reset_prefix_cache or self.server_profile):
+            which = "reset_prefix_cache" if self.reset_prefix_cache else "server_profile"
+            raise ValueError(
+                f"{which}: runs in one load process only (processes is {self.processes})"
+            )
         return self
 
     @model_validator(mode="after")

@@ -221,5 +221,3 @@ def plan_of(data: dict[str, Any]) -> SweepPlan:
         float(data.get("min_ratio") or DEFAULT_MIN_RATIO),
         float(data.get("max_error_rate", DEFAULT_MAX_ERROR_RATE)),
     )
-
-

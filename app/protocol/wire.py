@@ -183,6 +183,10 @@ class HeartbeatRequest(_Model):
 class HeartbeatResponse(_Model):
     cancel: bool
     lease_expires_at: datetime
+    # the server's wall clock (ns) when it received the heartbeat and when it replied: with
+    # the worker's own send and receipt, a four-timestamp exchange (``clock_sync``)
+    clock_t2_ns: Int64 | None = None
+    clock_t3_ns: Int64 | None = None
 
 
 class WireRequest(_Model):
@@ -216,6 +220,7 @@ class WireRequest(_Model):
     # multi-turn sessions (absent from older workers: single requests)
     session: int | None = Field(None, ge=0, le=2**31 - 1)
     turn: int | None = Field(None, ge=1, le=2**31 - 1)
+    process: int | None = Field(None, ge=0, le=1023)  # a dealt run's load process
     events_b64: str = ""
 
     @classmethod
@@ -247,6 +252,7 @@ class WireRequest(_Model):
             retries=r.retries,
             session=r.session,
             turn=r.turn,
+            process=r.process,
             events_b64=base64.b64encode(blob).decode("ascii"),
         )
 
@@ -291,6 +297,7 @@ class WireRequest(_Model):
             retries=self.retries,
             session=self.session,
             turn=self.turn,
+            process=self.process,
             event_t_ns=t,
             event_bytes=nb,
             event_kind=kind,

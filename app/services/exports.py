@@ -115,6 +115,7 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "retries": int(r.get("retries") or 0),
         "session": r.get("session_idx"),
         "turn": r.get("turn_idx"),
+        "process": r.get("process_idx"),
     }
 
 

@@ -64,7 +64,7 @@ def planned_of(bench_spec: dict[str, Any], reported: Any = None) -> int | None:
 
 
 def planned_text(bench_spec: dict[str, Any], reported: Any = None) -> str:
-    """"24 planned requests", or for sessions whose turns were never reported "up to 80000
+    """ "24 planned requests", or for sessions whose turns were never reported "up to 80000
     planned requests (8 sessions of up to 10000 turns)"."""
     planned = planned_of(bench_spec, reported)
     if planned is not None:
@@ -136,9 +136,7 @@ class Arrival:
     lost: int
 
 
-def arrival_check(
-    session: Session, job: Job, run_id: str, total_batches: int | None
-) -> Arrival:
+def arrival_check(session: Session, job: Job, run_id: str, total_batches: int | None) -> Arrival:
     """What did not arrive: batches 0..n-1 (``total_batches`` as the worker said; else up
     to the highest batch number stored) and every request index a stored batch declared.
     Empty when everything arrived (exactly once: requests are unique per run and index).
@@ -188,6 +186,16 @@ def unstored(session: Session, run_id: str, records: int | None) -> tuple[list[s
     return [f"{lost} of {records} requests the worker recorded were not stored"], lost
 
 
+def process_lost(meta: RunMeta | None) -> int:
+    """Requests a load process that died on the worker never recorded (a run over several
+    processes, ``app.client.shards``: ``load_stats.counts.lost``); 0 when it says none."""
+    counts = meta.load_stats.get("counts") if meta is not None else None
+    n = counts.get("lost") if isinstance(counts, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool):
+        return 0
+    return max(0, min(n, MAX_NUM_PROMPTS))
+
+
 def worker_lost_count(session: Session, run_id: str, progress: Any) -> int:
     """Requests a lost worker had sent (its last heartbeat's measured ``sent``) beyond the
     measured requests stored: the target saw them, the run never got them."""
@@ -215,6 +223,7 @@ def decide(
     stored = job_repo.stored_requests(session, run_id) if run_id else 0
     planned = planned_text(bench_spec, reported_planned(job.progress, meta))
     loss, lost = unstored(session, run_id, records) if run_id else ([], 0)
+    lost += process_lost(meta)  # notes of their own are in the run's validity already
     if job.cancel_requested or status_ == "cancelled":  # cancelled, whatever it stored
         note = f"cancelled: {stored} of {planned} were stored"
         return Outcome("cancelled", RunStatus.CANCELLED, None, [note, *loss], lost)
@@ -247,5 +256,3 @@ def finalize_outcome(
         extra_notes=outcome.notes or None,
         lost_requests=outcome.lost,
     )
-
-

@@ -28,7 +28,8 @@ from app.analysis.verdict import verdict_of
 from app.client import eventloop
 from app.client.datasets.base import DatasetError
 from app.client.execute import execute
-from app.client.runner import LoadResult, Progress, run_load
+from app.client.load_result import LoadResult, Progress
+from app.client.shards.load import run_load
 from app.client.spec import RunSpec
 from app.domain import ClockSource, RequestRecord, RunStatus, trace_from_records
 from app.protocol.wire import RunMeta
@@ -229,7 +230,10 @@ def execute_bench(
     with session_scope(sessions) as s:
         store_requests(s, run_id, result.records)
         server_metrics.store(s, run_id, done.series)
-    report = finalize_run(sessions, run_id, status=status, meta=meta, profile=profile)
+    lost = result.counts.get("lost") or None  # a load process that died (app.client.shards)
+    report = finalize_run(
+        sessions, run_id, status=status, meta=meta, profile=profile, lost_requests=lost
+    )
     return BenchOutcome(run_id, report, failed, status)
 
 

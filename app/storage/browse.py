@@ -39,6 +39,7 @@ SUMMARY_COLUMNS = (
     "retries",
     "session_idx",
     "turn_idx",
+    "process_idx",
 )
 
 

@@ -200,6 +200,8 @@ class Request(Base):
     # multi-turn sessions: session from 0, turn from 1; None for single requests (0012)
     session_idx: Mapped[int | None] = mapped_column(Integer)
     turn_idx: Mapped[int | None] = mapped_column(Integer)
+    # a run over several load processes: the one that sent it (from 0); None otherwise (0019)
+    process_idx: Mapped[int | None] = mapped_column(Integer)
 
     run: Mapped[Run] = relationship(back_populates="requests")
 

@@ -494,6 +494,7 @@ def _request_rows(
                 "retries": int(r.retries),
                 "session_idx": _opt_int(r.session),
                 "turn_idx": _opt_int(r.turn),
+                "process_idx": _opt_int(r.process),
             }
         )
     return rows
@@ -638,6 +639,7 @@ _RECORD_COLUMNS = (
     "retries",
     "session_idx",
     "turn_idx",
+    "process_idx",
 )
 
 
@@ -667,6 +669,7 @@ def _record_from_row(row: tuple[Any, ...]) -> RequestRecord:
         retries=int(v["retries"] or 0),
         session=v["session_idx"],
         turn=v["turn_idx"],
+        process=v["process_idx"],
         event_t_ns=t_ns,
         event_bytes=nbytes,
         event_kind=kind,

@@ -51,3 +51,11 @@ def add_turns(ctx: dict[str, Any], sessions: sessionmaker[Session], run_id: str)
     figures = ctx.setdefault("figures", {})
     for key, fig in turn_figures(table).items():
         figures[key] = plotly_json(fig)
+
+
+def run_processes(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run dealt over load processes (``app.client.shards``): its per-process figures as
+    stored in its load statistics; [] for a run of one process."""
+    stats = run.get("load_stats")
+    rows = stats.get("processes") if isinstance(stats, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []

@@ -20,7 +20,7 @@ from app.web import runs_view
 from app.web.context import render, sessions_of
 from app.web.interop_run import add_interop
 from app.web.run_series import add_series
-from app.web.run_turns import add_turns
+from app.web.run_turns import add_turns, run_processes
 from app.web.runs_page import load_run, run_context
 
 # what a successful action says on the page it redirects to (``?done=KEY``)
@@ -107,6 +107,7 @@ async def render_run_page(
         ctx = run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
         add_interop(ctx, sessions_of(request), run_id, data.summary)  # imports, server metrics
         add_turns(ctx, sessions_of(request), run_id)  # a multi-turn run's metrics by turn
+        ctx["run_processes"] = run_processes(ctx.get("run") or {})  # a dealt run's processes
         add_series(ctx, sessions_of(request), run_id)  # its series, if any
         run = dict(data.run) | {"note": data.note}
         ctx |= actions_context(request, principal, run, errors=errors, values=values)

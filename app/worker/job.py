@@ -30,6 +30,7 @@ from app.client.metrics_scraper import MetricsScraper
 from app.client.runner import LoadResult, Progress
 from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus, RunStatus
+from app.protocol.clock_sync import Exchange, OffsetTracker
 from app.protocol.wire import (
     CompleteRequest,
     HeartbeatRequest,
@@ -151,6 +152,7 @@ class JobRun:
         self.step_info: tuple[int, int] | None = None  # sweeps: (step, of how many)
         self.scraper: MetricsScraper | None = None  # the target's /metrics, while loading
         self.scraper_t0_ns = 0
+        self.clock = OffsetTracker()  # this worker's clock offset to the server's
 
     # ---- callbacks from the load thread (cheap, thread-safe)
 
@@ -212,6 +214,9 @@ class JobRun:
         stop_reason: str | None = None,
     ) -> JobOutcome:
         job, up = self.job, self.uploader
+        est = self.clock.estimate()
+        if meta is not None and est is not None:  # the offset and its bound, with the run
+            meta.load_stats["clock_sync"] = est.as_dict()
         req = up.refused_request(
             CompleteRequest(
                 lease_id=job.lease_id,
@@ -310,10 +315,14 @@ class JobRun:
         lost = self.uploader.lost_event()
         while True:
             try:
+                t1 = time.time_ns()
                 resp = await self.client.heartbeat(
                     job.job_id,
                     HeartbeatRequest(lease_id=job.lease_id, progress=self.progress_now()),
                 )
+                t2, t3 = resp.clock_t2_ns, resp.clock_t3_ns
+                if t2 is not None and t3 is not None:
+                    self.clock.add(Exchange(t1, t2, t3, time.time_ns()))
             except ServerUnreachable as e:
                 log.info("job %s: heartbeat not sent: %s", job.job_id, e)
             except (LeaseLost, NotFound) as e:

@@ -13,7 +13,8 @@ import threading
 from collections.abc import Callable
 
 from app.client import eventloop
-from app.client.runner import LoadResult, Progress, run_load
+from app.client.load_result import LoadResult, Progress
+from app.client.shards.load import run_load
 from app.client.spec import RunSpec
 from app.domain import RequestRecord
 
