@@ -5,11 +5,12 @@ One object per line, ``{"prompt": "..."}`` or ``{"messages": [...]}``, optionall
 in the chat request's body, their JSON counted in the prompt), ``"images": ["a.png", ...]``
 (files beside the dataset file, confined as it is: image parts of the user message); or,
 for the rerank endpoint, a query and the documents it scores:
-``{"query": "...", "documents": ["...", ...]}`` (at most ``MAX_DOCUMENTS``; its input tokens: the query's once for each document, as a cross-encoder
-reads each pair, plus the documents'). Blank lines are skipped; anything else is a
-``ValueError`` naming the line. The run records the file's sha256 (``Workload.source``).
-When the file has fewer prompts than asked for, it is cycled; warm-ups come from the end of
-the file, so the measured prompts do not depend on the warm-up count.
+``{"query": "...", "documents": ["...", ...]}`` (at most ``MAX_DOCUMENTS``; its input
+tokens: the query's once for each document, as a cross-encoder reads each pair, plus the
+documents'). Blank lines are skipped; anything else is a ``ValueError`` naming the line.
+The run records the file's sha256 (``Workload.source``). When the file has fewer prompts
+than asked for, it is cycled; warm-ups come from the end of the file, so the measured
+prompts do not depend on the warm-up count.
 """
 
 from __future__ import annotations
