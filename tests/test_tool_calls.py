@@ -79,8 +79,9 @@ def _chunk(delta: dict[str, Any], **extra: Any) -> bytes:
 
 
 def test_tool_call_deltas_are_token_bearing_output() -> None:
-    first = _chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                    "function": {"name": "get_weather", "arguments": ""}}]})  # fmt: skip
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": ""}}  # fmt: skip
+    first = _chunk({"tool_calls": [call]})
     args = _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]})
     id_only = _chunk({"tool_calls": [{"index": 0, "id": "call_2"}]})
     both = _chunk({"content": "Sure.", "tool_calls": [{"function": {"arguments": "{}"}}]})
@@ -114,7 +115,7 @@ def test_tools_go_into_the_body_and_count_in_the_prompt(tmp_path: Path) -> None:
     assert bodies[1]["tools"] == [WEATHER, FLIGHTS]
     assert bodies[1]["tool_choice"] == LINES[1]["tool_choice"]
     # the prompt: its text, plus the tools' JSON (one word or punctuation mark, one token)
-    words = len("what is the weather in Paris today".split())
+    words = 7  # "what is the weather in Paris today"
     assert w.measured[0].input_tokens == words + tok.count(json.dumps([WEATHER]))
     plain = build_workload(spec(jsonl(tmp_path, [{"prompt": "a b"}], "p.jsonl")), tok)
     assert plain.measured[0].body_fields is None  # a line without tools: the body as before
