@@ -74,7 +74,7 @@ def read_image(name: object, where: str, base_dir: str, dirs: Sequence[str] | No
         reason = str(e).split(": ", 1)[-1]
         raise ValueError(f"{where}: {reason}") from None
     if len(data) > MAX_IMAGE_BYTES:
-        raise ValueError(f"{where}: the image is larger than {MAX_IMAGE_BYTES >> 20} MiB")
+        raise ValueError(f"{where}: the image is over {MAX_IMAGE_BYTES:,} bytes")
     mime = sniff(data)
     if mime is None:
         raise ValueError(f"{where}: not an image (PNG, JPEG, GIF or WebP, by its first bytes)")
