@@ -244,3 +244,21 @@ def test_the_cli_stores_and_shows_it(tmp_path: Path) -> None:
     render_report(out.report, Console(file=buf, width=200))
     p50 = out.report["metrics"]["ttftc_ms"]["p50"]
     assert "TTFTC" in buf.getvalue() and f"{p50:,.2f}" in buf.getvalue()
+
+
+def test_a_whole_answer_that_is_a_tool_call_succeeds(tmp_path: Path) -> None:
+    """Not streamed: the one event is the message's tool call (its name and arguments)."""
+    sim = start_simulator_thread(SimConfig(ttft_ms=2, eos_len=4, seed=3))
+    try:
+        s = spec(jsonl(tmp_path, [LINES[1]]), base_url=sim.base_url, num_prompts=2,
+                 stream=False, ignore_eos=False)  # fmt: skip
+        res = run(run_load(s, run_tag="w"))
+        truth = sim.ground_truth()["requests"]
+    finally:
+        sim.stop()
+    for r in res.records:
+        assert r.status is RequestStatus.OK, r.error
+        assert [EventKind(k) for k in r.event_kind] == [EventKind.TOOL_CALL]
+        assert r.output_tokens == truth[f"w-{r.index}"]["output_tokens"] == 4
+    m = compute_metrics(trace_from_records(res.records)).to_dict()
+    assert m["ttftc_ms"]["count"] == 2
