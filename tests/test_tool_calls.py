@@ -8,6 +8,7 @@ from the raw records."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
@@ -29,6 +30,7 @@ from app.client.spec import RunSpec
 from app.client.tokenizer import BuiltinTokenizer
 from app.client.workload import build_workload
 from app.domain import EventKind, RequestStatus, trace_from_records
+from app.services import exports
 from app.storage.db import make_engine, session_factory, session_scope
 from app.storage.models import Request
 from app.targets.sim_config import SimConfig
@@ -244,6 +246,16 @@ def test_the_cli_stores_and_shows_it(tmp_path: Path) -> None:
     render_report(out.report, Console(file=buf, width=200))
     p50 = out.report["metrics"]["ttftc_ms"]["p50"]
     assert "TTFTC" in buf.getvalue() and f"{p50:,.2f}" in buf.getvalue()
+    # the export's column, per request: the same value as TTFT (the call came first)
+    assert out.run_id is not None
+    rows = list(csv.DictReader(io.StringIO(
+        exports.export(open_database(url), out.run_id, "requests.csv").decode())))  # fmt: skip
+    assert len(rows) == 4
+    for row in rows:
+        assert row["ttftc_ms"] != "" and float(row["ttftc_ms"]) == float(row["ttft_ms"])
+    assert float(np.percentile([float(r["ttftc_ms"]) for r in rows], 50)) == pytest.approx(
+        p50, rel=1e-9
+    )
 
 
 def test_a_whole_answer_that_is_a_tool_call_succeeds(tmp_path: Path) -> None:
