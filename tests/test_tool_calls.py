@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from rich.console import Console
 from sqlalchemy import select
 
@@ -36,6 +37,7 @@ from app.storage.models import Request
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
 from tests.test_client import run
+from tests.web_support import web_app
 
 WEATHER = {
     "type": "function",
@@ -246,6 +248,9 @@ def test_the_cli_stores_and_shows_it(tmp_path: Path) -> None:
     render_report(out.report, Console(file=buf, width=200))
     p50 = out.report["metrics"]["ttftc_ms"]["p50"]
     assert "TTFTC" in buf.getvalue() and f"{p50:,.2f}" in buf.getvalue()
+    with TestClient(web_app(url)) as c:  # the run page's latency table
+        page = c.get(f"/runs/{out.run_id}").text
+    assert "Time to first tool call" in page and f"{p50:,.2f}" in page
     # the export's column, per request: the same value as TTFT (the call came first)
     assert out.run_id is not None
     rows = list(csv.DictReader(io.StringIO(
