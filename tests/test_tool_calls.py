@@ -279,3 +279,31 @@ def test_a_whole_answer_that_is_a_tool_call_succeeds(tmp_path: Path) -> None:
         assert r.output_tokens == truth[f"w-{r.index}"]["output_tokens"] == 4
     m = compute_metrics(trace_from_records(res.records)).to_dict()
     assert m["ttftc_ms"]["count"] == 2
+
+
+def test_the_simulator_refuses_what_it_cannot_answer() -> None:
+    """A tool without a name, a ``tool_choice`` naming no tool, an image part without a URL:
+    400 naming what is wrong; ``tool_call_rate`` and ``image_tokens`` are bounded."""
+    import httpx
+
+    sim = start_simulator_thread(SimConfig(ttft_ms=1, seed=1))
+    try:
+        url = sim.base_url + "/v1/chat/completions"
+        msgs = [{"role": "user", "content": "hi"}]
+        for body, says in (
+            ({"tools": [{"type": "function"}]}, "function.name"),
+            ({"tools": [WEATHER], "tool_choice": {"function": {"name": "nope"}}}, "tool_choice"),
+            ({"tools": "all"}, "'tools' must be a list"),
+            ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "image_url"),
+        ):
+            r = httpx.post(url, json={"model": "m", "messages": msgs, "max_tokens": 2} | body)
+            assert r.status_code == 400 and says in r.text, (body, r.text)
+        none = {"model": "m", "messages": msgs, "max_tokens": 2, "tools": [WEATHER],
+                "tool_choice": "none"}  # fmt: skip
+        answer = httpx.post(url, json=none).json()
+        assert answer["choices"][0]["message"]["content"]  # text, no call
+    finally:
+        sim.stop()
+    for bad in ({"tool_call_rate": 1.5}, {"tool_call_rate": float("nan")}, {"image_tokens": -1}):
+        with pytest.raises(ValueError):
+            SimConfig(**bad)
