@@ -307,3 +307,12 @@ def test_the_simulator_refuses_what_it_cannot_answer() -> None:
     for bad in ({"tool_call_rate": 1.5}, {"tool_call_rate": float("nan")}, {"image_tokens": -1}):
         with pytest.raises(ValueError):
             SimConfig(**bad)
+
+
+def test_the_simulator_flags() -> None:
+    from app.targets.simulator.cli import build_arg_parser, config_from_args
+
+    ns = build_arg_parser().parse_args(["--tool-call-rate", "0.25", "--image-tokens", "64"])
+    cfg = config_from_args(ns)
+    assert (cfg.tool_call_rate, cfg.image_tokens) == (0.25, 64)
+    assert (SimConfig().tool_call_rate, SimConfig().image_tokens) == (1.0, 256)
