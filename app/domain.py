@@ -34,9 +34,12 @@ class EventKind(enum.IntEnum):
     # the whole answer of a surface that generates no tokens (embeddings, rerank): no token;
     # its tokens column holds the items it answered (inputs embedded, documents scored)
     ANSWER = 5
+    # a tool call's streamed delta (``delta.tool_calls[]``: its function's name, its argument
+    # text): generated output, token-bearing like content (docs/endpoints.md, tool calls)
+    TOOL_CALL = 6
 
 
-TOKEN_KINDS = (EventKind.CONTENT, EventKind.REASONING)
+TOKEN_KINDS = (EventKind.CONTENT, EventKind.REASONING, EventKind.TOOL_CALL)
 
 # A request's phases (SPEC 1b), in order; ``RequestRecord.<name>_ns`` holds each duration.
 PHASES: tuple[str, ...] = ("queued", "connect", "tls", "sending", "waiting", "first_token")

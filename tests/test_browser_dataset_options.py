@@ -86,9 +86,12 @@ def test_choosing_a_dataset_shows_only_its_options(
     assert _shown(page) == ["random"]
     assert page.locator("#f-opt-random-range_ratio").is_visible()
     assert not page.locator("#dataset-options-note").is_visible()  # only without JS
-    for name in ("mooncake", "prefix_repetition", "jsonl", "timed_jsonl", "sharegpt"):
+    for name in ("mooncake", "prefix_repetition", "jsonl", "timed_jsonl", "random-mm"):
         page.select_option("#f-dataset", name)
         assert _shown(page) == [name], name
+    assert page.input_value("#f-opt-random-mm-image_size") == "512x512"  # a text option
+    page.select_option("#f-dataset", "sharegpt")
+    assert _shown(page) == ["sharegpt"]
     assert page.locator("#f-opt-sharegpt-max_prompt_len").is_visible()
     assert not page.locator("#f-opt-random-range_ratio").is_visible()
     assert page.get_attribute("#f-opt-sharegpt-max_prompt_len", "type") == "number"

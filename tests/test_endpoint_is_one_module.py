@@ -53,6 +53,7 @@ class Classify:
     streams = False
     generates = False
     conversation = False
+    parts = False
     items = "texts"
     paths: tuple[str, ...] = ("/classify",)
 

@@ -27,7 +27,10 @@ def _trace() -> object:
             output_tokens=3,
             event_t_ns=np.array([10, 20, 30], np.int64) * 1_000_000 + i * 1_000_000,
             event_bytes=np.array([5, 5, 5], np.int32),
-            event_kind=np.array([int(EventKind.CONTENT)] * 3, np.int8),
+            # the last request answers with a tool call (every metric has samples)
+            event_kind=np.array(
+                [int(EventKind.TOOL_CALL if i == 3 else EventKind.CONTENT)] * 3, np.int8
+            ),
             event_tokens=np.array([1, 1, 1], np.int32),
         )
         for i in range(4)

@@ -131,6 +131,7 @@ def test_to_dict_is_json_with_units() -> None:
         "ttft_ms": "per_request",
         "user_ttft_ms": "per_request",
         "ttfot_ms": "per_request",
+        "ttftc_ms": "per_request",
         "e2el_ms": "per_request",
         "tpot_ms": "per_request",
         "itl_ms": "per_token_pooled",

@@ -65,6 +65,11 @@ CASES: dict[str, tuple[dict[str, str], dict[str, str], dict[str, Any]]] = {
         {"block_size": 16, "speedup": 2.5},
     ),
     "timed_jsonl": ({"dataset_path": "/data/timed.jsonl"}, {"speedup": "4"}, {"speedup": 4.0}),
+    "random-mm": (
+        {},
+        {"image_count": "2", "image_size": "256x128"},
+        {"image_count": 2, "image_size": "256x128"},
+    ),
 }
 
 
@@ -103,6 +108,8 @@ def _shown(html: str, name: str, want: str) -> bool:
                     html, re.DOTALL)  # fmt: skip
     if sel is not None:
         return f'<option value="{want}" selected>' in sel.group(1)
+    if not want.replace(".", "").isdigit():  # a text option (an image size)
+        return _value(html, name) == want
     return float(_value(html, name)) == float(want)
 
 
@@ -134,6 +141,8 @@ def test_every_dataset_type_has_a_group_of_typed_fields() -> None:
             assert f.name == f"opt-{g.dataset}-{f.option}"
             if f.kind == "select":  # a Literal option: its values, blank for the default
                 assert f.choices == ("", "vllm", "first_human") and f.default == "vllm"
+            elif model.model_fields[f.option].annotation is str:  # random-mm's image_size
+                assert f.kind == "text"
             else:
                 assert f.kind == "number" and f.step in ("1", "any")
             assert f.help.startswith(model.model_fields[f.option].description or "?")
@@ -207,6 +216,9 @@ BAD = [
     ("prefix_repetition", "num_prefixes", "50", "at least as many prompts"),
     ("mooncake", "speedup", "0", "greater than 0"),
     ("timed_jsonl", "speedup", "x", "valid number"),
+    ("random-mm", "image_size", "9000x9000", "1 to 4096 pixels"),
+    ("random-mm", "image_size", "large", "WIDTHxHEIGHT"),
+    ("random-mm", "image_count", "0", "greater than or equal to 1"),
 ]
 
 

@@ -121,8 +121,14 @@ def event_view(
 
 def _kind_mask(trace: RunTrace, kinds: Sequence[EventKind]) -> BoolArr:
     values = sorted({int(k) for k in kinds})
+    if values == [int(EventKind.CONTENT), int(EventKind.REASONING), int(EventKind.TOOL_CALL)]:
+        # two comparisons instead of isin
+        out: BoolArr = (trace.ev_kind <= EventKind.REASONING) | (
+            trace.ev_kind == EventKind.TOOL_CALL
+        )
+        return out
     if values == [int(EventKind.CONTENT), int(EventKind.REASONING)]:
-        out: BoolArr = trace.ev_kind <= EventKind.REASONING  # one comparison instead of isin
+        out = trace.ev_kind <= EventKind.REASONING  # one comparison instead of isin
         return out
     if len(values) == 1:
         out = trace.ev_kind == values[0]
@@ -132,10 +138,11 @@ def _kind_mask(trace: RunTrace, kinds: Sequence[EventKind]) -> BoolArr:
 
 
 def content_view(trace: RunTrace, tokens: EventView) -> EventView:
-    """Token-bearing CONTENT events; the token view itself when the run has no reasoning."""
+    """Token-bearing output events (content and tool-call deltas: reasoning left out); the
+    token view itself when the run has no reasoning."""
     if not bool(np.any(trace.ev_kind == EventKind.REASONING)):
         return tokens
-    return event_view(trace, (EventKind.CONTENT,))
+    return event_view(trace, (EventKind.CONTENT, EventKind.TOOL_CALL))
 
 
 def valid_requests(trace: RunTrace) -> BoolArr:

@@ -92,6 +92,8 @@ FLAG_FOR_FIELD = {
 OPTION_ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
     ("mooncake", "speedup"): ("--trace-speedup",),
     ("mooncake", "block_size"): ("--trace-block-size",),
+    ("random-mm", "image_count"): ("--image-count",),
+    ("random-mm", "image_size"): ("--image-size",),
 }
 
 

@@ -1,10 +1,12 @@
 """Classify one SSE event of an OpenAI-compatible stream (chat or completions: the classifier
 of both surfaces, ``app.client.endpoints``).
 
-``classify(data)`` returns a ``Classified``: the ``EventKind``, the generated text (content or
-reasoning), the ``usage`` object when the event carries one (also when the same chunk carries
-content or ``finish_reason``, as ``transformers serve`` does), and an error message when the
-event is not valid stream data (non-JSON data line, ``{"error": ...}`` object).
+``classify(data)`` returns a ``Classified``: the ``EventKind``, the generated text (content,
+reasoning, or a tool call's deltas: ``delta.tool_calls[].function``, its name and argument
+text, ``EventKind.TOOL_CALL``: output, token-bearing), the ``usage`` object when the event
+carries one (also when the same chunk carries content or ``finish_reason``, as
+``transformers serve`` does), and an error message when the event is not valid stream data
+(non-JSON data line, ``{"error": ...}`` object).
 ``cached_prompt_tokens`` reads the prompt tokens the server served from its prefix cache off
 the event that carried the usage object.
 """
@@ -147,6 +149,7 @@ def classify(data: bytes | None) -> Classified:
         return Classified(kind, "", usage, None)
     content: list[str] = []
     reasoning: list[str] = []
+    calls: list[str] = []
     for choice in choices:
         if not isinstance(choice, dict):
             continue
@@ -160,15 +163,36 @@ def classify(data: bytes | None) -> Classified:
             r = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(r, str) and r:
                 reasoning.append(r)
+            tc = delta.get("tool_calls")
+            if isinstance(tc, list) and tc:
+                calls += tool_call_texts(tc)
         else:
             t = choice.get("text")
             if isinstance(t, str) and t:
                 content.append(t)
     if content:
-        return Classified(EventKind.CONTENT, "".join(reasoning + content), usage, None)
+        return Classified(EventKind.CONTENT, "".join(reasoning + content + calls), usage, None)
+    if calls:
+        return Classified(EventKind.TOOL_CALL, "".join(reasoning + calls), usage, None)
     if reasoning:
         return Classified(EventKind.REASONING, "".join(reasoning), usage, None)
     return Classified(EventKind.ROLE, "", usage, None)
+
+
+def tool_call_texts(calls: list[Any]) -> list[str]:
+    """The generated text of a chunk's ``tool_calls`` deltas (or a whole message's tool
+    calls): each function's ``name`` (the first delta of a call) and ``arguments`` text. A
+    delta of neither (an ``id`` alone) carries no text."""
+    out: list[str] = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            continue
+        for key in ("name", "arguments"):
+            v = fn.get(key)
+            if isinstance(v, str) and v:
+                out.append(v)
+    return out
 
 
 _PROBE = "\x01tokentrace-probe\x02"

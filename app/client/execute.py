@@ -176,7 +176,30 @@ def validity_notes(
     prompt_note = prompt_token_note(check)
     if prompt_note:
         notes.append(prompt_note)
+    image_note = image_token_note(result)
+    if image_note:
+        notes.append(image_note)
     return notes
+
+
+def image_token_note(result: LoadResult) -> str | None:
+    """The note of a run whose prompts carry images (``Workload.stats["images"]``) when a
+    successful request's prompt tokens are not the server's: the client's tokenizer counts
+    the text only, so its images are not counted there."""
+    images = (result.workload_stats or {}).get("images")
+    if not isinstance(images, int) or not images:
+        return None
+    ok = [r for r in result.records if not r.warmup and r.status is RequestStatus.OK]
+    uncounted = sum(
+        1 for r in ok if r.usage_prompt_tokens is None or r.input_tokens != r.usage_prompt_tokens
+    )
+    if not uncounted:
+        return None
+    return (
+        f"prompt tokens: the image parts are not counted on {uncounted} of {len(ok)} requests "
+        f"(the server's usage.prompt_tokens not used; the client's tokenizer counts the text "
+        f"only; the run's prompts carry {images:,} images)"
+    )
 
 
 def trace_lateness(records: Sequence[RequestRecord]) -> LagStats:

@@ -458,6 +458,12 @@ class RunSpec(BaseModel):
                 f"endpoint: multi_turn sessions send the chat history; endpoint {name!r} "
                 f"takes no conversation: endpoint must be {takes}"
             )
+        if getattr(dataset_type(self.dataset), "images", False) and not kind.parts:
+            takes = " or ".join(repr(k) for k, e in ENDPOINTS.items() if e.parts)
+            raise ValueError(
+                f"dataset: {self.dataset!r} sends images in chat messages; endpoint {name!r} "
+                f"sends no images: endpoint must be {takes}"
+            )
         if not kind.generates:
             for field in SAMPLING_FIELDS:
                 if getattr(self, field) is not None:

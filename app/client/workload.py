@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Workload, dataset_errors
+from app.client.endpoints import ENDPOINTS
 from app.client.spec import RunSpec
 
 
@@ -25,4 +26,19 @@ def build_workload(
     ctx = BuildContext(tok, dataset_dirs, cancelled)
     with dataset_errors():
         prompts = kind.build(spec.workload_params(), options, ctx)
+        if not surface.parts:
+            _refuse_chat_fields(prompts, surface.name)
         return surface.requests(prompts, surface_options)
+
+
+def _refuse_chat_fields(workload: Workload, endpoint: str) -> None:
+    """Tools and images go in a chat request: a surface that takes no conversation refuses
+    a dataset line that carries them, naming the file and the endpoint."""
+    for p in (*workload.warmup, *workload.measured):
+        if p.body_fields or p.images:
+            what = "images" if p.images else "tools"
+            takes = " or ".join(repr(k) for k, e in ENDPOINTS.items() if e.parts)
+            raise ValueError(
+                f"dataset_path: a line has {what!r} (for a chat request); endpoint "
+                f"{endpoint!r} does not send them: endpoint must be {takes}"
+            )

@@ -15,7 +15,12 @@ Timing model (all times from the moment the request was fully received, ``receiv
   the request has been received, like real servers do;
 - a surface that generates no tokens (embeddings, rerank) answers once, whole, at
   ``received + ttft_ms + per_input_token_ms * input_tokens`` (embeddings of
-  ``embedding_dim`` floats, seeded by each input's text; scores likewise).
+  ``embedding_dim`` floats, seeded by each input's text; scores likewise);
+- a chat request carrying ``tools`` is answered, with probability ``tool_call_rate``
+  (seeded per request), by one tool call: its function (the named ``tool_choice``, else
+  one of ``tools`` drawn by the seed) in the first delta, the output tokens as argument
+  deltas, ``finish_reason`` ``tool_calls``; an image part of a message (``image_url``)
+  counts ``image_tokens`` prompt tokens.
 
 Faults are decided per request from ``seed`` and the request counter (1, 2, ... in order of
 arrival, reset by ``POST /_sim/reset``). One uniform draw picks at most one fault, so the
@@ -69,6 +74,10 @@ class SimConfig:
     chat_template_tokens: int = 0  # prompt tokens a chat template adds (usage counts them)
     created: int | None = None  # fixed "created" field (None: wall clock at receipt)
     embedding_dim: int = 8  # an embedding's length (the embeddings surface), unless asked
+    # a chat request carrying ``tools`` is answered by a streamed tool call with this
+    # probability (seeded per request); the rest answer text
+    tool_call_rate: float = 1.0
+    image_tokens: int = 256  # prompt tokens each image part of a chat message counts
     seed: int = 0
     # faults (per request, mutually exclusive; sum <= 1)
     error_rate: float = 0.0
@@ -134,6 +143,11 @@ class SimConfig:
         _check(self.reasoning_tokens >= 0, "reasoning_tokens must be >= 0")
         _check(self.chat_template_tokens >= 0, "chat_template_tokens must be >= 0")
         _check(1 <= self.embedding_dim <= 65_536, "embedding_dim must be in 1..65536")
+        _check(
+            math.isfinite(self.tool_call_rate) and 0.0 <= self.tool_call_rate <= 1.0,
+            "tool_call_rate must be in [0, 1]",
+        )
+        _check(0 <= self.image_tokens <= 1_000_000, "image_tokens must be in 0..1000000")
         _check(
             self.fault_after_tokens is None or self.fault_after_tokens >= 0,
             "fault_after_tokens must be >= 0",

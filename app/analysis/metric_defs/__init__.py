@@ -30,6 +30,7 @@ from .total_token_throughput import TOTAL_TOKEN_THROUGHPUT
 from .tpot import TPOT
 from .ttfot import TTFOT
 from .ttft import TTFT
+from .ttftc import TTFTC
 from .user_ttft import USER_TTFT
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "TPOT",
     "TTFOT",
     "TTFT",
+    "TTFTC",
     "USER_TTFT",
     "Metric",
     "RunBasis",
@@ -61,6 +63,7 @@ METRICS: dict[str, Metric] = {
         TTFT,
         USER_TTFT,
         TTFOT,
+        TTFTC,
         TPOT,
         ITL,
         ITL_CHUNK,

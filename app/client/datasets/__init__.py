@@ -17,11 +17,13 @@ from app.client.datasets.jsonl import JSONL
 from app.client.datasets.mooncake import MOONCAKE
 from app.client.datasets.prefix_repetition import PREFIX_REPETITION
 from app.client.datasets.random import RANDOM
+from app.client.datasets.random_mm import RANDOM_MM
 from app.client.datasets.sharegpt import SHAREGPT
 from app.client.datasets.timed_jsonl import TIMED_JSONL
 
 DATASETS: dict[str, DatasetType] = {
-    d.name: d for d in (RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION, MOONCAKE, TIMED_JSONL)
+    d.name: d
+    for d in (RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION, MOONCAKE, TIMED_JSONL, RANDOM_MM)
 }
 
 

@@ -55,6 +55,10 @@ class Prompt:
     # several texts in one request: the documents a rerank query (``prompt``) scores, or the
     # inputs one embeddings request embeds (``app.client.endpoints``); None for one prompt
     inputs: tuple[str, ...] | None = None
+    # fields a dataset line adds to the request body beside its messages (a chat line's
+    # ``tools`` and ``tool_choice``), in order; None for none
+    body_fields: dict[str, Any] | None = None
+    images: int = 0  # image parts in its messages (their tokens are the server's to count)
 
 
 @dataclass(frozen=True, slots=True)

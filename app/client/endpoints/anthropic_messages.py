@@ -184,6 +184,7 @@ class AnthropicMessagesEndpoint:
     generates = True
     items = ""
     conversation = True
+    parts = False
     system_apart = True  # system messages go to the top-level "system" (sessions: no template)
     paths: tuple[str, ...] = ("/v1/messages",)
 

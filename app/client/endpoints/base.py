@@ -74,6 +74,7 @@ class EndpointType(Protocol):
     streams: bool  # it streams its answer when asked (RunSpec.stream applies)
     generates: bool  # its answer is generated tokens: TTFT, ITL, TPOT and sampling apply
     conversation: bool  # it takes a conversation: multi-turn sessions may use it
+    parts: bool  # it sends a dataset line's tools and images (chat content parts)
     items: str  # what its answer's items are, plural ("inputs", "documents"); "" if it generates
     paths: tuple[str, ...]  # every path it may send to (its options choose one)
 

@@ -5,7 +5,10 @@ message), ``max_tokens``, ``stream`` (and ``stream_options.include_usage``), ``i
 with ``min_tokens`` (vLLM's), then the sampling fields and ``extra_body``. Its stream's
 token-bearing events are chunks whose ``choices[].delta`` carries ``content`` or
 ``reasoning_content``/``reasoning`` (``app.client.events``): TTFT is the first of either,
-TTFOT the first content; usage is read off the chunk that carries ``usage``. A
+TTFOT the first content; a tool call's deltas (``delta.tool_calls[].function``: its name and
+argument text) are output too, token-bearing (``EventKind.TOOL_CALL``: a request answered by
+a tool call alone succeeds), and a dataset line's ``tools`` and ``tool_choice`` go into the
+body after ``messages``; usage is read off the chunk that carries ``usage``. A
 non-streaming answer (``stream`` false) is one event, its ``choices[].message``. The only
 surface that takes a conversation (multi-turn sessions).
 """
@@ -48,6 +51,7 @@ class ChatEndpoint:
     generates = True
     items = ""
     conversation = True
+    parts = True
     paths: tuple[str, ...] = ("/v1/chat/completions",)
 
     def path(self, options: BaseModel) -> str:
@@ -68,9 +72,10 @@ class ChatEndpoint:
             if prompt.messages is not None
             else [{"role": "user", "content": prompt.prompt or ""}]
         )
-        return generation_body(
-            {"model": params.model, "messages": messages}, prompt.output_len, params
-        )
+        head: dict[str, Any] = {"model": params.model, "messages": messages}
+        if prompt.body_fields:  # a dataset line's tools and tool_choice
+            head.update(prompt.body_fields)
+        return generation_body(head, prompt.output_len, params)
 
     def classifier(self, options: BaseModel) -> ClassifyFn:
         return Classifier().classify

@@ -34,6 +34,7 @@ class CompletionsEndpoint:
     generates = True
     items = ""
     conversation = False
+    parts = False
     paths: tuple[str, ...] = ("/v1/completions",)
 
     def path(self, options: BaseModel) -> str:

@@ -72,6 +72,7 @@ class EmbeddingsEndpoint:
     streams = False
     generates = False
     conversation = False
+    parts = False
     items = "inputs"
     paths: tuple[str, ...] = ("/v1/embeddings",)
 

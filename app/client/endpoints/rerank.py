@@ -97,6 +97,7 @@ class RerankEndpoint:
     streams = False
     generates = False
     conversation = False
+    parts = False
     items = "documents"
     paths: tuple[str, ...] = tuple(API_PATHS.values())
 

@@ -156,6 +156,7 @@ class ResponsesEndpoint:
     generates = True
     items = ""
     conversation = True
+    parts = False
     paths: tuple[str, ...] = ("/v1/responses",)
 
     def path(self, options: BaseModel) -> str:

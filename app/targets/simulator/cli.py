@@ -68,6 +68,18 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
         default=d.embedding_dim,
         help="an embedding's length (embeddings surface), unless a request asks dimensions",
     )
+    p.add_argument(
+        "--tool-call-rate",
+        type=float,
+        default=d.tool_call_rate,
+        help="the share of chat requests carrying tools answered by a tool call (seeded)",
+    )
+    p.add_argument(
+        "--image-tokens",
+        type=int,
+        default=d.image_tokens,
+        help="prompt tokens each image part of a chat message counts (usage)",
+    )
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--disconnect-rate", type=float, default=0.0)
     p.add_argument("--stall-rate", type=float, default=0.0)
@@ -160,6 +172,8 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         eos_len=ns.eos_len,
         reasoning_tokens=ns.reasoning_tokens,
         embedding_dim=ns.embedding_dim,
+        tool_call_rate=ns.tool_call_rate,
+        image_tokens=ns.image_tokens,
         error_rate=ns.error_rate,
         disconnect_rate=ns.disconnect_rate,
         stall_rate=ns.stall_rate,

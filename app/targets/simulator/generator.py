@@ -70,6 +70,7 @@ class Gen:
 
     __slots__ = (
         "c_prefix",
+        "c_rest",
         "cache_on",
         "coalesce",
         "created",
@@ -145,7 +146,11 @@ class Gen:
             self.created,
             json_bytes(plan.model),
         )
-        self.c_prefix = head + shape.content_open
+        # a shape whose first content event opens differently (a tool call's first delta
+        # names its function): that one first, then ``content_open``
+        first: bytes | None = getattr(shape, "first_open", None)
+        self.c_prefix = head + (first if first is not None else shape.content_open)
+        self.c_rest = head + shape.content_open if first is not None else None
         self.r_prefix = head + shape.reasoning_open
         self.suffix = shape.close
         # a stream of typed events (Responses API, Anthropic Messages): the shape's own
@@ -329,6 +334,8 @@ class Gen:
             else:
                 count = min(self.per_event, self.n - sent)
                 prefix, kind = self.c_prefix, K_CONTENT
+                if self.c_rest is not None:
+                    self.c_prefix, self.c_rest = self.c_rest, None
             pos = self.pos
             if count == 1:
                 text = tape[pos & _TAPE_MASK]
