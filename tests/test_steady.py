@@ -45,7 +45,7 @@ def closed_loop() -> RunTrace:
     """4 slots started 40 ms apart, 5 requests of 100 ms each, the next sent 1 ms after one
     ends: slot k sends at 40k + 101j ms. All 4 in flight (but for 1 ms dips) from slot 3's
     first send (120 ms) to slot 0's last end (0 + 404 + 100 = 504 ms)."""
-    recs = []
+    recs: list[RequestRecord] = []
     for k in range(4):
         for j in range(5):
             sent = 40 * k + 101 * j

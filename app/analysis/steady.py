@@ -34,7 +34,7 @@ import numpy.typing as npt
 from app.domain import RunTrace
 
 from .event_views import NS_PER_S
-from .metrics import compute_metrics, default_window
+from .metrics import compute_metrics, default_window, metrics_with_slos
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -235,3 +235,25 @@ def steady_metrics(
         "rule": "requests sent inside the window; throughputs over the window's duration",
         "metrics": m.to_dict(),
     }
+
+
+def steady_with_slos(
+    block: Mapping[str, object],
+    sent_ns: I64,
+    values: Mapping[str, F64],
+    valid: BoolArr,
+    slos_ms: dict[str, float] | None,
+) -> dict[str, object]:
+    """``steady_metrics(trace, spec, slos_ms=slos_ms)`` from the block computed without
+    SLOs and the run's per-request columns (``sent_ns``, per-request ``values`` by metric
+    key, ``valid``): only goodput depends on the SLOs (``metrics_with_slos``)."""
+    window = block.get("window")
+    base = block.get("metrics")
+    if not isinstance(window, dict) or not isinstance(base, dict):
+        return dict(block) or {"window": None, "reason": "not computed"}
+    keep = (sent_ns >= int(window["start_ns"])) & (sent_ns <= int(window["end_ns"]))
+    out = dict(block)
+    out["metrics"] = metrics_with_slos(
+        base, {k: v[keep] for k, v in values.items()}, valid[keep], slos_ms
+    )
+    return out
