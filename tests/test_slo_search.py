@@ -150,7 +150,8 @@ def test_over_saturation_stops_going_up() -> None:
     ok = {"slo": "tpot:p99:1", "ok": True, "value_ms": 0.5, "limit_ms": 1.0}
     while (load := s.next_load()) is not None:
         s.record(Probe(load, [ok], throughput=min(load, 4.0), error_rate=0.0))
-    # 8 and 6 grew >= 1.5x over the passing 4 and gained < 5%: failing; 5 grew < 1.5x
-    assert [p.load for p, _ in s.probes] == [1, 2, 4, 8, 6, 5]
-    assert (s.passing, s.failing) == (5, 6)
+    # going up, 8 grew 2x over the passing 4 and gained nothing: over-saturated, the upper
+    # end; bisection below it reads the SLOs only (6 and 7 hold them)
+    assert [p.load for p, _ in s.probes] == [1, 2, 4, 8, 6, 7]
+    assert (s.passing, s.failing) == (7, 8)
     assert any("over-saturated" in v.why for _, v in s.probes)

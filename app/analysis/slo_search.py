@@ -13,9 +13,9 @@ parsing, a step's check, the search's next load and its answer.
   and its error rate is within the sweep's ``max_error_rate``; a step without a sample of a
   metric fails;
 * **the search**: from ``start``, the load doubles while steps pass (the over-saturation
-  stop: a step whose throughput rose less than 5% over the previous passing step's while
-  its load grew >= 1.5x, or whose p99 of an SLO metric is over 10x its limit, counts as
-  failing: no higher load is tried); then bisection between the largest passing and the
+  stop, going up only: a step whose throughput rose less than 5% over the largest passing
+  step's while its load grew >= 1.5x counts as failing, and no higher load is tried; a step
+  whose SLO value is over 10x its limit is said to be over-saturated); then bisection between the largest passing and the
   smallest failing load, until they are adjacent (concurrency: 1 apart; rate: within
   ``rate_resolution``, 5%) or ``max_steps`` ran. The answer is the interval
   ``[largest passing, smallest failing]`` (either end None when no step passed or none
@@ -294,7 +294,8 @@ class Search:
     probes: list[tuple[Probe, Verdict]] = field(default_factory=list)
 
     def record(self, p: Probe) -> Verdict:
-        prev = self._best_pass_below(p.load)
+        # the over-saturation stop applies going up (no failing load yet), not in bisection
+        prev = self._best_pass_below(p.load) if self.failing is None else None
         v = verdict(p, prev, self.max_error_rate)
         self.probes.append((p, v))
         return v
