@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     loads.add_argument("--auto", action="store_true", help="sync run, max run, rates between")
     loads.add_argument(
         "--find-max",
-        choices=FIND_KINDS,
+        metavar="|".join(FIND_KINDS),
         help="search the largest concurrency or rate meeting every --slo (docs/sweeps.md)",
     )
     sweep.add_argument("--auto-steps", type=int, default=5)
