@@ -64,7 +64,7 @@ def run_search(tmp: Path) -> dict[str, Any]:
         sim.stop()
     ans = out.summary["find_max"]
     lo, hi = ans["largest_passing"], ans["smallest_failing"]
-    contains = lo is not None and lo <= TRUE_MAX and (hi is None or TRUE_MAX < hi)
+    contains = lo is not None and lo <= TRUE_MAX and (hi is None or hi > TRUE_MAX)
     return {
         "kind": "concurrency",
         "simulator": {"itl_ms": ITL_MS, "itl_per_active_ms": PER_ACTIVE_MS, "ttft_ms": 5},
