@@ -17,9 +17,9 @@ parsing, a step's check, the search's next load and its answer.
   step's while its load grew >= 1.5x counts as failing, and no higher load is tried; a step
   whose SLO value is over 10x its limit is said to be over-saturated); then bisection
   between the largest passing and the smallest failing load, until they are adjacent
-  (concurrency: 1 apart; rate: within ``rate_resolution``, 5%) or ``max_steps`` ran. The answer is the interval
-  ``[largest passing, smallest failing]`` (either end None when no step passed or none
-  failed up to ``max_load``).
+  (concurrency: 1 apart; rate: within ``rate_resolution``, 5%) or ``max_steps`` ran.
+  The answer is the interval ``[largest passing, smallest failing]`` (either end None when
+  no step passed or none failed up to ``max_load``).
 """
 
 from __future__ import annotations
