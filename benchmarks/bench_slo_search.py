@@ -32,10 +32,10 @@ from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_process
 
 RESULTS = Path(__file__).parent / "results"
-ITL_MS = 4.0
+ITL_MS = 20.0
 PER_ACTIVE_MS = 4.0
 TRUE_MAX = 12
-LIMIT_MS = ITL_MS + PER_ACTIVE_MS * (TRUE_MAX + 0.5)  # 54 ms: C=12 gives 52, C=13 gives 56
+LIMIT_MS = ITL_MS + PER_ACTIVE_MS * (TRUE_MAX + 0.5)  # 70 ms: C=12 gives 68, C=13 gives 72
 OUTPUT_LEN = 16
 PROMPTS = 32
 MAX_STEPS = 10
