@@ -150,8 +150,9 @@ async def compare(
     """Statistical comparison against ``base_id``: a run (1 to 5 candidate runs in ``ids``,
     each once) or a sweep (one candidate sweep); ``basis=steady``: each run's steady window
     (its figures and the requests started inside it; 422 for a run without one). Verdicts
-    per metric; comparability key checked first. Runs are read from their stored summaries, each metric's samples bounded
-    (``method.samples``); 409 for a run still queued or running."""
+    per metric; comparability key checked first. Runs are read from their stored
+    summaries, each metric's samples bounded (``method.samples``); 409 for a run still
+    queued or running."""
     wanted = _ids(ids, base_id)
 
     def work() -> dict[str, Any]:
