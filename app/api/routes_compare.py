@@ -221,9 +221,15 @@ def list_sweeps(
 
 
 @router.get("/sweeps/{sweep_id}")
-async def get_sweep(sweep_id: str, sessions: SessionsDep, _: Reader) -> dict[str, Any]:
-    """The sweep with every step's summary, max goodput, stop reason and diagnosis."""
+async def get_sweep(
+    sweep_id: str, sessions: SessionsDep, _: Reader, basis: Literal["run", "steady"] = "run"
+) -> dict[str, Any]:
+    """The sweep with every step's summary, max goodput, stop reason and diagnosis;
+    ``basis=steady``: each step's figures over its run's steady window."""
+    steady = basis == "steady"
     out: dict[str, Any] = json_safe(
-        await anyio.to_thread.run_sync(sweep_svc.sweep_summary, sessions, sweep_id)
+        await anyio.to_thread.run_sync(
+            lambda: sweep_svc.sweep_summary(sessions, sweep_id, steady=steady)
+        )
     )
     return out

@@ -130,12 +130,19 @@ def execute_sweep(
 
 
 def sweep_summary(
-    sessions: sessionmaker[Session], sweep_id: str, *, slos_ms: dict[str, float] | None = None
+    sessions: sessionmaker[Session],
+    sweep_id: str,
+    *,
+    slos_ms: dict[str, float] | None = None,
+    steady: bool = False,
 ) -> dict[str, Any]:
     """The sweep, its steps (from each step run's report), max goodput and diagnosis. A
     finished step is read from its stored run summary (no event decoded). ``slos_ms`` (p99
     limits by ``ttft``/``tpot``/``e2el``) replace the sweep's own goodput SLOs for max
-    goodput (``{}``: none); None keeps the spec's."""
+    goodput (``{}``: none); None keeps the spec's. ``steady``: each step's figures over its
+    run's steady window (``analysis.steady``: the requests started inside it; a step
+    without one keeps its whole run's and says so in ``steady_missing``); the summary says
+    ``basis: steady``."""
     with session_scope(sessions) as s:
         sweep = compare_repo.find_sweep(s, sweep_id)
         if sweep is None:
@@ -165,6 +172,7 @@ def sweep_summary(
     floors: dict[str, tuple[float | None, str]] = {}
     resumed: dict[int, int] = {}  # job attempt >= 2 -> the first step it ran
     fm = find_max_of(fm_data) if isinstance(fm_data, dict) else None
+    missing: list[int] = []  # steps without a steady window (steady basis)
     for idx, run_id, load, kind, role, attempt in rows:
         if attempt > 1:
             resumed.setdefault(attempt, idx)
@@ -181,6 +189,15 @@ def sweep_summary(
         real_load = math.inf if load < 0 else load
         c = summary.columns
         requests = (c.sent_ns, c.end_ns, c.valid)
+        values = c.values
+        window = (report.get("steady") or {}).get("window") if steady else None
+        if isinstance(window, dict):
+            keep = (c.sent_ns >= window["start_ns"]) & (c.sent_ns <= window["end_ns"])
+            report = report | {"metrics": report["steady"]["metrics"]}
+            requests = (c.sent_ns[keep], c.end_ns[keep], c.valid[keep])
+            values = {k: v[keep] for k, v in values.items()}
+        elif steady:
+            missing.append(idx)
         summ = step_summary_of(
             idx,
             real_load,
@@ -188,7 +205,7 @@ def sweep_summary(
             report,
             requests,
             run_id,
-            values=c.values if fm is not None else None,
+            values=values if fm is not None else None,
             find_max=fm,
         )
         out_steps.append(
@@ -207,6 +224,8 @@ def sweep_summary(
             search.record(probe_of(st))
         info["find_max"] = {"config": fm.to_dict(), **search.answer(), "text": search.text()}
     info.update(
+        basis="steady" if steady else "run",
+        steady_missing=missing,
         steps=out_steps,
         notes=[
             f"resumed after the worker was lost at step {idx} (attempt {attempt})"
