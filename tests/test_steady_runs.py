@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pytest
 from fastapi.testclient import TestClient
@@ -78,7 +79,7 @@ def _brute_longest(breaks: list[int], count: object, ok: object) -> tuple[int, i
     """The longest union of segments between consecutive ``breaks`` where ``ok(count(t))``
     at the segment's start, joined across failing gaps of at most 10 ms."""
     pts = sorted(set(breaks))
-    segs = [(a, b) for a, b in zip(pts, pts[1:], strict=False) if ok(count(a))]  # type: ignore[operator]
+    segs = [(a, b) for a, b in pairwise(pts) if ok(count(a))]  # type: ignore[operator]
     best: tuple[int, int] | None = None
     cur: list[int] | None = None
     for a, b in segs:
