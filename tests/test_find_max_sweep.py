@@ -24,7 +24,10 @@ from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import SimulatorThread, start_simulator_thread
 from tests.api_support import SPEC, api_client
+from tests.live_server import LiveServerFactory, live_server  # noqa: F401
 from tests.web_support import web_app
+from tests.worker_helpers import api as worker_api
+from tests.worker_helpers import sim_spec, wait_job
 
 # TPOT under concurrency C: 40 + 10 C ms (1: 50, 2: 60, 3: 70): the limit 65 ms holds at 2;
 # throughput keeps rising with C (no over-saturation stop before the SLO fails)
@@ -197,3 +200,42 @@ def test_sweep_form_find_max_fields() -> None:
     ):
         parsed, errors = sweeps_form.parse(good | bad)
         assert parsed is None and field in errors, (bad, errors)
+
+
+def test_find_max_through_a_worker(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    sim: SimulatorThread,
+    tmp_path: Path,
+) -> None:
+    """Queued over the REST API, run by a worker: the worker decides each next load from
+    the server's step summaries (their SLO checks); the sweep reads the same answer."""
+    import asyncio
+
+    from app.worker.loop import Worker, WorkerOptions
+
+    srv = live_server(sqlite_url)
+    opts = WorkerOptions(
+        backoff_initial_s=0.05, backoff_max_s=0.5, batch_interval_s=0.2, batch_max_requests=8,
+        shutdown_grace_s=3.0, heartbeat_interval_s=0.2, poll_interval_s=0.1,
+    )  # fmt: skip
+    body = sim_spec(sim.base_url, num_prompts=6, output_len=6, input_len=8)
+    body.pop("max_concurrency")
+    body |= {"find_max": {"kind": "concurrency", "slos": [f"tpot:p99:{LIMIT_MS:g}"],
+                          "max_steps": 6}}  # fmt: skip
+    with worker_api(srv) as c:
+        r = c.post("/sweeps", json=body)
+        assert r.status_code == 201, r.text
+        sweep_id, job_id = r.json()["sweep_id"], r.json()["job_id"]
+        worker = Worker(
+            srv.url, srv.worker_token, state_dir=tmp_path / "state", name="w", options=opts
+        )
+        outcome = asyncio.run(worker.run_once())
+        assert outcome is not None and outcome.status == "succeeded", outcome
+        wait_job(c, job_id, ("succeeded",), 10)
+        summary = c.get(f"/sweeps/{sweep_id}").json()
+    fm = summary["find_max"]
+    assert [s["load"] for s in summary["steps"]] == [p["load"] for p in fm["probes"]]
+    assert [p["load"] for p in fm["probes"]] == [1, 2, 4, 3]
+    assert fm["interval"] == [2, 3]
+    assert "largest concurrency meeting" in summary["stop_reason"]
