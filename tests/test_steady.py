@@ -159,3 +159,13 @@ def test_subset_keeps_each_requests_events() -> None:
     assert list(sub.sent_ns) == [trace.sent_ns[1], trace.sent_ns[7]]
     assert list(sub.ev_t_ns) == list(trace.ev_t_ns[2:4]) + list(trace.ev_t_ns[14:16])
     assert list(sub.ev_offsets) == [0, 2, 4]
+
+
+def test_cli_line() -> None:
+    from app.cli.render import steady_text
+
+    block = steady_metrics(closed_loop(), {"max_concurrency": 4})
+    line = steady_text(block)
+    assert "0.120-0.504 s (0.384 s, 15 requests started inside)" in line
+    assert f"{15 / 0.384:.3f} req/s" in line
+    assert steady_text({"window": None, "reason": "why"}) == "steady window: none (why)"
