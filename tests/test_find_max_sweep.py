@@ -168,8 +168,14 @@ def test_cli_refuses_a_bad_find_max_naming_the_flag(
 FORM = {"base_url": "http://127.0.0.1:9", "model": "m", "num_prompts": "2", "endpoint": "chat"}
 
 
-def test_sweep_form_find_max_fields() -> None:
+def test_sweep_form_find_max_fields(sqlite_url: str) -> None:
     from app.web import sweeps_form
+
+    with TestClient(web_app(sqlite_url)) as c:
+        page = c.get("/launch/sweep").text
+    for name in ("find_max_kind", "slos", "confidence", "max_steps"):
+        assert f'name="{name}"' in page, name
+    assert '<option value="find-max"' in page
 
     good = FORM | {
         "sweep_mode": "find-max",
