@@ -159,6 +159,10 @@ def test_compare_and_sweeps_on_the_steady_basis(lab: Lab) -> None:
     assert st.report["basis"] == "steady"
     summ = sweep_summary(lab.sessions, lab.sweep, steady=True)  # type: ignore[arg-type]
     assert summ["basis"] == "steady"
+    with TestClient(web_app(lab.url)) as c:
+        assert 'id="steady-basis"' in c.get(f"/sweeps/{lab.sweep}?steady=1").text
+        page = c.get(f"/sweeps/{lab.sweep}").text
+        assert 'id="steady-basis"' not in page and "?steady=1" in page
     for step in summ["steps"]:
         rep = run_report(lab.sessions, step["run_id"])  # type: ignore[arg-type]
         if rep["steady"]["window"] is not None:
