@@ -208,6 +208,7 @@ def test_sweep_form_find_max_fields(sqlite_url: str) -> None:
         assert parsed is None and field in errors, (bad, errors)
 
 
+@pytest.mark.slow  # a live server and a worker: about 20 s
 def test_find_max_through_a_worker(
     live_server: LiveServerFactory,  # noqa: F811
     sqlite_url: str,
