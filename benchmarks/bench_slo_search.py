@@ -102,13 +102,13 @@ def markdown(r: dict[str, Any]) -> str:
 
 Simulator: ITL = {ITL_MS:g} ms + {PER_ACTIVE_MS:g} ms x requests held, so under
 concurrency C every request's TPOT is {ITL_MS:g} + {PER_ACTIVE_MS:g} C ms once all C are
-in. SLO `{r['slo']}` at {r['confidence']:g} confidence: the true largest concurrency is
-**{r['true_max']}** ({ITL_MS + PER_ACTIVE_MS * r['true_max']:g} ms; {r['true_max'] + 1}
-gives {ITL_MS + PER_ACTIVE_MS * (r['true_max'] + 1):g} ms).
+in. SLO `{r["slo"]}` at {r["confidence"]:g} confidence: the true largest concurrency is
+**{r["true_max"]}** ({ITL_MS + PER_ACTIVE_MS * r["true_max"]:g} ms; {r["true_max"] + 1}
+gives {ITL_MS + PER_ACTIVE_MS * (r["true_max"] + 1):g} ms).
 
-Reported interval: **[{lo}, {hi}]** in **{r['steps']}** probed steps (target <= {MAX_STEPS}),
-contains the true answer: **{r['contains_true_max']}**; {r['runs_stored']} step runs stored;
-{r['seconds']} s. Stop: {r['reason']}.
+Reported interval: **[{lo}, {hi}]** in **{r["steps"]}** probed steps (target <= {MAX_STEPS}),
+contains the true answer: **{r["contains_true_max"]}**; {r["runs_stored"]} step runs stored;
+{r["seconds"]} s. Stop: {r["reason"]}.
 
 | concurrency | expected TPOT (ms) | TPOT p99 (ms) | upper bound (ms) | verdict |
 |---:|---:|---:|---:|---|
