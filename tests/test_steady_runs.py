@@ -160,6 +160,11 @@ def test_compare_and_sweeps_on_the_steady_basis(lab: Lab) -> None:
     summ = sweep_summary(lab.sessions, lab.sweep, steady=True)  # type: ignore[arg-type]
     assert summ["basis"] == "steady"
     with TestClient(web_app(lab.url)) as c:
+        html = c.get(f"/compare?ids={lab.closed}&ids={lab.closed2}&basis=steady").text
+        assert "<b>Steady windows:</b>" in html and 'id="overall-verdict"' in html
+        assert "basis=run" in html  # the toggle back
+        html = c.get(f"/compare?ids={lab.closed}&ids={lab.closed2}").text
+        assert "<b>Steady windows:</b>" not in html and "basis=steady" in html
         assert 'id="steady-basis"' in c.get(f"/sweeps/{lab.sweep}?steady=1").text
         page = c.get(f"/sweeps/{lab.sweep}").text
         assert 'id="steady-basis"' not in page and "?steady=1" in page
