@@ -106,6 +106,8 @@ class StepSummary:
     error_rate: float | None
     latency_ms: Mapping[str, Mapping[str, float | None]]  # metric -> {"p50": .., "p99": ..}
     run_id: str | None = None
+    # a find-max sweep's SLO checks of the step (``slo_search.slo_checks``), else empty
+    slo_checks: tuple[Mapping[str, object], ...] = ()
 
     def latency(self, metric: str, p: str) -> float | None:
         return (self.latency_ms.get(metric) or {}).get(p)

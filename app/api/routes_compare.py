@@ -3,7 +3,7 @@ comparisons and stored sweeps."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Query, status
@@ -145,11 +145,14 @@ async def compare(
     threshold_pct: Threshold = 5.0,
     alpha: Alpha = 0.01,
     variable: str | None = None,
+    basis: Literal["run", "steady"] = "run",
 ) -> dict[str, Any]:
     """Statistical comparison against ``base_id``: a run (1 to 5 candidate runs in ``ids``,
-    each once) or a sweep (one candidate sweep). Verdicts per metric; comparability key
-    checked first. Runs are read from their stored summaries, each metric's samples bounded
-    (``method.samples``); 409 for a run still queued or running."""
+    each once) or a sweep (one candidate sweep); ``basis=steady``: each run's steady window
+    (its figures and the requests started inside it; 422 for a run without one). Verdicts
+    per metric; comparability key checked first. Runs are read from their stored
+    summaries, each metric's samples bounded (``method.samples``); 409 for a run still
+    queued or running."""
     wanted = _ids(ids, base_id)
 
     def work() -> dict[str, Any]:
@@ -162,11 +165,11 @@ async def compare(
                 raise Invalid("compare one sweep against a sweep", loc=("query", "ids"))
             return compare_svc.compare_sweeps(
                 sessions, base_id, wanted[0], threshold_pct=threshold_pct, alpha=alpha,
-                variable=variable,
+                variable=variable, basis=basis,
             )  # fmt: skip
         return compare_svc.compare_runs(
             sessions, base_id, wanted, threshold_pct=threshold_pct, alpha=alpha,
-            variable=variable,
+            variable=variable, basis=basis,
         )  # fmt: skip
 
     out: dict[str, Any] = json_safe(await anyio.to_thread.run_sync(work))
@@ -218,9 +221,15 @@ def list_sweeps(
 
 
 @router.get("/sweeps/{sweep_id}")
-async def get_sweep(sweep_id: str, sessions: SessionsDep, _: Reader) -> dict[str, Any]:
-    """The sweep with every step's summary, max goodput, stop reason and diagnosis."""
+async def get_sweep(
+    sweep_id: str, sessions: SessionsDep, _: Reader, basis: Literal["run", "steady"] = "run"
+) -> dict[str, Any]:
+    """The sweep with every step's summary, max goodput, stop reason and diagnosis;
+    ``basis=steady``: each step's figures over its run's steady window."""
+    steady = basis == "steady"
     out: dict[str, Any] = json_safe(
-        await anyio.to_thread.run_sync(sweep_svc.sweep_summary, sessions, sweep_id)
+        await anyio.to_thread.run_sync(
+            lambda: sweep_svc.sweep_summary(sessions, sweep_id, steady=steady)
+        )
     )
     return out

@@ -7,8 +7,15 @@ import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, status
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.analysis.slo_search import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MAX_STEPS,
+    FindMax,
+    SloError,
+    find_max_of,
+)
 from app.api.deps import (
     Runner,
     SecretBoxDep,
@@ -28,6 +35,30 @@ from app.services.errors import Invalid
 router = APIRouter(prefix="/api/v1", tags=["sweeps"])
 
 
+class FindMaxBody(BaseModel):
+    """A find-max sweep (docs/sweeps.md): the largest ``kind`` load whose ``slos``
+    (``METRIC:PCT:LIMIT``, e.g. ``tpot:p99:50``) hold with ``confidence``, in at most
+    ``max_steps`` probed steps from ``start`` up to ``max_load``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(description="concurrency | rate")
+    slos: list[str] = Field(min_length=1, max_length=16)
+    confidence: float = DEFAULT_CONFIDENCE
+    max_steps: int = DEFAULT_MAX_STEPS
+    start: float = 1.0
+    max_load: float = 1024.0
+
+    def search(self) -> FindMax:
+        """The search; 422 naming ``find_max.<field>`` when a setting is refused."""
+        try:
+            return find_max_of(self.model_dump())
+        except SloError as e:
+            field = {"find_max": "kind", "find_max_start": "start", "find_max_limit": "max_load"}
+            name = field.get(e.field, e.field).replace("slo", "slos")
+            raise Invalid(f"find_max.{name}: {e.message}", loc=("body", "find_max", name)) from None
+
+
 class SweepCreate(RunCreate):
     """A sweep to queue: every bench field (the base workload), then exactly one of
     ``rates``, ``concurrencies`` or ``auto``, the stop rules, a name and tags (each step's
@@ -39,14 +70,17 @@ class SweepCreate(RunCreate):
     auto_steps: int = Field(5, ge=1, le=MAX_STEPS)
     min_ratio: float = Field(0.8, gt=0, le=1, description="saturated below this x offered")
     max_error_rate: float = Field(0.05, ge=0, le=1)
+    find_max: FindMaxBody | None = None
 
     @model_validator(mode="after")
     def _one_mode(self) -> SweepCreate:
-        given = [k for k in ("rates", "concurrencies") if getattr(self, k) is not None]
+        given = [
+            k for k in ("rates", "concurrencies", "find_max") if getattr(self, k) is not None
+        ]
         if self.auto:
             given.append("auto")
         if len(given) != 1:
-            raise ValueError("give exactly one of rates, concurrencies or auto")
+            raise ValueError("give exactly one of rates, concurrencies, auto or find_max")
         return self
 
     def check_load_fields(self) -> None:
@@ -54,7 +88,9 @@ class SweepCreate(RunCreate):
         step sets its rate, or sends all at once under its concurrency), a concurrency cap
         in a concurrency sweep, and in a rate sweep (``rates``, ``auto``) a ramp-up or a
         timed dataset (both give the send times the step's rate would)."""
-        by_rate = self.concurrencies is None
+        by_rate = self.concurrencies is None and (
+            self.find_max is None or self.find_max.kind != "concurrency"
+        )
         if not math.isinf(self.request_rate):
             raise Invalid(
                 "request_rate: a sweep sets each step's load (rates, concurrencies or auto): "
@@ -81,6 +117,10 @@ class SweepCreate(RunCreate):
             )
 
     def plan(self) -> SweepPlan:
+        if self.find_max is not None:
+            fm = self.find_max.search()
+            self.check_load_fields()
+            return SweepPlan("find-max", (), 5, self.min_ratio, self.max_error_rate, fm)
         self.check_load_fields()
         try:
             if self.auto:
@@ -100,7 +140,7 @@ class SweepCreate(RunCreate):
         data = self.model_dump(
             exclude={
                 "name", "requirements", "rates", "concurrencies", "auto", "auto_steps",
-                "min_ratio", "max_error_rate", "series",
+                "min_ratio", "max_error_rate", "series", "find_max",
             }
         )  # fmt: skip
         data["api_key"] = self.api_key

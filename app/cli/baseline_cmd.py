@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis import series as sa
 from app.analysis.metric_defs import OUTPUT_THROUGHPUT, shown
+from app.analysis.slo_search import FIND_KINDS
 from app.cli.args import (
     UsageError,
     add_bench_arguments,
@@ -95,8 +96,28 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
     loads.add_argument("--rates", nargs="+", type=float, metavar="RPS")
     loads.add_argument("--concurrencies", nargs="+", type=int, metavar="C")
     loads.add_argument("--auto", action="store_true", help="sync run, max run, rates between")
+    loads.add_argument(
+        "--find-max",
+        metavar="|".join(FIND_KINDS),
+        help="search the largest concurrency or rate meeting every --slo (docs/sweeps.md)",
+    )
     sweep.add_argument("--auto-steps", type=int, default=5)
     sweep.add_argument("--min-ratio", type=float, default=0.8, help="saturated below this")
+    sweep.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="METRIC:PCT:LIMIT",
+        help="find-max: an SLO, e.g. tpot:p99:50 (ms); repeat for several",
+    )
+    sweep.add_argument(
+        "--confidence", type=float, default=0.95, help="find-max: the SLOs' confidence, (0, 1)"
+    )
+    sweep.add_argument("--max-steps", type=int, default=10, help="find-max: probed steps, most")
+    sweep.add_argument("--find-max-start", type=float, default=1.0, help="find-max: first load")
+    sweep.add_argument(
+        "--find-max-limit", type=float, default=1024.0, help="find-max: highest load tried"
+    )
     return {"baseline": cmd_baseline, "compare": cmd_compare, "sweep": cmd_sweep}
 
 
@@ -340,7 +361,13 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
     if ns.no_save:
         raise UsageError("--no-save: a sweep stores its steps; drop --no-save")
     try:
-        if ns.auto:
+        if ns.find_max is not None:
+            plan = SweepPlan(
+                "find-max", (), 5, ns.min_ratio, ns.max_error_rate, find_max_from_args(ns)
+            )
+        elif ns.slo:
+            raise UsageError("--slo: give it with --find-max concurrency|rate")
+        elif ns.auto:
             plan = SweepPlan("auto", (), ns.auto_steps, ns.min_ratio, ns.max_error_rate)
         elif ns.rates:
             plan = SweepPlan("rates", tuple(ns.rates), 5, ns.min_ratio, ns.max_error_rate)
@@ -371,6 +398,35 @@ def cmd_sweep(ns: argparse.Namespace, console: Console) -> int:
     else:
         render_sweep(out.summary, console)
     return 0
+
+
+FLAGS = {
+    "find_max": "--find-max",
+    "slo": "--slo",
+    "confidence": "--confidence",
+    "max_steps": "--max-steps",
+    "find_max_start": "--find-max-start",
+    "find_max_limit": "--find-max-limit",
+}
+
+
+def find_max_from_args(ns: argparse.Namespace) -> Any:
+    """The find-max search of the command line; exit 2 naming the flag when refused."""
+    from app.analysis.slo_search import FindMax, SloError, parse_slo
+
+    try:
+        if not ns.slo:
+            raise SloError("slo", "give at least one, e.g. --slo tpot:p99:50")
+        return FindMax(
+            ns.find_max,
+            tuple(parse_slo(t) for t in ns.slo),
+            ns.confidence,
+            ns.max_steps,
+            ns.find_max_start,
+            ns.find_max_limit,
+        )
+    except SloError as e:
+        raise UsageError(f"{FLAGS.get(e.field, e.field)}: {e.message}") from None
 
 
 def join_sweep_here(sessions: Any, name: str, sweep_id: str, err: Console) -> None:
@@ -409,6 +465,11 @@ def render_sweep(summary: dict[str, Any], console: Console) -> None:
     if summary.get("stop_reason"):
         console.print(f"[yellow]{summary['stop_reason']}[/]")
     console.print(f"max goodput: {summary['max_goodput']['reason']}")
+    fm = summary.get("find_max")
+    if isinstance(fm, dict):
+        for p in fm.get("probes") or []:
+            console.print(f"  {p['load']:g}: {'pass' if p['passes'] else 'fail'} ({p['why']})")
+        console.print(f"[bold]find-max: {fm.get('text')}[/]")
     for n in summary.get("diagnosis") or []:
         console.print(f"note: {n['text']}")
 
@@ -418,7 +479,13 @@ def sweep_body(spec: Any, plan: Any, ns: argparse.Namespace) -> dict[str, Any]:
     from app.cli.worker_cmd import submission_body
 
     body = submission_body(spec, ns.name, getattr(ns, "series", None))
-    if plan.mode == "auto":
+    if plan.find_max is not None:
+        fm = plan.find_max.to_dict()
+        body["find_max"] = {k: fm[k] for k in ("kind", "confidence", "max_steps", "start")} | {
+            "max_load": fm["max_load"],
+            "slos": [s.text for s in plan.find_max.slos],
+        }
+    elif plan.mode == "auto":
         body |= {"auto": True, "auto_steps": plan.auto_steps}
     elif plan.mode == "rates":
         body["rates"] = list(plan.loads)

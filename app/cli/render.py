@@ -12,6 +12,7 @@ from app.analysis.comparability import endpoint_text
 from app.analysis.metric_defs import (
     ITEMS_PER_S,
     ITL,
+    REQUEST_THROUGHPUT,
     TPOT,
     TTFT,
     Metric,
@@ -135,6 +136,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if slos:
         counts.add_row("SLOs (ms)", ", ".join(f"{k} <= {x:g}" for k, x in slos.items()))
     console.print(counts)
+    steady_line = steady_text(report.get("steady"))
+    if steady_line:
+        console.print(steady_line)
     if none_ok:
         console.print("no request succeeded: no latencies to show")
     else:
@@ -161,6 +165,22 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     prof = report.get("profile")
     if prof:
         render_profile(prof, console)
+
+
+def steady_text(block: Any) -> str:
+    """One line on the steady window (``analysis.steady``): where it is and its request
+    throughput beside the whole run's, or why there is none."""
+    if not isinstance(block, dict):
+        return ""
+    w = block.get("window")
+    if not isinstance(w, dict):
+        return f"steady window: none ({block.get('reason')})"
+    sm = block.get("metrics") or {}
+    return (
+        f"steady window: {w['start_s']:.3f}-{w['end_s']:.3f} s ({w['duration_s']:.3f} s, "
+        f"{block.get('requests')} requests started inside); request throughput there "
+        f"{fmt(sm.get(REQUEST_THROUGHPUT.key), 3)} req/s"
+    )
 
 
 def _answer_rows(m: dict[str, Any], spec: dict[str, Any]) -> list[tuple[str, Any, int]]:

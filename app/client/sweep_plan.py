@@ -13,6 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from app.analysis.metric_defs import GOODPUT, OUTPUT_THROUGHPUT, REQUEST_THROUGHPUT, shown
+from app.analysis.metrics import basis, per_request_values
+from app.analysis.slo_search import FindMax, Probe, Search, find_max_of, slo_checks
 from app.analysis.sweep import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_RATIO,
@@ -28,7 +30,8 @@ from app.domain import RunTrace
 I64 = npt.NDArray[np.int64]
 BoolArr = npt.NDArray[np.bool_]
 
-SweepMode = Literal["rates", "concurrencies", "auto"]
+SweepMode = Literal["rates", "concurrencies", "auto", "find-max"]
+F64 = npt.NDArray[np.float64]
 MAX_STEPS = 32
 
 
@@ -39,9 +42,15 @@ class SweepPlan:
     auto_steps: int = 5  # auto: rates between the synchronous and max-throughput runs
     min_ratio: float = DEFAULT_MIN_RATIO
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    find_max: FindMax | None = None  # the find-max mode's search (app.analysis.slo_search)
 
     def __post_init__(self) -> None:
-        if self.mode == "auto":
+        if (self.mode == "find-max") != (self.find_max is not None):
+            raise ValueError("find_max: the find-max mode and its search go together")
+        if self.mode == "find-max":
+            if self.loads:
+                raise ValueError("loads: a find-max sweep chooses its own loads")
+        elif self.mode == "auto":
             if self.loads:
                 raise ValueError("loads: an auto sweep chooses its own loads")
             if not 1 <= self.auto_steps <= MAX_STEPS:
@@ -62,6 +71,8 @@ class SweepPlan:
 
     @property
     def load_kind(self) -> LoadKind:
+        if self.find_max is not None:
+            return self.find_max.kind
         return "concurrency" if self.mode == "concurrencies" else "rate"
 
 
@@ -87,9 +98,18 @@ def step_summary(
     report: dict[str, Any],
     trace: RunTrace,
     run_id: str | None,
+    find_max: FindMax | None = None,
 ) -> StepSummary:
+    values = per_request_values(basis(trace, ci=False)) if find_max is not None else None
     return step_summary_of(
-        index, load, kind, report, (trace.sent_ns, trace.end_ns, trace.ok), run_id
+        index,
+        load,
+        kind,
+        report,
+        (trace.sent_ns, trace.end_ns, trace.ok),
+        run_id,
+        values=values,
+        find_max=find_max,
     )
 
 
@@ -100,10 +120,18 @@ def step_summary_of(
     report: dict[str, Any],
     requests: tuple[I64, I64, BoolArr],
     run_id: str | None,
+    *,
+    values: dict[str, F64] | None = None,
+    find_max: FindMax | None = None,
 ) -> StepSummary:
     """``step_summary`` from the step run's per-request (sent_ns, end_ns, ok) alone (a
-    stored run summary's columns: ``valid`` serves as ``ok``, the rate reads both alike)."""
+    stored run summary's columns: ``valid`` serves as ``ok``, the rate reads both alike).
+    ``find_max``: the step's SLO checks from its per-request ``values`` (ns, by key)."""
     sent_ns, end_ns, ok = requests
+    checks: tuple[dict[str, object], ...] = ()
+    if find_max is not None:
+        valid = ok & (sent_ns >= 0)
+        checks = tuple(slo_checks(values or {}, valid, find_max))
     m = report["metrics"]
     lat = {
         md.key: {p: (m.get(md.key) or {}).get(p) for p in ("p50", "p90", "p99")}
@@ -125,6 +153,7 @@ def step_summary_of(
         error_rate=m.get("error_rate"),
         latency_ms=lat,
         run_id=run_id,
+        slo_checks=checks,
     )
 
 
@@ -141,6 +170,7 @@ def step_dict(s: StepSummary, role: str = "step") -> dict[str, Any]:
         "goodput_rps": s.goodput_rps,
         "error_rate": s.error_rate,
         "latency_ms": {k: dict(v) for k, v in s.latency_ms.items()},
+        "slo_checks": [dict(c) for c in s.slo_checks],
     }
 
 
@@ -158,6 +188,7 @@ def step_from_dict(d: dict[str, Any]) -> StepSummary:
         error_rate=d.get("error_rate"),
         latency_ms=d.get("latency_ms") or {},
         run_id=d.get("run_id"),
+        slo_checks=tuple(dict(c) for c in d.get("slo_checks") or ()),
     )
 
 
@@ -172,11 +203,38 @@ class StepRunner(Protocol):
 def drive(runner: StepRunner, plan: SweepPlan) -> str | None:
     """Run the plan's steps in order through ``runner``; the reason it stopped early, or
     None when every planned step ran."""
+    if plan.find_max is not None:
+        return _find_max(runner, plan, plan.find_max)
     return _auto(runner, plan) if plan.mode == "auto" else _fixed(runner, plan)
 
 
 def planned_steps(plan: SweepPlan) -> int:
+    if plan.find_max is not None:
+        return plan.find_max.max_steps  # at most
     return 2 + plan.auto_steps if plan.mode == "auto" else len(plan.loads)
+
+
+def replay_search(plan: SweepPlan, steps: list[StepSummary]) -> Search | None:
+    """A find-max sweep's search state after ``steps`` (its probed steps, in order), as
+    the driver saw it; None for another mode."""
+    if plan.find_max is None:
+        return None
+    search = Search(plan.find_max, plan.max_error_rate)
+    for s in steps:
+        search.record(probe_of(s))
+    return search
+
+
+def probe_of(s: StepSummary) -> Probe:
+    return Probe(s.load, s.slo_checks, s.request_throughput_rps, s.error_rate, s.run_id)
+
+
+def _find_max(runner: StepRunner, plan: SweepPlan, fm: FindMax) -> str | None:
+    """The SLO capacity search (``app.analysis.slo_search``): each probed load a step."""
+    search = Search(fm, plan.max_error_rate)
+    while (load := search.next_load()) is not None:
+        search.record(probe_of(runner.run(load, fm.kind, "step")))
+    return search.text()
 
 
 def _fixed(runner: StepRunner, plan: SweepPlan) -> str | None:
@@ -209,6 +267,7 @@ def plan_dict(plan: SweepPlan) -> dict[str, Any]:
         "auto_steps": plan.auto_steps,
         "min_ratio": plan.min_ratio,
         "max_error_rate": plan.max_error_rate,
+        "find_max": None if plan.find_max is None else plan.find_max.to_dict(),
     }
 
 
@@ -220,4 +279,5 @@ def plan_of(data: dict[str, Any]) -> SweepPlan:
         int(data.get("auto_steps") or 5),
         float(data.get("min_ratio") or DEFAULT_MIN_RATIO),
         float(data.get("max_error_rate", DEFAULT_MAX_ERROR_RATE)),
+        find_max_of(fm) if isinstance(fm := data.get("find_max"), dict) else None,
     )

@@ -141,6 +141,39 @@ def empty_figure(title: str, reason: str) -> Figure:
     return {"data": [], "layout": layout}
 
 
+def shade_window(fig: Figure, start_s: float, end_s: float, label: str) -> Figure:
+    """``fig`` (a time chart, x in run-relative s) with ``[start_s, end_s]`` shaded behind
+    its traces and named at its top (a rectangle shape: the steady window)."""
+    if not fig.get("data"):
+        return fig  # an empty figure has no time axis
+    layout = fig["layout"]
+    layout.setdefault("shapes", []).append(
+        {
+            "type": "rect",
+            "xref": "x",
+            "yref": "paper",
+            "x0": round(start_s, 6),
+            "x1": round(end_s, 6),
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": "#43a047",
+            "opacity": 0.12,
+            "line": {"width": 0},
+            "layer": "below",
+            "name": label,
+        }
+    )
+    layout.setdefault("annotations", []).append(
+        {
+            **_note(label, y=1.0, yanchor="bottom"),
+            "x": round(start_s, 6),
+            "xref": "x",
+            "xanchor": "left",
+        }
+    )
+    return fig
+
+
 def point_count(fig: Figure) -> int:
     """Total number of x values over a figure's traces (gaps included)."""
     return sum(len(t.get("x") or []) for t in fig["data"])

@@ -34,6 +34,7 @@ from app.figures.phases import phase_breakdown_figure, wait_figures
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 IPos = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+STEADY_SHADED = ("timeline", "throughput")  # the time charts the steady window is shaded on
 POSITION_SORT_LIMIT = 1 << 24  # longest answer (tokens) whose positions are counted, not sorted
 
 
@@ -151,10 +152,12 @@ def run_figures(
     scheduled_ns: I64 | None = None,
     turns: I64 | None = None,
     indexes: I64 | None = None,
+    steady_ns: tuple[int, int] | None = None,
 ) -> RunPlots:
     """All run-page figures. ``scheduled_ns`` and ``turns`` (aligned with the trace; turn
     -1 for a single request) feed the send-lag and queue-wait plots; ``indexes`` are the
-    requests' stored indexes for click-through."""
+    requests' stored indexes for click-through; ``steady_ns``: the run's steady window
+    (``analysis.steady``), shaded on the time charts (timeline, throughput)."""
     b = basis(trace)
     tokens = b.tokens
     figs: dict[str, dict[str, Any]] = {}
@@ -200,4 +203,7 @@ def run_figures(
     figs["ttft_input"] = fg.ttft_input_figure(trace.input_tokens, ttft / TTFT.per_unit)
     figs["phases"] = phase_breakdown_figure(trace, idx)
     figs["send_lag"], figs["queue_wait"] = wait_figures(trace, scheduled_ns, turns)
+    if steady_ns is not None:
+        for key in STEADY_SHADED:
+            fg.shade_window(figs[key], steady_ns[0] / NS_PER_S, steady_ns[1] / NS_PER_S, "steady")
     return RunPlots(figures=figs)

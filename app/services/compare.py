@@ -147,11 +147,39 @@ def _refuse_active(run: dict[str, Any]) -> None:
         )
 
 
+# what a comparison reads of each run: all of it, or its steady window
+BASES = ("run", "steady")
+
+
+def _steady(
+    run: dict[str, Any], report: dict[str, Any], cols: RequestColumns
+) -> tuple[dict[str, Any], npt.NDArray[np.bool_]]:
+    """The report with the steady window's metrics in place of the whole run's (labelled
+    ``basis: steady``) and the requests that start inside the window; 422 naming ``basis``
+    for a run without one."""
+    block = report.get("steady") or {}
+    window = block.get("window")
+    if not isinstance(window, dict):
+        why = block.get("reason") or "not computed"
+        raise Invalid(
+            f"basis: run {run['id']!r} has no steady window ({why})", loc=("query", "basis")
+        )
+    keep = (cols.sent_ns >= int(window["start_ns"])) & (cols.sent_ns <= int(window["end_ns"]))
+    return report | {"metrics": block["metrics"], "basis": "steady"}, keep
+
+
 def load_samples(
-    sessions: sessionmaker[Session], run_id: str, *, sample_max: int = SAMPLE_MAX
+    sessions: sessionmaker[Session],
+    run_id: str,
+    *,
+    sample_max: int = SAMPLE_MAX,
+    basis: str = "run",
 ) -> RunSamples:
     """A finished run's report, bounded latency samples (ms), diagnosis and comparability
-    key, from its stored summary (computed and stored first when missing or stale)."""
+    key, from its stored summary (computed and stored first when missing or stale).
+    ``basis`` "steady": the steady window's figures and the samples of the requests that
+    start inside it (``analysis.steady``); a pooled metric (ITL) has no such samples: not
+    compared there."""
     with session_scope(sessions) as s:
         row = repo.find_run(s, run_id)
         if row is None:
@@ -165,6 +193,11 @@ def load_samples(
     summary = run_summaries.page_summary(sessions, run_id, itl_sample=True)
     report = run_svc.summary_report(run, summary)
     per_request, sent, inp, outp = _request_samples(summary.columns)
+    steady = basis == "steady"
+    if steady:
+        report, keep = _steady(run, report, summary.columns)
+        per_request = {k: v[keep] for k, v in per_request.items()}
+        sent, inp, outp = sent[keep], inp[keep], outp[keep]
     notes = _diagnose(report, per_request, sent, inp, outp, floor_ms, device)
     key = comparability_key(
         run.get("spec") or {},
@@ -177,6 +210,11 @@ def load_samples(
     )
     del sent, inp, outp
     samples, full = _bounded_samples(summary, report, per_request, sample_max)
+    if steady:  # the pooled samples are the whole run's: none for the window
+        for m in latency_metrics():
+            if m.aggregation != "per_request":
+                samples[m.key] = np.zeros(0)
+                full.pop(m.key, None)
     del summary, per_request
     sweep_id = step.sweep_id if step else None
     return RunSamples(run, report, samples, full, key, sweep_id, notes, floor_ms, device)
@@ -380,16 +418,19 @@ def compare_runs(
     alpha: float = 0.01,
     variable: str | None = None,
     seed: int = 0,
+    basis: str = "run",
 ) -> dict[str, Any]:
     """The baseline against each candidate (2 to 6 runs in all): comparability first, then
-    per-metric statistics and verdicts (see ``app.analysis.compare``)."""
+    per-metric statistics and verdicts (see ``app.analysis.compare``); ``basis`` "steady":
+    each run's steady window (``load_samples``)."""
     ids = [baseline_id, *candidate_ids]
     _check_ids(ids)
     _options(threshold_pct, alpha, seed)  # bad options: 422 before any loading
-    runs = [load_samples(sessions, i) for i in ids]
-    return compare_loaded(
+    runs = [load_samples(sessions, i, basis=basis) for i in ids]
+    out = compare_loaded(
         runs, threshold_pct=threshold_pct, alpha=alpha, variable=variable, seed=seed
     )
+    return out | {"basis": basis}
 
 
 def _sweep_steps(sessions: sessionmaker[Session], sweep_id: str) -> dict[float, str]:
@@ -411,8 +452,10 @@ def compare_sweeps(
     threshold_pct: float = 5.0,
     alpha: float = 0.01,
     variable: str | None = None,
+    basis: str = "run",
 ) -> dict[str, Any]:
-    """Step by step at the loads both sweeps ran; steps at other loads are listed, unjudged.
+    """Step by step at the loads both sweeps ran (``basis`` "steady": each step's steady
+    window); steps at other loads are listed, unjudged.
     A step whose baseline or candidate run cannot be trusted is judged and flagged, as run
     comparisons flag such runs: its ``trust_issues`` (run id -> why), ``untrusted`` and the
     comparison's ``untrusted_loads``."""
@@ -422,7 +465,8 @@ def compare_sweeps(
     steps: list[dict[str, Any]] = []
     keys: list[dict[str, Any]] = []
     for i, load in enumerate(common):
-        a, b = load_samples(sessions, base[load]), load_samples(sessions, cand[load])
+        a = load_samples(sessions, base[load], basis=basis)
+        b = load_samples(sessions, cand[load], basis=basis)
         if not keys:
             keys = [a.key, b.key]
         pair = _pair(a, b, CompareOptions(opts.threshold, opts.alpha, seed=i))
@@ -436,6 +480,7 @@ def compare_sweeps(
     verdicts = [s["verdict"] for s in steps]
     return {
         "kind": "sweeps",
+        "basis": basis,
         "baseline": baseline_sweep,
         "candidate": candidate_sweep,
         "threshold_pct": threshold_pct,

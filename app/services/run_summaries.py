@@ -30,6 +30,7 @@ from app.analysis.metric_defs import shown
 from app.analysis.metrics import basis, compute_metrics
 from app.analysis.profiles import ALL_PROFILES, PROFILES, profile_metrics
 from app.analysis.request_columns import RequestColumns, request_columns
+from app.analysis.steady import steady_metrics
 from app.domain import RunTrace
 from app.figures.runs import run_figures
 from app.figures.scriptjson import plotly_json
@@ -43,9 +44,10 @@ from app.storage.interop import ImportInfo
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-SUMMARY_VERSION = 5  # bump when what is stored (or how it is computed) changes (3: send lag
+SUMMARY_VERSION = 6  # bump when what is stored (or how it is computed) changes (3: send lag
 # without the queue wait, the queue-wait figure; 4: cancelled requests apart from failed;
-# 5: per-request values and pooled samples by metric key, from the registry)
+# 5: per-request values and pooled samples by metric key, from the registry; 6: the steady
+# window and its metrics)
 PROFILE_NAMES = PROFILES  # the definition profiles the run page shows
 STORED_PROFILES = ALL_PROFILES  # every profile a summary holds (vllm-legacy too: the API)
 ITL_SAMPLE_MAX = SAMPLE_MAX  # pooled samples kept for comparisons (a seeded subsample past it)
@@ -81,6 +83,8 @@ class RunSummary:
     # samples are None when not read (``decode(itl_sample=False)``)
     sample_counts: dict[str, int] = field(default_factory=dict)
     samples: dict[str, F64] | None = None
+    # the steady window and its metrics without SLOs (``analysis.steady.steady_metrics``)
+    steady: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_requests(self) -> int:
@@ -96,17 +100,21 @@ def summarize(
     profiles: tuple[str, ...] = STORED_PROFILES,
     import_info: ImportInfo | None = None,
     itl_sample_max: int = ITL_SAMPLE_MAX,
+    spec: dict[str, Any] | None = None,
 ) -> RunSummary:
     """The page summary of ``trace`` (pure). ``scheduled_ns`` / ``turns`` / ``indexes``:
     the schedule columns (``run_columns.schedule_columns``) and stored indexes the figures
-    use."""
+    use; ``spec``: the run's spec (the load it asked, for its steady window)."""
     b = basis(trace)
     n = trace.n_requests
+    steady = steady_metrics(trace, spec)
+    window = steady.get("window")
     plots = run_figures(
         trace,
         scheduled_ns=scheduled_ns if n else None,
         turns=turns if n else None,
         indexes=indexes if indexes.shape[0] == n else None,
+        steady_ns=(window["start_ns"], window["end_ns"]) if isinstance(window, dict) else None,
     )
     imported = None
     if import_info is not None:
@@ -132,6 +140,7 @@ def summarize(
         imported=imported,
         sample_counts=counts,
         samples=samples,
+        steady=steady,
     )
 
 
@@ -150,6 +159,7 @@ def encode(summary: RunSummary) -> tuple[bytes, bytes]:
         "n_events": summary.n_events,
         "summary_only": summary.summary_only,
         "sample_counts": summary.sample_counts,
+        "steady": summary.steady,
         "imported": None
         if imp is None
         else {"profile": imp.profile, "window_s": imp.window_s, "metrics": imp.metrics},
@@ -188,6 +198,7 @@ def decode(payload: bytes, columns: bytes, *, itl_sample: bool = False) -> RunSu
         else ImportPart(imp["profile"], imp["window_s"], dict(imp["metrics"])),
         sample_counts={str(k): int(n) for k, n in body["sample_counts"].items()},
         samples=samples if itl_sample else None,
+        steady=dict(body.get("steady") or {}),
     )
 
 
@@ -202,6 +213,7 @@ def compute_summary(
     sched, turns = run_columns.schedule_columns(s, run_id)
     indexes = run_columns.measured_indexes(s, run_id)
     info = interop_repo.get_import(s, run_id)
+    spec = repo.get_run(s, run_id).spec
     return summarize(
         trace,
         scheduled_ns=sched,
@@ -209,6 +221,7 @@ def compute_summary(
         indexes=indexes,
         profiles=profiles,
         import_info=info,
+        spec=spec if isinstance(spec, dict) else None,
     )
 
 

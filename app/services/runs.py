@@ -19,6 +19,7 @@ from app.analysis.metric_defs import headline_cells
 from app.analysis.metrics import compute_metrics, metrics_with_slos, per_request_metrics
 from app.analysis.profiles import profile_metrics
 from app.analysis.server_timing import beside_client
+from app.analysis.steady import steady_metrics, steady_with_slos
 from app.analysis.trust import (
     over_error_bound,
     spec_error_bound,
@@ -258,7 +259,9 @@ def assemble_report(
     block = None
     if profile is not None:
         block = {"name": profile, **profile_metrics(trace, profile).to_dict()}
-    return _compose(run, spec, slos, metrics, block)
+    report = _compose(run, spec, slos, metrics, block)
+    report["steady"] = steady_metrics(trace, spec, slos_ms=slos)
+    return report
 
 
 def summary_report(
@@ -279,7 +282,9 @@ def summary_report(
         if found is None:
             raise ValueError(f"the run's summary has no {profile!r} profile")
         block = {"name": profile, **found}
-    return _compose(run, spec, slos, metrics, block)
+    report = _compose(run, spec, slos, metrics, block)
+    report["steady"] = steady_with_slos(summary.steady, c.sent_ns, c.values, c.valid, slos)
+    return report
 
 
 def _compose(

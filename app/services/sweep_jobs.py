@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.slo_search import FindMax, find_max_of
 from app.analysis.sweep import LoadKind
 from app.client import sweep_plan
 from app.client.spec import RunSpec
@@ -86,6 +87,7 @@ def create_sweep_job(
         loads=list(plan.loads),
         name=name,
         status="queued",
+        find_max=None if plan.find_max is None else plan.find_max.to_dict(),
     )
     job_spec: dict[str, Any] = {
         "sweep_id": sweep_id,
@@ -105,6 +107,13 @@ def create_sweep_job(
     )
     compare_repo.update_sweep(session, sweep_id, job_id=job.id)
     return sweep_id, job.id
+
+
+def _find_max(job: Job) -> FindMax | None:
+    """The find-max search of a sweep job's plan, else None."""
+    plan = (job.spec or {}).get("plan")
+    fm = plan.get("find_max") if isinstance(plan, dict) else None
+    return find_max_of(fm) if isinstance(fm, dict) else None
 
 
 def _sweep_id(job: Job) -> str:
@@ -286,11 +295,18 @@ class _StepRow:
     role: str
 
 
-def _summary(sessions: sessionmaker[Session], step: _StepRow, report: dict[str, Any]) -> Any:
+def _summary(
+    sessions: sessionmaker[Session],
+    step: _StepRow,
+    report: dict[str, Any],
+    find_max: FindMax | None = None,
+) -> Any:
     with session_scope(sessions) as s:
         trace = repo.load_trace(s, step.run_id)
     load = math.inf if step.load < 0 else step.load
-    summ = sweep_plan.step_summary(step.step_idx, load, step.load_kind, report, trace, step.run_id)
+    summ = sweep_plan.step_summary(
+        step.step_idx, load, step.load_kind, report, trace, step.run_id, find_max
+    )
     return json_safe(sweep_plan.step_dict(summ, step.role))
 
 
@@ -333,7 +349,7 @@ def complete_step(
         status = run.status.value
         session.commit()
         report = run_report(sessions, step.run_id)
-        summary = _summary(sessions, step, report)
+        summary = _summary(sessions, step, report, _find_max(job))
         _record_completed(sessions, step_id, req, summary)
         return StepCompleted(run_id=step.run_id, step_idx=step_idx, status=status, summary=summary)
     missing = missing_batches(session, job, req.total_batches)
@@ -370,7 +386,7 @@ def complete_step(
         extra_notes=outcome.notes or None,
         lost_requests=outcome.lost,
     )
-    summary = _summary(sessions, step, report)
+    summary = _summary(sessions, step, report, _find_max(job))
     _record_completed(sessions, step_id, req, summary)
     return StepCompleted(
         run_id=step.run_id, step_idx=step_idx, status=outcome.run_status.value, summary=summary

@@ -13,7 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis import diagnosis
 from app.analysis.metric_defs import TPOT
+from app.analysis.slo_search import FindMax, Search, find_max_of
 from app.analysis.sweep import (
+    DEFAULT_MAX_ERROR_RATE,
     LoadKind,
     StepSummary,
     max_goodput,
@@ -23,6 +25,7 @@ from app.client.spec import RunSpec
 from app.client.sweep_plan import (
     SweepPlan,
     drive,
+    probe_of,
     step_dict,
     step_label,
     step_spec,
@@ -56,7 +59,9 @@ class _Runner:
         sweep_id: str,
         name: str,
         on_step: StepCallback | None,
+        find_max: FindMax | None = None,
     ) -> None:
+        self.find_max = find_max
         self.sessions = sessions
         self.spec = spec
         self.sweep_id = sweep_id
@@ -84,7 +89,7 @@ class _Runner:
                 role=role,
             )
             trace = repo.load_trace(s, out.run_id)
-        return step_summary(idx, load, kind, out.report, trace, out.run_id)
+        return step_summary(idx, load, kind, out.report, trace, out.run_id, self.find_max)
 
     def set_loads(self, loads: list[float]) -> None:
         with session_scope(self.sessions) as s:
@@ -102,9 +107,14 @@ def execute_sweep(
     """Run every step here (stopping early at saturation) and store the sweep."""
     with session_scope(sessions) as s:
         sweep_id = compare_repo.create_sweep(
-            s, spec=spec.model_dump(mode="json"), mode=plan.mode, loads=list(plan.loads), name=name
+            s,
+            spec=spec.model_dump(mode="json"),
+            mode=plan.mode,
+            loads=list(plan.loads),
+            name=name,
+            find_max=None if plan.find_max is None else plan.find_max.to_dict(),
         )
-    runner = _Runner(sessions, spec, sweep_id, name or f"sweep {sweep_id}", on_step)
+    runner = _Runner(sessions, spec, sweep_id, name or f"sweep {sweep_id}", on_step, plan.find_max)
     status, stop = "succeeded", None
     try:
         stop = drive(runner, plan)
@@ -120,12 +130,19 @@ def execute_sweep(
 
 
 def sweep_summary(
-    sessions: sessionmaker[Session], sweep_id: str, *, slos_ms: dict[str, float] | None = None
+    sessions: sessionmaker[Session],
+    sweep_id: str,
+    *,
+    slos_ms: dict[str, float] | None = None,
+    steady: bool = False,
 ) -> dict[str, Any]:
     """The sweep, its steps (from each step run's report), max goodput and diagnosis. A
     finished step is read from its stored run summary (no event decoded). ``slos_ms`` (p99
     limits by ``ttft``/``tpot``/``e2el``) replace the sweep's own goodput SLOs for max
-    goodput (``{}``: none); None keeps the spec's."""
+    goodput (``{}``: none); None keeps the spec's. ``steady``: each step's figures over its
+    run's steady window (``analysis.steady``: the requests started inside it; a step
+    without one keeps its whole run's and says so in ``steady_missing``); the summary says
+    ``basis: steady``."""
     with session_scope(sessions) as s:
         sweep = compare_repo.find_sweep(s, sweep_id)
         if sweep is None:
@@ -144,6 +161,7 @@ def sweep_summary(
             "tags": list(sweep.tags or []),
             "note": sweep.note,
         }
+        fm_data = sweep.find_max
         rows = [
             (st.step_idx, st.run_id, st.load, st.load_kind, st.role, st.attempt)
             for st in compare_repo.sweep_steps(s, sweep_id)
@@ -153,6 +171,8 @@ def sweep_summary(
     out_steps: list[dict[str, Any]] = []
     floors: dict[str, tuple[float | None, str]] = {}
     resumed: dict[int, int] = {}  # job attempt >= 2 -> the first step it ran
+    fm = find_max_of(fm_data) if isinstance(fm_data, dict) else None
+    missing: list[int] = []  # steps without a steady window (steady basis)
     for idx, run_id, load, kind, role, attempt in rows:
         if attempt > 1:
             resumed.setdefault(attempt, idx)
@@ -169,7 +189,25 @@ def sweep_summary(
         real_load = math.inf if load < 0 else load
         c = summary.columns
         requests = (c.sent_ns, c.end_ns, c.valid)
-        summ = step_summary_of(idx, real_load, kind, report, requests, run_id)  # type: ignore[arg-type]
+        values = c.values
+        window = (report.get("steady") or {}).get("window") if steady else None
+        if isinstance(window, dict):
+            keep = (c.sent_ns >= window["start_ns"]) & (c.sent_ns <= window["end_ns"])
+            report = report | {"metrics": report["steady"]["metrics"]}
+            requests = (c.sent_ns[keep], c.end_ns[keep], c.valid[keep])
+            values = {k: v[keep] for k, v in values.items()}
+        elif steady:
+            missing.append(idx)
+        summ = step_summary_of(
+            idx,
+            real_load,
+            kind,  # type: ignore[arg-type]
+            report,
+            requests,
+            run_id,
+            values=values if fm is not None else None,
+            find_max=fm,
+        )
         out_steps.append(
             step_dict(summ, role) | {"status": str(run.get("status")), "attempt": attempt}
         )
@@ -180,7 +218,14 @@ def sweep_summary(
             steps.append(summ)
     slos = dict((info["spec"] or {}).get("goodput") or {}) if slos_ms is None else dict(slos_ms)
     best = max_goodput(steps, slos, untrusted=untrusted)
+    if fm is not None:  # the search replayed on the stored steps: the answer so far
+        search = Search(fm, DEFAULT_MAX_ERROR_RATE)
+        for st in steps:
+            search.record(probe_of(st))
+        info["find_max"] = {"config": fm.to_dict(), **search.answer(), "text": search.text()}
     info.update(
+        basis="steady" if steady else "run",
+        steady_missing=missing,
         steps=out_steps,
         notes=[
             f"resumed after the worker was lost at step {idx} (attempt {attempt})"

@@ -35,6 +35,7 @@ def create_sweep(
     name: str | None = None,
     status: str = "running",
     job_id: str | None = None,
+    find_max: dict[str, Any] | None = None,
 ) -> str:
     sweep = Sweep(
         id=new_sweep_id(),
@@ -45,6 +46,7 @@ def create_sweep(
         status=status,
         job_id=job_id,
         created_at=utcnow(),
+        find_max=find_max,
     )
     session.add(sweep)
     session.flush()

@@ -6,7 +6,7 @@ once from its stored summary with bounded samples (``app.services.compare``); mo
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Query, Request
@@ -92,7 +92,7 @@ def _warnings(rs: compare_svc.RunSamples) -> list[Issue]:
 
 def _runs_context(
     request: Request, wanted: list[str], threshold_pct: float, alpha: float,
-    variable: str | None, baseline: str | None, base: str | None = None,
+    variable: str | None, baseline: str | None, base: str | None = None, basis: str = "run",
 ) -> dict[str, Any]:  # fmt: skip
     sessions = sessions_of(request)
     missing: list[str] = []
@@ -116,7 +116,7 @@ def _runs_context(
     loaded = []
     for rid in wanted:
         try:
-            loaded.append(compare_svc.load_samples(sessions, rid))
+            loaded.append(compare_svc.load_samples(sessions, rid, basis=basis))
         except NotFound:
             missing.append(rid)
     ctx: dict[str, Any] = {"missing": missing, "baseline_note": base_note, "result": None}
@@ -159,9 +159,11 @@ async def compare_page(
     threshold_pct: Annotated[float, Query(ge=0, le=1000)] = 5.0,
     alpha: Annotated[float, Query(gt=0, lt=1)] = 0.01,
     variable: str | None = None,
+    basis: Literal["run", "steady"] = "run",
 ) -> Response:
     """Statistical comparison of runs or of sweeps. The baseline: ``base`` (a run or sweep
-    the user picked), a saved ``baseline`` (by name), else the oldest of them."""
+    the user picked), a saved ``baseline`` (by name), else the oldest of them. ``basis``
+    "steady": each run's (each step's) steady window."""
     principal, redirect = read_gate(request)
     if redirect is not None:
         return redirect
@@ -178,13 +180,14 @@ async def compare_page(
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
                 lambda: _sweeps_context(
-                    request, sweep_ids, threshold_pct, alpha, variable, base or None, baseline
+                    request, sweep_ids, threshold_pct, alpha, variable, base or None, baseline,
+                    basis=basis,
                 )
             )
         else:
             ctx = await anyio.to_thread.run_sync(
                 lambda: _runs_context(
-                    request, wanted, threshold_pct, alpha, variable, baseline, base or None
+                    request, wanted, threshold_pct, alpha, variable, baseline, base or None, basis
                 )
             )
     except (Invalid, Conflict) as e:
@@ -211,6 +214,10 @@ async def compare_page(
         threshold_pct=threshold_pct,
         alpha=alpha,
         variable=variable,
+        basis=basis,
+        basis_toggle=str(
+            request.url.include_query_params(basis="run" if basis == "steady" else "steady")
+        ),
         key_fields=KEY_FIELDS,
         metric_labels=compare_svc.latency_labels(),
     )
@@ -220,6 +227,7 @@ async def compare_page(
 def _sweeps_context(
     request: Request, sweep_ids: list[str], threshold_pct: float, alpha: float,
     variable: str | None, base: str | None = None, baseline: str | None = None,
+    basis: str = "run",
 ) -> dict[str, Any]:  # fmt: skip
     """The sweeps' curves on shared charts and, for two or more, the baseline (``base``, a
     sweep the user picked, or a saved sweep ``baseline`` by name, else the oldest:
@@ -239,7 +247,7 @@ def _sweeps_context(
     summaries, missing = [], []
     for sid in sweep_ids:
         try:
-            summ = sweep_svc.sweep_summary(sessions, sid)
+            summ = sweep_svc.sweep_summary(sessions, sid, steady=basis == "steady")
         except NotFound:
             missing.append(sid)
             continue
@@ -262,7 +270,7 @@ def _sweeps_context(
         json_safe(
             compare_svc.compare_sweeps(
                 sessions, base_id, other, threshold_pct=threshold_pct, alpha=alpha,
-                variable=variable,
+                variable=variable, basis=basis,
             )
         )
         for other in others

@@ -20,7 +20,7 @@ from app.storage import jobs as job_repo
 from app.storage import probes as probe_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web import runs_live, runs_view
+from app.web import runs_live, runs_steady, runs_view
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +170,7 @@ def run_context(
         "has_data": bool(requests.get("completed_ok")),
         "client_health": client_health(report),
         "rows": runs_view.metric_rows(report),
+        "steady": runs_steady.steady_view(report),
         "pcts": runs_view.PCTS,
         "profile": profile,
         "profiles": runs_view.PROFILE_LABELS,

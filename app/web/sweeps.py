@@ -106,7 +106,9 @@ async def render_sweep_page(
     slos, slo_errors = runs_view.parse_slos(query)
     try:
         summ = await anyio.to_thread.run_sync(
-            lambda: sweep_svc.sweep_summary(sessions_of(request), sweep_id, slos_ms=slos)
+            lambda: sweep_svc.sweep_summary(
+                sessions_of(request), sweep_id, slos_ms=slos, steady=query.get("steady") == "1"
+            )
         )
     except NotFound:
         raise HTTPException(404, f"no sweep with id {sweep_id!r}") from None

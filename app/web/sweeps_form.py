@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.analysis.metric_defs import slo_metrics
+from app.analysis.slo_search import DEFAULT_CONFIDENCE, DEFAULT_MAX_STEPS, FIND_KINDS
 from app.api.routes_sweeps import SweepCreate
 from app.client.sweep_plan import MAX_STEPS, SweepPlan
 from app.services.errors import ServiceError
@@ -16,7 +18,15 @@ from app.settings import Settings
 from app.web import launch_form
 from app.web.launch_form import FormField
 
-MODES = ("rates", "concurrencies", "auto")
+MODES = ("rates", "concurrencies", "auto", "find-max")
+# the find-max fields and the API's find_max field each fills
+FIND_MAX_FIELDS = {
+    "find_max_kind": "kind",
+    "slos": "slos",
+    "confidence": "confidence",
+    "max_steps": "max_steps",
+}
+_FORM_OF_FIND_MAX = {v: k for k, v in FIND_MAX_FIELDS.items()}
 # each step sets its own request rate (or concurrency), so the run form's rate is left out
 _BASE = tuple(f for f in launch_form.FIELDS if f.name != "request_rate")
 SWEEP_FIELDS: tuple[FormField, ...] = (
@@ -27,7 +37,7 @@ SWEEP_FIELDS: tuple[FormField, ...] = (
         choices=MODES,
         help="rates: one step per request rate; concurrencies: one per number of requests "
         "in flight (all sent at once); auto: a synchronous and a max-throughput run, then "
-        "rates between them",
+        "rates between them; find-max: the largest load meeting the SLOs below (bisection)",
         group="Sweep",
     ),
     FormField(
@@ -39,6 +49,31 @@ SWEEP_FIELDS: tuple[FormField, ...] = (
     ),
     FormField(
         "auto_steps", "Auto steps", "number", help="auto: rates between the two runs", group="Sweep"
+    ),
+    FormField(
+        "find_max_kind",
+        "Find max of",
+        "select",
+        choices=FIND_KINDS,
+        help="find-max: search the largest concurrency or request rate",
+        group="Sweep",
+    ),
+    FormField(
+        "slos",
+        "SLOs",
+        help="find-max: METRIC:PCT:LIMIT (ms), comma-separated, e.g. ttft:p99:500, tpot:p99:50 "
+        f"(metrics: {', '.join(slo_metrics())})",
+        group="Sweep",
+    ),
+    FormField(
+        "confidence",
+        "Confidence",
+        "number",
+        help="find-max: each SLO must hold with this confidence, in (0, 1)",
+        group="Sweep",
+    ),
+    FormField(
+        "max_steps", "Max steps", "number", help="find-max: probed steps, at most", group="Sweep"
     ),
     FormField(
         "min_ratio",
@@ -63,6 +98,10 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
         "loads": "",
         "auto_steps": str(sweep["auto_steps"].default),
         "min_ratio": f"{sweep['min_ratio'].default:g}",
+        "find_max_kind": "concurrency",
+        "slos": "",
+        "confidence": f"{DEFAULT_CONFIDENCE:g}",
+        "max_steps": str(DEFAULT_MAX_STEPS),
     }
     return out
 
@@ -82,9 +121,19 @@ def values_from_sweep(
     out = launch_form.values_from_spec(spec, name, settings)
     out.pop("request_rate", None)
     defaults_ = defaults(settings)
-    out |= {k: defaults_[k] for k in ("auto_steps", "min_ratio")}
+    out |= {k: defaults_[k] for k in ("auto_steps", "min_ratio", *FIND_MAX_FIELDS)}
+    fm = plan.get("find_max") if plan else None
+    if isinstance(fm, dict):
+        out["find_max_kind"] = str(fm.get("kind") or "concurrency")
+        out["slos"] = ", ".join(
+            f"{s['metric']}:p{s['pct']:g}:{s['limit_ms']:g}" for s in fm.get("slos") or []
+        )
+        out["confidence"] = f"{fm.get('confidence', DEFAULT_CONFIDENCE):g}"
+        out["max_steps"] = str(fm.get("max_steps", DEFAULT_MAX_STEPS))
     out["sweep_mode"] = mode if mode in MODES else "rates"
-    out["loads"] = "" if mode == "auto" else ", ".join(f"{x:g}" for x in loads if x > 0)
+    out["loads"] = (
+        "" if mode in ("auto", "find-max") else ", ".join(f"{x:g}" for x in loads if x > 0)
+    )
     for key in ("auto_steps", "min_ratio"):
         if plan and plan.get(key) is not None:
             out[key] = f"{plan[key]:g}" if isinstance(plan[key], float) else str(plan[key])
@@ -97,11 +146,13 @@ def values_from_sweep(
 
 def _field_of(loc: tuple[Any, ...], msg: str) -> str | None:
     head = str(loc[0]) if loc else ""
+    if head == "find_max":
+        return _FORM_OF_FIND_MAX.get(str(loc[1]) if len(loc) > 1 else "kind", "slos")
     if head in ("rates", "concurrencies"):
         return "loads"
     if head in ("auto_steps", "min_ratio"):
         return head
-    if "exactly one of rates, concurrencies or auto" in msg:
+    if "exactly one of rates, concurrencies, auto or find_max" in msg:
         return "sweep_mode"
     return None
 
@@ -118,6 +169,18 @@ def parse(form: dict[str, str]) -> tuple[tuple[SweepCreate, SweepPlan] | None, d
         body["auto"] = True
         if raw_loads:
             errors["loads"] = "an auto sweep chooses its own loads: leave this blank"
+    elif mode == "find-max":
+        if raw_loads:
+            errors["loads"] = "a find-max sweep chooses its own loads: leave this blank"
+        slos = [x for x in re.split(r"[,\s]+", (form.get("slos") or "").strip()) if x]
+        if not slos:
+            errors["slos"] = "give at least one SLO, e.g. tpot:p99:50"
+        fm: dict[str, Any] = {"kind": (form.get("find_max_kind") or "").strip(), "slos": slos}
+        for key in ("confidence", "max_steps"):
+            raw = (form.get(key) or "").strip()
+            if raw:
+                fm[key] = raw
+        body["find_max"] = fm
     elif not raw_loads:
         errors["loads"] = f"give 1 to {MAX_STEPS} {mode}, e.g. 2, 4, 8"
     else:
@@ -137,6 +200,9 @@ def parse(form: dict[str, str]) -> tuple[tuple[SweepCreate, SweepPlan] | None, d
         plan = created.plan()
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "loads"
+        if e.loc and len(e.loc) > 2 and e.loc[1] == "find_max":
+            field = _FORM_OF_FIND_MAX.get(field, "slos")
+            return None, {field: e.detail.split(": ", 1)[-1]}
         if field in ("rates", "concurrencies") or field not in _FIELD_NAMES:
             field = "loads"
         if field in ("loads", "auto_steps"):  # their own message, less the API's field name

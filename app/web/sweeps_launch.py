@@ -149,6 +149,8 @@ def sweep_launch_page(request: Request, again: str | None = None) -> Response:
             if sweep is not None and sweep.spec:
                 job = job_repo.get_job(s, sweep.job_id) if sweep.job_id else None
                 plan = (job.spec or {}).get("plan") if job is not None else None
+                if not isinstance(plan, dict) and sweep.find_max:  # a find-max sweep run here
+                    plan = {"find_max": dict(sweep.find_max)}
                 values = sweep_form.values_from_sweep(
                     dict(sweep.spec),
                     str(sweep.mode),
