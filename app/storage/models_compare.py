@@ -45,7 +45,7 @@ class Sweep(Base):
     job_id: Mapped[str | None] = mapped_column(String(32))
     tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")  # 0016
     note: Mapped[str | None] = mapped_column(Text)  # 0016
-    # a find-max sweep's search (slo_search.FindMax.to_dict), else None (0021)
+    # a find-max sweep's search (slo_search.FindMax.to_dict), else None (0020)
     find_max: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (Index("ix_sweeps_created_at", "created_at"),)

@@ -2,8 +2,8 @@
 as JSON: the load kind, its SLOs, the confidence, the step budget and the load range);
 NULL for every other sweep. The answer is recomputed from the steps when read.
 
-Revision ID: 0021
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 Create Date: 2027-05-01
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0021"
-down_revision: str | None = "0018"
+revision: str = "0020"
+down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
