@@ -39,10 +39,60 @@ def _pg_base_url() -> URL:
     return url
 
 
+# Tests whose assertions are about time (a client's own lag, a fidelity bound, a deadline
+# against a stall) or that load every core themselves (a real model, the CPU probes): marked
+# ``serial``, they run after the parallel pass with nothing else on the machine (Makefile:
+# ``make pytest``). A module name marks the whole module; ``module::test`` one test (every
+# parametrization).
+SERIAL: frozenset[str] = frozenset(
+    {
+        "test_realmodel",
+        "test_realmodel_responses",
+        "test_probes_cpu",
+        "test_sched",
+        "test_tls_client",
+        "test_keepalive",
+        "test_trust",
+        "test_target_faults",
+        "test_turn_wire_order",
+        "test_server_timing",
+        "test_worker_faults",
+        "test_sweeps_baselines",
+        "test_series_cli",
+        "test_cancelled_runs",
+        "test_workload_traces",
+        "test_queue_wait",
+        "test_shards_run",
+        "test_client::test_run_load_constant_rate_send_lag_small",
+        "test_client::test_run_load_max_duration_cancels_and_keeps_measurements",
+        "test_interop_service::test_server_metrics_scraped_during_a_local_run",
+        "test_sessions::test_next_turn_after_reply_end_plus_think_time",
+        "test_sessions::test_stop_during_think_time_ends_the_run",
+        "test_simulator::test_ttft_and_itl_follow_the_model",
+        "test_simulator::test_metrics_parse_and_count",
+        "test_simulator::test_300_concurrent_streams_in_a_separate_process",
+        "test_ssrf::test_scraper_keeps_a_status_line_not_the_body",
+        "test_sweep_jobs::test_lost_sweep_is_requeued_and_resumed_over_the_protocol",
+        "test_sweep_jobs::test_sweep_resumes_after_its_worker_is_killed",
+        "test_sweep_jobs::test_auto_sweep_resumed_chooses_the_same_loads",
+        "test_sweep_jobs::test_sweep_job_stops_early_at_saturation",
+        "test_web_finish_job::test_sweep_slo_form_finds_max_goodput_as_recomputed",
+        "test_worker::test_cancel_via_api_reaches_the_worker",
+        "test_worker_protocol::test_cancel_at_heartbeat_keeps_measured_data",
+        "test_find_max_sweep",
+        "test_steady_runs",
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "pg_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+        module = item.path.stem
+        name = getattr(item, "originalname", item.name)
+        if module in SERIAL or f"{module}::{name}" in SERIAL:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")

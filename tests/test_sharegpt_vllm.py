@@ -198,7 +198,7 @@ def test_packaged_file_first_1000_prompts_are_vllms_for_several_seeds(
     two_turns = [e for e in entries if len(e["conversations"]) >= 2]
     gpt_first = sum(e["conversations"][0]["from"] != "human" for e in two_turns)
     assert 0.3 < gpt_first / len(two_turns) < 0.4  # the 36%: the rule matters
-    for seed in (0, 1, 2, 42):
+    for seed in (0, 42):
         want = vllm_sample(entries, builtin_tokens, 1000, seed)
         got = ours(None, 1000, seed, TOK)
         assert len(got) == 1000 and got == want, seed  # every prompt and both lengths
