@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,12 +157,25 @@ def pg_url(_pg_database: URL | str) -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file migrated to head per test session (per xdist worker), copied for each
+    test: the same bytes Alembic would write, without running every migration each time
+    (tests/test_migrations_walk.py runs them)."""
+    path = tmp_path_factory.mktemp("template") / "tokentrace.db"
+    upgrade_database(f"sqlite:///{path}")
+    for extra in ("-wal", "-shm", "-journal"):
+        assert not path.with_name(path.name + extra).exists(), "template not checkpointed"
+    return path
+
+
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
+def sqlite_url(tmp_path: Path, _sqlite_template: Path) -> str:
     """A fresh SQLite database file, migrated to head."""
-    url = f"sqlite:///{tmp_path / 'db' / 'tokentrace.db'}"
-    upgrade_database(url)
-    return url
+    path = tmp_path / "db" / "tokentrace.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
