@@ -212,8 +212,8 @@ def test_anthropic_headers_events_and_usage() -> None:
         kinds = [EventKind(k) for k in r.event_kind.tolist()]
         assert kinds == [
             EventKind.ROLE, EventKind.ROLE, EventKind.REASONING, EventKind.ROLE, EventKind.ROLE,
-            EventKind.CONTENT, EventKind.ROLE, EventKind.CONTENT, EventKind.USAGE, EventKind.ROLE,
-        ]  # fmt: skip
+            EventKind.CONTENT, EventKind.ROLE, EventKind.TOOL_CALL, EventKind.USAGE, EventKind.ROLE,
+        ]  # fmt: skip  # input_json_delta: a tool call's arguments (TTFTC)
         # the prompt: input_tokens + the cache's reads; the output: message_delta's
         assert (r.usage_prompt_tokens, r.input_tokens, r.cached_prompt_tokens) == (7, 7, 2)
         assert r.output_tokens == r.usage_completion_tokens == 9 and r.token_source == "usage"
@@ -259,6 +259,26 @@ def test_responses_events_and_usage() -> None:
             EventKind.ROLE, EventKind.CONTENT, EventKind.USAGE,
         ]  # fmt: skip
         assert (r.input_tokens, r.cached_prompt_tokens, r.output_tokens) == (4, 3, 6)
+
+
+def test_a_responses_function_call_is_tool_call_output() -> None:
+    """``response.function_call_arguments.delta`` is a tool call's arguments: output
+    (TOOL_CALL, as chat's ``delta.tool_calls``), so the request has a TTFTC."""
+    stream = (
+        RESPONSES_STREAM[0],
+        {"type": "response.function_call_arguments.delta", "delta": "{\"city\""},
+        {"type": "response.function_call_arguments.delta", "delta": ": \"Oslo\"}"},
+        RESPONSES_STREAM[-1],
+    )
+
+    async def go() -> Any:
+        async with Server(streaming(stream)) as srv:
+            return await run_load(spec("responses", base_url=srv.url, num_prompts=1), run_tag="f")
+
+    (r,) = run(go()).records
+    assert r.status is RequestStatus.OK, r.error
+    kinds = [EventKind(k) for k in r.event_kind.tolist()]
+    assert kinds == [EventKind.ROLE, EventKind.TOOL_CALL, EventKind.TOOL_CALL, EventKind.USAGE]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """TTFTC, time to first tool call: the first tool-call delta of a request's answer
-(``delta.tool_calls[]``: the function's name or argument text, ``EventKind.TOOL_CALL``) -
+(``delta.tool_calls[]``: the function's name or argument text; Responses'
+``response.function_call_arguments.delta``; Anthropic's ``input_json_delta``:
+``EventKind.TOOL_CALL``) -
 the request's send, one sample per successful request that called a tool. Beside TTFT (the
 first token-bearing event of any kind); stored per request in ``requests.metric_values``
 (no column). A run without any tool call has no samples ("no tool calls in this run")."""
@@ -37,5 +39,5 @@ TTFTC = Metric(
     # the run page's table (its figures and comparisons would hold no samples on the runs
     # without tool calls); the report, the CLI and the exports show every metric
     views=frozenset(("page",)),
-    surfaces=frozenset(("chat",)),
+    surfaces=frozenset(("chat", "responses", "anthropic-messages")),
 )

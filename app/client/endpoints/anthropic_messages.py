@@ -15,7 +15,7 @@ Its stream's events are JSON objects with a ``type``: ``message_start`` (its
 ``cache_creation_input_tokens`` added, the cache reads being the cached prompt tokens),
 ``content_block_start``/``_stop``, ``content_block_delta`` whose ``delta`` is a
 ``text_delta`` (output text: CONTENT), a ``thinking_delta`` (REASONING) or an
-``input_json_delta`` (a tool call's arguments: CONTENT), ``message_delta`` (its
+``input_json_delta`` (a tool call's arguments: TOOL_CALL), ``message_delta`` (its
 ``usage.output_tokens``: the output, thinking included), ``message_stop``, ``ping`` and
 ``error`` (fails the request with its message). TTFT is the first text, thinking or tool
 delta, TTFOT the first text, as for chat. A non-streaming answer is one ``"type":
@@ -40,7 +40,7 @@ from app.domain import EventKind
 _TOKEN_DELTAS = {
     "text_delta": ("text", EventKind.CONTENT),
     "thinking_delta": ("thinking", EventKind.REASONING),
-    "input_json_delta": ("partial_json", EventKind.CONTENT),
+    "input_json_delta": ("partial_json", EventKind.TOOL_CALL),
 }
 _OF_SHAPE = {"content_block_start", "content_block_stop", "message_stop", "ping"}
 

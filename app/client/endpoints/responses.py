@@ -9,8 +9,8 @@ history, as a message list: ``system``/``developer``/``user``/``assistant`` role
 refuse unknown fields; give them in ``extra_body`` for a server that takes them).
 
 Its stream's events are JSON objects with a ``type``: ``response.output_text.delta``
-carries output text (CONTENT; so does ``response.function_call_arguments.delta``, a tool
-call's arguments), ``response.reasoning_text.delta`` and
+carries output text (CONTENT; ``response.function_call_arguments.delta``, a tool
+call's arguments, is TOOL_CALL: output too), ``response.reasoning_text.delta`` and
 ``response.reasoning_summary_text.delta`` carry reasoning (REASONING): TTFT is the first of
 either, TTFOT the first output text, as for chat. ``response.completed`` (or
 ``response.incomplete``: cut at ``max_output_tokens``) carries the usage: ``input_tokens``,
@@ -127,7 +127,12 @@ def classify(data: bytes | None) -> Classified:
         delta = obj.get("delta")
         if not isinstance(delta, str) or not delta:
             return Classified(EventKind.ROLE, "", None, None)
-        token = EventKind.CONTENT if kind in OUTPUT_DELTAS else EventKind.REASONING
+        if kind == "response.function_call_arguments.delta":
+            token = EventKind.TOOL_CALL  # a tool call's arguments: output (TTFTC)
+        elif kind in OUTPUT_DELTAS:
+            token = EventKind.CONTENT
+        else:
+            token = EventKind.REASONING
         return Classified(token, delta, None, None)
     if kind in FINAL:
         response = obj.get("response")
