@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from app.storage import jsonsafe
 
@@ -146,7 +149,32 @@ def upgrade_database(url: str | URL, revision: str = "heads") -> None:
         path = _sqlite_file(u)
         if path is not None:
             path.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if revision == "heads" and _at_heads(u):
+        return  # nothing to run: every command that opens the database calls this first
     command.upgrade(alembic_config(url), revision)
+
+
+@functools.cache
+def _script_heads(directory: Path) -> frozenset[str]:
+    """The migration scripts' heads, read once per process (the scripts are the install's)."""
+    from alembic.script import ScriptDirectory
+
+    return frozenset(ScriptDirectory(str(directory)).get_heads())
+
+
+def _at_heads(url: URL) -> bool:
+    """The database's recorded revisions are exactly the scripts' heads (False on any doubt:
+    no version table yet, an unreadable database; Alembic then does the real work)."""
+    heads = _script_heads(migrations_dir())
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
+            return frozenset(str(r) for r in rows) == heads
+    except SQLAlchemyError:
+        return False
+    finally:
+        engine.dispose()
 
 
 def downgrade_database(url: str | URL, revision: str = "base") -> None:
