@@ -147,7 +147,20 @@ class Console:
             self.errors.append(msg.text)
 
     def problems(self) -> list[str]:
-        csp = self._page.evaluate("() => window.__csp || []")
+        """The errors so far, and the current document's CSP violations (a page that
+        navigates while they are read is read again: its new document)."""
+        from playwright.sync_api import Error
+
+        for _ in range(20):
+            try:
+                csp = self._page.evaluate("() => window.__csp || []")
+                break
+            except Error as e:
+                if "context was destroyed" not in str(e) and "navigat" not in str(e):
+                    raise
+                self._page.wait_for_load_state()
+        else:
+            raise AssertionError("the page kept navigating: its CSP violations unread")
         return self.errors + [f"CSP violation: {v}" for v in csp]
 
 

@@ -64,6 +64,8 @@ SERIAL: frozenset[str] = frozenset(
         "test_workload_traces",
         "test_queue_wait",
         "test_shards_run",
+        "test_browser_compare",  # a regression measured on the simulator, then shown
+        "test_serve_signals",  # a stopped server's ports are free (no other test took them)
         "test_client::test_run_load_constant_rate_send_lag_small",
         "test_client::test_run_load_max_duration_cancels_and_keeps_measurements",
         "test_interop_service::test_server_metrics_scraped_during_a_local_run",

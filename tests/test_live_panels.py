@@ -183,8 +183,9 @@ def test_live_panels_update_in_place_in_chromium(
     srv = DashboardServer(sqlite_url, tmp_path / "s.log", local_worker=True)
     token = make_token(sqlite_url, "run")
     try:
+        # ~30 s: still live when the test ends, however slowly the browser starts
         body = {"base_url": sim.base_url, "model": "tokentrace-sim", "input_len": 8,
-                "output_len": 8, "num_prompts": 40, "request_rate": 5.0}  # ~8 s  # fmt: skip
+                "output_len": 8, "num_prompts": 150, "request_rate": 5.0}  # fmt: skip
         r = httpx.post(f"{srv.url}/api/v1/runs", json=body,
                        headers={"Authorization": f"Bearer {token}"})  # fmt: skip
         assert r.status_code == 201, r.text

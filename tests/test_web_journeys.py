@@ -172,6 +172,7 @@ def test_sweep_form_queues_what_the_api_would(client: TestClient, lab: Lab) -> N
             "auto_steps": 5,
             "min_ratio": 0.5,
             "max_error_rate": 0.05,
+            "find_max": None,  # a plain sweep: no SLO search
         }
         bench = job.spec["bench"]
     assert bench["num_prompts"] == 10 and bench["goodput"] == {"ttft": 150.0}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -102,9 +103,19 @@ def test_lost_responses_and_outage_store_each_request_once(
     async def main() -> None:
         w = worker(fake, tmp_path)
         task = asyncio.create_task(w.run_once())
-        await asyncio.sleep(0.4)
-        fake.down = True  # the server restarts: connections refused for a while
-        await asyncio.sleep(0.6)
+
+        async def until(cond: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 60
+            while not cond():
+                assert time.monotonic() < deadline and not task.done(), what
+                await asyncio.sleep(0.005)
+
+        # the server restarts once the first batch has landed: connections refused until
+        # the worker has been refused at least once (on any machine's speed)
+        await until(lambda: bool(job.batches), "no batch landed")
+        fake.down = True
+        await until(lambda: fake.failed_connects > 0, "the worker never tried the server")
+        await asyncio.sleep(0.2)
         fake.down = False
         outcome = await task
         assert outcome is not None and outcome.status == "succeeded"
