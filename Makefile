@@ -50,12 +50,13 @@ lint:
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Two passes: the bulk in parallel (pytest-xdist, PYTEST_JOBS workers), then the tests
-# marked serial (about time, or loading every core) alone. Bytecode is cached so that the
+# Two passes: the bulk in parallel (pytest-xdist, PYTEST_JOBS workers, a module on one worker
+# so its module-scoped servers start once), then the tests marked serial (about time, or
+# loading every core) alone. Bytecode is cached so that the
 # workers and the servers the tests start don't each compile the project again.
 PYTEST_JOBS ?= 3
 pytest:
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -rs -n $(PYTEST_JOBS) -m "not serial"
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -rs -n $(PYTEST_JOBS) --dist loadfile -m "not serial"
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -rs -p no:xdist -m serial
 
 # Benchmarks: client fidelity and capacity, storage; figures go to benchmarks/results/.
