@@ -1,0 +1,168 @@
+"""Agent traces (datasets ``agentic``, ``otel``: ``app.client.datasets.agent_graph``): each
+session's requests as a DAG, on the runner's event loop.
+
+* A request is ready when every parent has ended (its response's last byte,
+  ``RawStream.end_ns``: the record's ``end_ns``) plus its recorded delay; a root at its
+  session's start (the measured phase's start + the session's offset) plus its delay.
+  Sibling branches (subagents) run in parallel: each request is its own task.
+* Its prompt is built as soon as its parents have ended (before its delay is waited out):
+  with ``carry_reply``, its first parent's messages, that parent's reply as the server
+  streamed it (an ``assistant`` message, with a ``tool_calls`` entry per recorded tool
+  result), the tool results as ``tool`` messages, then its own messages, in which
+  ``{{reply:<request_id>}}`` is replaced by that parent's reply.
+* It is then sent at its ready time on a free slot (``max_concurrency`` bounds requests in
+  flight, not sessions): its record's ``scheduled_ns`` is the ready time, ``queued_ns``
+  its wait for a slot; ``agent`` holds its parents' record indices, depth and delay.
+* A request that fails (HTTP error, broken stream, an error event, no token) is recorded;
+  its descendants are not sent (``counts["unsent"]``); other branches go on.
+* Record indices follow the trace's file order after the warm-ups (none: refused);
+  ``X-Request-Id`` is ``<run_tag>-s<session>-t<position in the session, 1-based>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from app.client.datasets.agent_graph import PLACEHOLDER, AgentNode, AgentTrace
+from app.client.datasets.base import Prompt
+from app.client.endpoints.base import surface_headers
+from app.client.http_request import finish_request, request_head, request_headers
+from app.client.sessions import SessionHost, reply_text, turn_body
+from app.domain import AgentLink
+
+__all__ = ["drive_agents", "messages_of"]
+
+
+def messages_of(
+    node: AgentNode,
+    trace: AgentTrace,
+    sent: list[list[dict[str, Any]] | None],
+    replies: list[str | None],
+) -> list[dict[str, Any]]:
+    """The messages ``node`` sends, once its parents have replied (module docstring)."""
+    out: list[dict[str, Any]] = []
+    if node.carry_reply:
+        p = node.parents[0]
+        before = sent[p]
+        reply = replies[p]
+        assert before is not None and reply is not None
+        assistant: dict[str, Any] = {"role": "assistant", "content": reply}
+        if node.tool_results:
+            assistant["tool_calls"] = [
+                {
+                    "id": t.call_id,
+                    "type": "function",
+                    "function": {"name": t.name, "arguments": "{}"},
+                }
+                for t in node.tool_results
+            ]
+        out += [*before, assistant]
+        out += [
+            {"role": "tool", "tool_call_id": t.call_id, "content": t.content}
+            for t in node.tool_results
+        ]
+    by_id = {trace.nodes[p].request_id: replies[p] for p in node.parents}
+
+    def fill(m: dict[str, Any]) -> dict[str, Any]:
+        c = m.get("content")
+        if isinstance(c, str) and "{{reply:" in c:
+            return {**m, "content": PLACEHOLDER.sub(lambda g: by_id.get(g[1]) or "", c)}
+        return m
+
+    return out + [fill(m) for m in node.messages]
+
+
+class _Dag:
+    """The replay's state: what each request sent and received, its parents left."""
+
+    def __init__(self, host: SessionHost, trace: AgentTrace, first_index: int) -> None:
+        self.host = host
+        self.trace = trace
+        self.first = first_index
+        n = len(trace.nodes)
+        self.pending = [len(node.parents) for node in trace.nodes]
+        self.sent: list[list[dict[str, Any]] | None] = [None] * n
+        self.replies: list[str | None] = [None] * n
+        self.end_ns = [0] * n
+        self.error: BaseException | None = None
+        spec = host.spec
+        kind, options = spec.surface()
+        self.own_headers, self.key_header = surface_headers(kind, options)
+        self.keep_alive = spec.connection_mode == "keep-alive"
+
+    def start(self, k: int, ready_ns: int) -> None:
+        task = asyncio.create_task(self.run(k, ready_ns))
+        self.host.tasks.add(task)
+        task.add_done_callback(self.done)
+
+    def done(self, task: asyncio.Task[None]) -> None:
+        self.host.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.error is None:
+            self.error = task.exception()
+
+    def head(self, rid: str) -> bytes:
+        host = self.host
+        spec = host.spec
+        headers = request_headers(
+            host.target, rid, spec.api_key, keep_alive=self.keep_alive, extra=spec.headers,
+            stream=spec.stream, surface=self.own_headers, key_header=self.key_header,
+        )  # fmt: skip
+        return request_head(host.path, headers)
+
+    async def run(self, k: int, ready_ns: int) -> None:
+        host = self.host
+        node = self.trace.nodes[k]
+        rid = f"{host.run_tag}-s{node.session}-t{node.turn}"
+        msgs = messages_of(node, self.trace, self.sent, self.replies)
+        req = finish_request(self.head(rid), turn_body(host.spec, msgs, node.output_len))
+        tok = host.tok
+        tokens = sum(tok.count(m["content"]) for m in msgs if isinstance(m.get("content"), str))
+        prompt = Prompt(None, msgs, tokens, node.output_len)
+        if host.halted:
+            return
+        if ready_ns > time.monotonic_ns():
+            await host.wait_until(ready_ns, hold=True)
+            if host.halted:
+                return
+        waited = host.sem.locked()
+        await host.sem.acquire()
+        due = time.monotonic_ns() if waited else ready_ns
+        if host.halted:
+            host.sem.release()
+            return
+        try:
+            stream = host.send_turn(rid, req)
+        except BaseException:
+            host.sem.release()
+            raise
+        link = AgentLink(tuple(self.first + p for p in node.parents), node.depth, node.delay_ns)
+        raw = await host.track_turn(
+            self.first + k, prompt, node.session, node.turn, stream, due, ready_ns, agent=link
+        )
+        reply = reply_text(raw, host.classifier())
+        if reply is None:
+            return  # its record carries the error; its descendants are not sent
+        self.sent[k], self.replies[k], self.end_ns[k] = msgs, reply, raw.end_ns
+        for c in self.trace.children[k]:
+            self.pending[c] -= 1
+            if self.pending[c] == 0:
+                child = self.trace.nodes[c]
+                ready = max(self.end_ns[p] for p in child.parents) + child.delay_ns
+                self.start(c, ready)
+
+
+async def drive_agents(host: SessionHost, trace: AgentTrace, first_index: int) -> None:
+    """Replay ``trace`` from the measured phase's start; returns when every request has
+    ended or will not be sent. A bug in a request's task is raised here, after the others
+    ended."""
+    dag = _Dag(host, trace, first_index)
+    start = host.start_ns + host.measure_start_ns
+    for k, node in enumerate(trace.nodes):
+        if not node.parents:
+            dag.start(k, start + trace.session_start_ns[node.session] + node.delay_ns)
+    while host.tasks:
+        await asyncio.wait(set(host.tasks))
+    if dag.error is not None:
+        raise dag.error
