@@ -108,6 +108,29 @@ class AgentLink:
     depth: int
     delay_ns: int
 
+    def to_values(self) -> dict[str, object]:
+        """As stored in ``requests.metric_values`` (``AGENT_KEYS``)."""
+        return {
+            AGENT_KEYS[0]: list(self.parents),
+            AGENT_KEYS[1]: self.depth,
+            AGENT_KEYS[2]: self.delay_ns,
+        }
+
+    @staticmethod
+    def from_values(raw: object) -> AgentLink | None:
+        """The link a stored ``metric_values`` holds; None when it holds none (or one that
+        is not well formed: never a wrong parent)."""
+        if not isinstance(raw, dict):
+            return None
+        parents, depth, delay = (raw.get(k) for k in AGENT_KEYS)
+        if not isinstance(parents, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in parents
+        ):
+            return None
+        if not isinstance(depth, int | float) or not isinstance(delay, int | float):
+            return None
+        return AgentLink(tuple(parents), int(depth), int(delay))
+
 
 # the keys of an agent trace's request in ``requests.metric_values`` (beside the metrics')
 AGENT_KEYS = ("agent_parents", "agent_depth", "agent_delay_ns")

@@ -71,7 +71,11 @@ def test_children_carry_their_parents_actual_replies_and_tool_results() -> None:
     assert read[2]["role"] == "assistant" and read[2]["content"] == reply("a-s0-t1", 4)
     assert read[2]["tool_calls"][0]["id"] == "c1"
     assert read[2]["tool_calls"][0]["function"]["name"] == "read_file"
-    assert read[3] == {"role": "tool", "tool_call_id": "c1", "content": "def add(a, b): return a - b"}
+    assert read[3] == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": "def add(a, b): return a - b",
+    }
     assert read[4] == {"role": "user", "content": "Go on."}
     # subagent a gets read's reply through its placeholder; the join gets both subagents'
     sub_a = reqs["a-s0-t3"].body["messages"]
@@ -115,7 +119,9 @@ def test_no_child_leaves_before_its_parents_end_plus_its_delay() -> None:
     assert {r.agent.delay_ns for r in children if r.agent} == {10_000_000, 2_500_000, 5_000_000,
                                                                 7_500_000, 12_500_000}  # fmt: skip
     # the second session starts 30 ms / 2 after the first
-    roots = sorted((r for r in recs.values() if r.agent and not r.agent.parents), key=lambda r: r.index)
+    roots = sorted(
+        (r for r in recs.values() if r.agent and not r.agent.parents), key=lambda r: r.index
+    )
     assert roots[1].scheduled_ns - roots[0].scheduled_ns == 15_000_000
 
 

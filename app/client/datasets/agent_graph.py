@@ -140,8 +140,7 @@ def graph_of(
             k = ids.get((s, pid))
             if k is None:
                 raise ValueError(
-                    f"{_where(n, 'parent_ids')}: {pid!r} is no request of session "
-                    f"{n.session_id!r}"
+                    f"{_where(n, 'parent_ids')}: {pid!r} is no request of session {n.session_id!r}"
                 )
             if k not in ps:
                 ps.append(k)
@@ -161,8 +160,8 @@ def graph_of(
             )
     depth = _depths(kept, parents)
     children: list[list[int]] = [[] for _ in kept]
-    for k, ps in enumerate(parents):
-        for p in ps:
+    for k, node_parents in enumerate(parents):
+        for p in node_parents:
             children[p].append(k)
     t0 = starts[0]
     start_ns: list[int] = []

@@ -141,7 +141,9 @@ def own_prompts(trace: AgentTrace, tok: AnyTokenizer) -> list[Prompt]:
     """Each request's own messages as a prompt (what it sends besides what it carries)."""
     out: list[Prompt] = []
     for n in trace.nodes:
-        tokens = sum(tok.count(m["content"]) for m in n.messages if isinstance(m.get("content"), str))
+        tokens = sum(
+            tok.count(m["content"]) for m in n.messages if isinstance(m.get("content"), str)
+        )
         out.append(Prompt(None, list(n.messages), tokens, n.output_len))
     return out
 

@@ -66,7 +66,7 @@ def _attributes(obj: dict[str, Any], where: str) -> dict[str, Any]:
             raise ValueError(f"{where}: 'attributes': each item needs a 'key' and a 'value'")
         v = a.get("value")
         if isinstance(v, dict) and len(v) == 1:
-            (kind, val), = v.items()
+            ((kind, val),) = v.items()
             if kind == "intValue" and isinstance(val, str) and val.lstrip("-").isdigit():
                 val = int(val)
             out[a["key"]] = val
@@ -207,8 +207,9 @@ def spans_to_nodes(spans: list[_Span], default_out: int) -> list[RawNode]:
             out_len = s.attrs.get("gen_ai.usage.output_tokens")
             if out_len is None:
                 out_len = s.attrs.get("gen_ai.request.max_tokens")
-            ol = output_len_of({"output_len": out_len} if out_len is not None else {},
-                               f"{where}: 'attributes.gen_ai.usage.output_tokens'", default_out)  # fmt: skip
+            given = {"output_len": out_len} if out_len is not None else {}
+            field = f"{where}: 'attributes.gen_ai.usage.output_tokens'"
+            ol = output_len_of(given, field, default_out)
             nodes.append(
                 RawNode(
                     lineno=s.lineno,
