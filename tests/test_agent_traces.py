@@ -241,3 +241,29 @@ def test_spec_refusals() -> None:
         spec("http://h:1", AGENT, processes=2)
     with pytest.raises(ValueError, match="request_rate"):
         spec("http://h:1", AGENT, request_rate=5)
+
+
+def test_simulator_ground_truth_children_arrive_after_parents_end_plus_delay() -> None:
+    """Server-side: each child's request arrived after its parents' last event was written
+    plus its delay; and the server's received_ns - that is never negative."""
+    from app.targets.sim_config import SimConfig
+    from app.targets.simulator import start_simulator_thread
+
+    sim = start_simulator_thread(SimConfig(ttft_ms=3, itl_ms=1, seed=5))
+    try:
+        res = run(run_load(spec(sim.base_url, AGENT, model="sim"), run_tag="g"))
+        truth = sim.ground_truth()["requests"]
+    finally:
+        sim.stop()
+    recs = {r.index: r for r in measured(res)}
+    assert all(r.status is RequestStatus.OK for r in recs.values())
+    rid = {r.index: f"g-s{r.session}-t{r.turn}" for r in recs.values()}
+    checked = 0
+    for r in recs.values():
+        assert r.agent is not None
+        if not r.agent.parents:
+            continue
+        last_write = max(truth[rid[p]]["events"]["t_ns"][-1] for p in r.agent.parents)
+        assert truth[rid[r.index]]["received_ns"] >= last_write + r.agent.delay_ns
+        checked += 1
+    assert checked == 5
