@@ -12,7 +12,10 @@ session's requests as a DAG, on the runner's event loop.
   ``{{reply:<request_id>}}`` is replaced by that parent's reply.
 * It is then sent at its ready time on a free slot (``max_concurrency`` bounds requests in
   flight, not sessions): its record's ``scheduled_ns`` is the ready time, ``queued_ns``
-  its wait for a slot; ``agent`` holds its parents' record indices, depth and delay.
+  its wait for a slot; ``agent`` holds its parents' record indices, depth and delay. A
+  child ready the moment its last parent ended (no delay) is sent from the read callback
+  where that reply ended, as a session's next turn is (``app.client.sessions``): no wait
+  for a task to be scheduled behind the loop's round of reads.
 * A request that fails (HTTP error, broken stream, an error event, no token) is recorded;
   its descendants are not sent (``counts["unsent"]``); other branches go on.
 * Record indices follow the trace's file order after the warm-ups (none: refused);
@@ -23,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any
 
 from app.client.datasets.agent_graph import PLACEHOLDER, AgentNode, AgentTrace
 from app.client.datasets.base import Prompt
 from app.client.endpoints.base import surface_headers
 from app.client.http_request import finish_request, request_head, request_headers
+from app.client.http_stream import StreamRequest
+from app.client.raw_stream import RawStream
 from app.client.sessions import SessionHost, reply_text, turn_body
 from app.domain import AgentLink
 
@@ -111,7 +117,8 @@ class _Dag:
         )  # fmt: skip
         return request_head(host.path, headers)
 
-    async def run(self, k: int, ready_ns: int) -> None:
+    def prepare(self, k: int) -> tuple[str, bytes, Prompt]:
+        """Request ``k``'s id, bytes and prompt, its parents having replied."""
         host = self.host
         node = self.trace.nodes[k]
         rid = f"{host.run_tag}-s{node.session}-t{node.turn}"
@@ -119,7 +126,18 @@ class _Dag:
         req = finish_request(self.head(rid), turn_body(host.spec, msgs, node.output_len))
         tok = host.tok
         tokens = sum(tok.count(m["content"]) for m in msgs if isinstance(m.get("content"), str))
-        prompt = Prompt(None, msgs, tokens, node.output_len)
+        self.sent[k] = msgs
+        return rid, req, Prompt(None, msgs, tokens, node.output_len)
+
+    def link(self, k: int) -> AgentLink:
+        node = self.trace.nodes[k]
+        return AgentLink(tuple(self.first + p for p in node.parents), node.depth, node.delay_ns)
+
+    async def run(self, k: int, ready_ns: int) -> None:
+        """Request ``k``: built now, sent at ``ready_ns`` on a free slot."""
+        host = self.host
+        node = self.trace.nodes[k]
+        rid, req, prompt = self.prepare(k)
         if host.halted:
             return
         if ready_ns > time.monotonic_ns():
@@ -133,24 +151,56 @@ class _Dag:
             host.sem.release()
             return
         try:
-            stream = host.send_turn(rid, req)
+            stream = host.send_turn(rid, req, partial(self.ended, k))
         except BaseException:
             host.sem.release()
             raise
-        link = AgentLink(tuple(self.first + p for p in node.parents), node.depth, node.delay_ns)
-        raw = await host.track_turn(
-            self.first + k, prompt, node.session, node.turn, stream, due, ready_ns, agent=link
-        )
+        await host.track_turn(
+            self.first + k, prompt, node.session, node.turn, stream, due, ready_ns,
+            agent=self.link(k),
+        )  # fmt: skip
+
+    async def track(self, k: int, stream: StreamRequest | RawStream, ready_ns: int,
+                    prompt: Prompt) -> None:  # fmt: skip
+        """Request ``k``, sent from where its last parent's reply ended: counted on a slot
+        now (one was free when it left)."""
+        node = self.trace.nodes[k]
+        await self.host.sem.acquire()
+        await self.host.track_turn(
+            self.first + k, prompt, node.session, node.turn, stream, ready_ns, ready_ns,
+            agent=self.link(k),
+        )  # fmt: skip
+
+    def ended(self, k: int, raw: RawStream) -> None:
+        """Where request ``k``'s response ended (a read callback): its reply decoded
+        (``reply_text``); each child it was the last parent of is sent from here when it
+        is ready now and a slot is free (no wait for a task to be scheduled), else handed
+        to a task that waits for its time or a slot. A failed request sends no child."""
+        host = self.host
+        if host.halted:
+            return
         reply = reply_text(raw, host.classifier())
         if reply is None:
-            return  # its record carries the error; its descendants are not sent
-        self.sent[k], self.replies[k], self.end_ns[k] = msgs, reply, raw.end_ns
+            return
+        self.replies[k], self.end_ns[k] = reply, raw.end_ns
         for c in self.trace.children[k]:
             self.pending[c] -= 1
-            if self.pending[c] == 0:
-                child = self.trace.nodes[c]
-                ready = max(self.end_ns[p] for p in child.parents) + child.delay_ns
+            if self.pending[c]:
+                continue
+            child = self.trace.nodes[c]
+            ready = max(self.end_ns[p] for p in child.parents) + child.delay_ns
+            if ready > time.monotonic_ns() or host.sem.locked():
                 self.start(c, ready)
+                continue
+            try:
+                rid, req, prompt = self.prepare(c)
+                stream = host.send_turn(rid, req, partial(self.ended, c))
+            except Exception as e:  # raised by drive_agents
+                self.error = self.error or e
+                continue
+            task = asyncio.create_task(self.track(c, stream, ready, prompt))
+            host.tasks.add(task)
+            task.add_done_callback(self.done)
 
 
 async def drive_agents(host: SessionHost, trace: AgentTrace, first_index: int) -> None:
