@@ -58,7 +58,7 @@ def write_trace(path: Path, sessions: int, delays: str, seed: int = 0) -> int:
     lines: list[dict[str, Any]] = []
     for s in range(sessions):
 
-        def req(rid: str, parents: list[str], carry: bool = False, **kw: Any) -> None:
+        def req(rid: str, parents: list[str], carry: bool = False, s: int = s, **kw: Any) -> None:
             out = int(np.clip(np.round(rng.lognormal(np.log(24), 0.6)), 8, 64))
             d: dict[str, Any] = {"session_id": f"s{s}", "request_id": rid, "parent_ids": parents}
             d |= {"delay_ms": delay() if parents else 0.0, "output_len": out}
