@@ -135,3 +135,49 @@ def test_cli_agentic_run_end_to_end_with_storage(
         assert sim.ground_truth()["requests"] == {}
     finally:
         sim.stop()
+
+
+def test_swim_lanes_put_parallel_branches_on_lanes_of_their_own() -> None:
+    from app.figures.agents import lanes, session_timeline
+
+    lane = lanes(DAG)
+    # B (sent 14, ends 20) and C (sent 16) overlap at depth 1: two lanes
+    assert lane == {10: "depth 0", 11: "depth 1", 12: "depth 1.2", 13: "depth 2"}
+    fig = session_timeline(DAG, "session 0", {10: "#1"})
+    bars = next(t for t in fig["data"] if t["name"] == "sent → end")
+    # a bar per request from its send to its end, ms from the session's start
+    assert bars["base"] == [1.0, 14.0, 16.0, 33.0] and bars["x"] == [10.0, 6.0, 14.0, 7.0]
+    waits = next(t for t in fig["data"] if t["name"] == "ready → sent")
+    assert waits["base"] == [0.0, 13.0, 31.0] and waits["x"] == [1.0, 1.0, 2.0]
+    assert fig["layout"]["yaxis"]["categoryarray"] == ["depth 2", "depth 1.2", "depth 1", "depth 0"]
+
+
+def test_run_page_shows_the_session_table_and_timeline(tmp_path: Path) -> None:
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from app.services.runs import open_database
+    from app.targets.sim_config import SimConfig
+    from tests.web_support import bench, web_app
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    run_id = bench(
+        open_database(url), SimConfig(ttft_ms=3, itl_ms=1, seed=1), "agents",
+        dataset="agentic", dataset_path=str(FIXTURES / "agent_trace.jsonl"), num_prompts=None,
+        request_rate=float("inf"), output_len=4, scrape_metrics=False,
+    )  # fmt: skip
+    with TestClient(web_app(url)) as c:
+        page = c.get(f"/runs/{run_id}")
+        assert page.status_code == 200, page.text[:300]
+        text = page.text
+        assert 'id="agent-session-table"' in text and 'id="agent-depth-table"' in text
+        assert re.search(r'<tr data-session="0"[^>]*>', text)
+        assert 'id="plot-agent_timeline"' in text
+        fig = json.loads(re.search(r'id="fig-agent_timeline">(.*?)</script>', text, re.S)[1])
+        bars = next(t for t in fig["data"] if t["name"] == "sent → end")
+        # the slowest session is drawn by default: session 0, five requests
+        assert len(bars["base"]) == 5 and "session 0" in fig["layout"]["title"]["text"]
+        other = c.get(f"/runs/{run_id}?agent_session=1").text
+        fig1 = json.loads(re.search(r'id="fig-agent_timeline">(.*?)</script>', other, re.S)[1])
+        assert "session 1" in fig1["layout"]["title"]["text"]
