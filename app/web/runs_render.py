@@ -19,8 +19,8 @@ from app.storage.db import session_scope
 from app.web import runs_view
 from app.web.context import render, sessions_of
 from app.web.interop_run import add_interop
-from app.web.run_series import add_series
 from app.web.run_agents import add_agents
+from app.web.run_series import add_series
 from app.web.run_turns import add_turns, run_processes
 from app.web.runs_page import load_run, run_context
 
