@@ -118,6 +118,10 @@ def test_cli_agentic_run_end_to_end_with_storage(
             assert row["requests"] == len(mine) and row["ok"] == len(mine)
         assert [d["depth"] for d in tables["depths"]] == [0, 1, 2, 3]
         assert [d["requests"] for d in tables["depths"]] == [2, 2, 2, 1]
+        # the stored run's report prints the session and depth tables
+        assert main(["report", rep["run_id"], "--database-url", db]) == 0
+        printed = capsys.readouterr().out
+        assert "Agent sessions" in printed and "TTFT by depth" in printed
         # the spec refuses a non-conversation surface: exit 2 naming the flag
         assert main([*args, "--endpoint", "completions"]) == 2
         captured = capsys.readouterr()

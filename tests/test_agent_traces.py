@@ -267,3 +267,38 @@ def test_simulator_ground_truth_children_arrive_after_parents_end_plus_delay() -
         assert truth[rid[r.index]]["received_ns"] >= last_write + r.agent.delay_ns
         checked += 1
     assert checked == 5
+
+
+def test_the_worker_protocol_carries_the_link() -> None:
+    from app.domain import AgentLink
+    from app.protocol.wire import WireRequest
+
+    rec = RequestRecord(index=7, scheduled_ns=5, sent_ns=6, end_ns=9, status=RequestStatus.OK,
+                        session=1, turn=3, agent=AgentLink((4, 5), 2, 1_500_000))  # fmt: skip
+    wire = WireRequest.model_validate_json(WireRequest.from_record(rec).model_dump_json())
+    assert wire.to_record().agent == AgentLink((4, 5), 2, 1_500_000)
+    plain = RequestRecord(index=1, scheduled_ns=0, sent_ns=1, end_ns=2, status=RequestStatus.OK)
+    assert WireRequest.from_record(plain).to_record().agent is None
+    # a stored link that is not well formed reads as none, never as wrong parents
+    assert AgentLink.from_values({"agent_parents": ["x"], "agent_depth": 1}) is None
+    assert AgentLink.from_values({"ttft_ms": 1.0}) is None
+
+
+def test_api_refuses_an_agent_trace_on_completions_naming_the_field(db_url: str) -> None:
+    from tests.api_support import SPEC, api_client
+
+    with api_client(db_url) as api:
+        body = SPEC | {"dataset": "agentic", "dataset_path": "/t.jsonl"}
+        for k in ("num_prompts", "request_rate", "input_len"):
+            body.pop(k, None)
+        bad = api.client.post(
+            "/api/v1/runs", json=body | {"endpoint": "completions"}, headers=api.h(api.run)
+        )
+        assert bad.status_code == 422, bad.text
+        assert "endpoint must be 'chat'" in bad.text
+        bad = api.client.post(
+            "/api/v1/runs", json=body | {"warmup_requests": 1}, headers=api.h(api.run)
+        )
+        assert bad.status_code == 422 and "warmup_requests" in bad.text, bad.text
+        ok = api.client.post("/api/v1/runs", json=body, headers=api.h(api.run))
+        assert ok.status_code in (200, 201, 202), ok.text
