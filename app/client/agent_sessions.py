@@ -35,7 +35,14 @@ from app.client.endpoints.base import surface_headers
 from app.client.http_request import finish_request, request_head, request_headers
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
-from app.client.sessions import SessionHost, reply_text, turn_body
+from app.client.sessions import (
+    BodyTemplate,
+    SessionHost,
+    body_template,
+    dumps,
+    reply_text,
+    turn_body,
+)
 from app.domain import AgentLink
 
 __all__ = ["drive_agents", "messages_of"]
@@ -92,6 +99,10 @@ class _Dag:
         self.sent: list[list[dict[str, Any]] | None] = [None] * n
         self.replies: list[str | None] = [None] * n
         self.end_ns = [0] * n
+        self.sent_json = [b""] * n  # the messages sent, serialised (the list's inside)
+        self.sent_tokens = [0] * n
+        self.heads: list[bytes | None] = [None] * n
+        self.templates: dict[int, BodyTemplate | None] = {}
         self.error: BaseException | None = None
         spec = host.spec
         kind, options = spec.surface()
@@ -118,16 +129,40 @@ class _Dag:
         return request_head(host.path, headers)
 
     def prepare(self, k: int) -> tuple[str, bytes, Prompt]:
-        """Request ``k``'s id, bytes and prompt, its parents having replied."""
+        """Request ``k``'s id, bytes and prompt, its parents having replied. A carried
+        conversation's messages are serialised and counted once: the parent's JSON and
+        token count are reused, only what follows them is added (``sessions.History``'s
+        way)."""
         host = self.host
         node = self.trace.nodes[k]
         rid = f"{host.run_tag}-s{node.session}-t{node.turn}"
+        head = self.heads[k] or self.head(rid)
         msgs = messages_of(node, self.trace, self.sent, self.replies)
-        req = finish_request(self.head(rid), turn_body(host.spec, msgs, node.output_len))
         tok = host.tok
-        tokens = sum(tok.count(m["content"]) for m in msgs if isinstance(m.get("content"), str))
-        self.sent[k] = msgs
-        return rid, req, Prompt(None, msgs, tokens, node.output_len)
+        parts: list[bytes] = []
+        tokens = 0
+        new = msgs
+        if node.carry_reply:
+            p = node.parents[0]
+            before = self.sent[p]
+            assert before is not None
+            if self.sent_json[p]:
+                parts.append(self.sent_json[p])
+            tokens = self.sent_tokens[p]
+            new = msgs[len(before) :]
+        parts += [dumps(m) for m in new]
+        tokens += sum(tok.count(m["content"]) for m in new if isinstance(m.get("content"), str))
+        inner = b",".join(parts)
+        if node.output_len not in self.templates:
+            self.templates[node.output_len] = body_template(host.spec, node.output_len)
+        template = self.templates[node.output_len]
+        body = template.body(inner) if template else turn_body(host.spec, msgs, node.output_len)
+        self.sent[k], self.sent_json[k], self.sent_tokens[k] = msgs, inner, tokens
+        for c in self.trace.children[k]:  # their heads, while this one's reply streams
+            if self.heads[c] is None:
+                child = self.trace.nodes[c]
+                self.heads[c] = self.head(f"{host.run_tag}-s{child.session}-t{child.turn}")
+        return rid, finish_request(head, body), Prompt(None, msgs, tokens, node.output_len)
 
     def link(self, k: int) -> AgentLink:
         node = self.trace.nodes[k]
