@@ -302,3 +302,25 @@ def test_api_refuses_an_agent_trace_on_completions_naming_the_field(db_url: str)
         assert bad.status_code == 422 and "warmup_requests" in bad.text, bad.text
         ok = api.client.post("/api/v1/runs", json=body, headers=api.h(api.run))
         assert ok.status_code in (200, 201, 202), ok.text
+
+
+def test_otel_dependency_rule_against_brute_force() -> None:
+    """The rule's fast form against its definition, on random spans: a parent P of X ended
+    by X's start, and no other span started at or after P's end and ended by X's start."""
+    import random
+
+    from app.client.datasets.otel import parents_by_interval
+
+    rng = random.Random(4)
+    for _ in range(30):
+        spans = []
+        for _ in range(rng.randint(1, 40)):
+            s = rng.randint(0, 100)
+            spans.append((s, s + rng.randint(0, 30)))
+        got = parents_by_interval(spans)
+        for k, (start, _end) in enumerate(spans):
+            cands = [c for c, (_s, e) in enumerate(spans) if c != k and e <= start]
+            want = tuple(
+                p for p in cands if not any(q != p and spans[q][0] >= spans[p][1] for q in cands)
+            )
+            assert got[k] == want, (spans, k)

@@ -155,20 +155,48 @@ def _is_llm(s: _Span) -> bool:
     return s.attrs.get("gen_ai.operation.name") in LLM_OPERATIONS
 
 
+def _maximal(spans: list[tuple[int, int]], cands: list[int]) -> tuple[int, ...]:
+    """The rule by its definition (a span of no length's own case): the candidates P after
+    whose end no other candidate started."""
+    return tuple(
+        sorted(p for p in cands if not any(q != p and spans[q][0] >= spans[p][1] for q in cands))
+    )
+
+
 def parents_by_interval(spans: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-    """For spans ``(start, end)``: each one's parents by the module's rule (indices): of the
-    spans that ended by its start (its candidates), those that ended after every
-    candidate's start."""
+    """For spans ``(start, end)``: each one's parents by the module's rule (indices, in
+    ascending order): of the spans that ended by its start (its candidates), those after
+    whose end no other candidate started. Sorted by end, the candidates are a prefix, and
+    its parents that prefix's tail that ended after its latest start (with a span of no
+    length at that latest start when it alone starts there): O(n log n) plus the parents."""
     order = sorted(range(len(spans)), key=lambda k: spans[k][1])
     ends = [spans[k][1] for k in order]
+    latest: list[int] = []  # the latest start among order[: i + 1]
+    at_latest: list[int] = []  # how many of them start there
+    for k in order:
+        s0 = spans[k][0]
+        if not latest or s0 > latest[-1]:
+            latest.append(s0)
+            at_latest.append(1)
+        else:
+            latest.append(latest[-1])
+            at_latest.append(at_latest[-1] + (s0 == latest[-1]))
     out: list[tuple[int, ...]] = []
-    for k, (start, _end) in enumerate(spans):
-        cands = [c for c in order[: bisect.bisect_right(ends, start)] if c != k]
-        if not cands:
+    for k, (start, end) in enumerate(spans):
+        i = bisect.bisect_right(ends, start)  # candidates: order[:i]
+        if end <= start:  # a span of no length is among its own candidates: left out
+            out.append(_maximal(spans, [c for c in order[:i] if c != k]))
+            continue
+        if i == 0:
             out.append(())
             continue
-        latest = max(spans[c][0] for c in cands)
-        out.append(tuple(sorted(c for c in cands if spans[c][1] > latest)))
+        top = latest[i - 1]
+        lo = bisect.bisect_left(ends, top, 0, i)
+        hi = bisect.bisect_right(ends, top, 0, i)
+        found = order[hi:i]
+        if at_latest[i - 1] == 1:  # a span of no length alone at the latest start
+            found += [c for c in order[lo:hi] if spans[c][0] == top]
+        out.append(tuple(sorted(found)))
     return out
 
 
