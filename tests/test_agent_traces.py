@@ -6,6 +6,7 @@ plus its delay."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,38 @@ def test_otel_dependency_rule_against_brute_force() -> None:
                 p for p in cands if not any(q != p and spans[q][0] >= spans[p][1] for q in cands)
             )
             assert got[k] == want, (spans, k)
+
+
+def test_max_concurrency_bounds_requests_in_flight() -> None:
+    async def go() -> Any:
+        async with Server(replier(gap_s=0.001)) as srv:
+            return await run_load(spec(srv.url, AGENT, max_concurrency=1), run_tag="m")
+
+    res = run(go())
+    recs = measured(res)
+    assert res.max_in_flight == 1 and all(r.status is RequestStatus.OK for r in recs)
+    for r in recs:
+        assert r.sent_ns is not None and r.sent_ns >= r.scheduled_ns
+        assert r.queued_ns is not None and r.sent_ns >= r.scheduled_ns + r.queued_ns
+    spans = sorted((r.sent_ns or 0, r.end_ns or 0) for r in recs)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # never two at once
+
+
+def test_a_stop_during_a_delay_ends_the_run_leaving_the_rest_unsent(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    path = _write(tmp_path, [_req("s", "a", []), _req("s", "b", ["a"], delay_ms=60_000)])
+
+    async def go() -> tuple[Any, float]:
+        stop = asyncio.Event()
+        async with Server(replier(gap_s=0.001)) as srv:
+            t0 = time.monotonic()
+            res = await run_load(
+                spec(srv.url, path), run_tag="h", stop=stop, on_record=lambda r: stop.set()
+            )
+            return res, time.monotonic() - t0
+
+    res, took = run(go())
+    assert took < 30  # not the 60 s delay
+    assert res.counts["sent"] == 1 and res.counts["unsent"] == 1 and res.stopped == "stopped"
