@@ -285,10 +285,10 @@ def test_the_worker_protocol_carries_the_link() -> None:
     assert AgentLink.from_values({"ttft_ms": 1.0}) is None
 
 
-def test_api_refuses_an_agent_trace_on_completions_naming_the_field(db_url: str) -> None:
+def test_api_refuses_an_agent_trace_on_completions_naming_the_field(sqlite_url: str) -> None:
     from tests.api_support import SPEC, api_client
 
-    with api_client(db_url) as api:
+    with api_client(sqlite_url) as api:
         body = SPEC | {"dataset": "agentic", "dataset_path": "/t.jsonl"}
         for k in ("num_prompts", "request_rate", "input_len"):
             body.pop(k, None)
