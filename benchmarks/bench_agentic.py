@@ -13,11 +13,12 @@ reply, is built and sent from there) or ``mixed`` (half the edges 0 ms, half 2 t
 Every session starts at once (100 sessions in flight; up to 200 requests at once in the
 fan-out).
 
-The figure, per child request, from the run's records (``sent_ns``, ``end_ns``, and each
-record's ``AgentLink``, as they are stored): ``send - max(parents' end) - delay`` in ms:
-p50, p99, max, the share within 1 ms; computed here from the records, not by the
-analysis module. The simulator runs in its own process, pinned apart from the client when
-there are two CPUs or more. Timing on a shared machine is noisy.
+The run is stored (a SQLite file, as ``tokentrace bench`` stores it) and the figure is
+computed from the stored records (``sent_ns``, ``end_ns`` and each request's link read
+back from ``metric_values``), per child request: ``send - max(parents' end) - delay`` in
+ms: p50, p99, max, the share within 1 ms; computed here, not by the analysis module. The
+simulator runs in its own process, pinned apart from the client when there are two CPUs
+or more. Timing on a shared machine is noisy.
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.client import eventloop
-from app.client.runner import run_load
+from sqlalchemy.orm import Session, sessionmaker
+
 from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus
+from app.services.runs import execute_bench, open_database
+from app.storage import repository as repo
+from app.storage.db import session_scope
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_process
 
@@ -91,7 +95,10 @@ def start_lags_ms(records: list[RequestRecord]) -> np.ndarray:
     return np.asarray(out, np.float64)
 
 
-def case(url: str, path: str, sessions: int, delays: str, realtime: bool) -> dict[str, Any]:
+def case(
+    url: str, path: str, sessions: int, delays: str, realtime: bool, db: sessionmaker[Session]
+) -> dict[str, Any]:
+    """One run, stored (SQLite), its lags computed from the stored records."""
     spec = RunSpec(
         base_url=url,
         model="sim",
@@ -100,17 +107,18 @@ def case(url: str, path: str, sessions: int, delays: str, realtime: bool) -> dic
         scrape_metrics=False,
         request_timeout_s=60,
     )
-
-    async def load() -> tuple[Any, float, float]:
-        c0, t0 = time.process_time(), time.monotonic()
-        res = await run_load(spec, run_tag="bench", realtime=realtime)
-        return res, time.process_time() - c0, time.monotonic() - t0
-
-    res, cpu_s, wall_s = eventloop.run(load())
-    recs = [r for r in res.records if not r.warmup]
+    t0 = time.monotonic()
+    out = execute_bench(spec, sessions=db, name=f"agentic {delays}", realtime=realtime)
+    wall_s = time.monotonic() - t0
+    assert out.run_id is not None
+    with session_scope(db) as s:
+        recs = [r for r in repo.load_records(s, out.run_id) if not r.warmup]
+    load = out.report.get("load") or {}
     lag = start_lags_ms(recs)
     ok = sum(1 for r in recs if r.status is RequestStatus.OK)
     p50, p99 = np.percentile(lag, [50, 99])
+    tables = load.get("agent_sessions") or {}
+    shares = [r["queueing_share"] for r in tables.get("sessions", []) if r.get("queueing_share")]
     return {
         "sessions": sessions,
         "delays": delays,
@@ -126,10 +134,13 @@ def case(url: str, path: str, sessions: int, delays: str, realtime: bool) -> dic
         },
         "share_within_1ms": round(float((lag <= 1.0).mean()), 4),
         "target_p99_within_1ms": bool(p99 <= 1.0),
-        "max_in_flight": res.max_in_flight,
-        "loop_lag_ms": {"p50": res.loop_lag.p50_ms, "p99": res.loop_lag.p99_ms},
+        "max_in_flight": load.get("max_in_flight"),
+        "loop_lag_ms": {
+            "p50": (load.get("loop_lag_ms") or {}).get("p50_ms"),
+            "p99": (load.get("loop_lag_ms") or {}).get("p99_ms"),
+        },
+        "queueing_share_mean": round(float(np.mean(shares)), 4) if shares else None,
         "wall_s": round(wall_s, 2),
-        "client_cpu_ms_per_request": round(cpu_s * 1e3 / max(1, len(recs)), 3),
     }
 
 
@@ -185,11 +196,12 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
         start_simulator_process(cfg, cpus={cpus[-1]} if pinned else None) as sim,
     ):
+        db = open_database(f"sqlite:///{Path(tmp) / 'runs.db'}")
         for delays in args.delays:
             path = Path(tmp) / f"trace-{delays}.jsonl"
             write_trace(path, args.sessions, delays)
             for rt in args.realtime:
-                row = case(sim.base_url, str(path), args.sessions, delays, rt == "on")
+                row = case(sim.base_url, str(path), args.sessions, delays, rt == "on", db)
                 print(json.dumps(row))
                 rows.append(row)
     meta = {
