@@ -19,6 +19,7 @@ from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus
 from tests.test_client import Req, Server, run
 from tests.test_sessions import replier
+from tests.test_turn_wire_order import server  # noqa: F401 -- a fixture (late bodies)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENT = str(FIXTURES / "agent_trace.jsonl")
@@ -38,8 +39,8 @@ def spec(url: str, path: str, dataset: str = "agentic", **kw: Any) -> RunSpec:
     return RunSpec(**(base | kw))
 
 
-def by_id(server: Server) -> dict[str, Req]:
-    return {r.headers["x-request-id"]: r for r in server.requests}
+def by_id(srv: Server) -> dict[str, Req]:
+    return {r.headers["x-request-id"]: r for r in srv.requests}
 
 
 def reply(rid: str, n: int) -> str:
@@ -360,3 +361,21 @@ def test_a_stop_during_a_delay_ends_the_run_leaving_the_rest_unsent(tmp_path: Pa
     res, took = run(go())
     assert took < 30  # not the 60 s delay
     assert res.counts["sent"] == 1 and res.counts["unsent"] == 1 and res.stopped == "stopped"
+
+
+def test_a_parent_whose_body_never_ends_still_releases_its_children(
+    server: Any,  # noqa: F811 -- the fixture of tests.test_turn_wire_order
+    tmp_path: Path,
+) -> None:
+    """A body not ended ``DONE_GRACE_S`` after its "[DONE]" is closed by the client: its
+    child is due from that close (as a session's next turn), and is sent."""
+    from app.client.http_stream import DONE_GRACE_S
+
+    url, _tl = server("chunked-late")
+    path = _write(tmp_path, [_req("s", "a", []), _req("s", "b", ["a"], include_parent_reply=True)])
+    recs = measured(run(run_load(spec(url, path), run_tag="late")))
+    assert [r.status for r in recs] == [RequestStatus.OK, RequestStatus.OK], [r.error for r in recs]
+    first, second = recs
+    assert first.done_ns is not None
+    assert second.scheduled_ns >= first.done_ns + DONE_GRACE_S * 1e9
+    assert second.sent_ns is not None and second.sent_ns >= second.scheduled_ns

@@ -1,8 +1,9 @@
 """Agent traces (datasets ``agentic``, ``otel``: ``app.client.datasets.agent_graph``): each
 session's requests as a DAG, on the runner's event loop.
 
-* A request is ready when every parent has ended (its response's last byte,
-  ``RawStream.end_ns``: the record's ``end_ns``) plus its recorded delay; a root at its
+* A request is ready when every parent has ended (its response's end on the wire,
+  ``RawStream.wire_end_ns``: the record's ``end_ns``, or for a body the client closed
+  unfinished after ``[DONE]``, that close) plus its recorded delay; a root at its
   session's start (the measured phase's start + the session's offset) plus its delay.
   Sibling branches (subagents) run in parallel: each request is its own task.
 * Its prompt is built as soon as its parents have ended (before its delay is waited out):
@@ -102,6 +103,7 @@ class _Dag:
         self.sent_json = [b""] * n  # the messages sent, serialised (the list's inside)
         self.sent_tokens = [0] * n
         self.heads: list[bytes | None] = [None] * n
+        self.handled = [False] * n  # its end seen (``ended``)
         self.templates: dict[int, BodyTemplate | None] = {}
         self.error: BaseException | None = None
         spec = host.spec
@@ -190,10 +192,11 @@ class _Dag:
         except BaseException:
             host.sem.release()
             raise
-        await host.track_turn(
+        raw = await host.track_turn(
             self.first + k, prompt, node.session, node.turn, stream, due, ready_ns,
             agent=self.link(k),
         )  # fmt: skip
+        self.after(k, raw)
 
     async def track(self, k: int, stream: StreamRequest | RawStream, ready_ns: int,
                     prompt: Prompt) -> None:  # fmt: skip
@@ -201,10 +204,17 @@ class _Dag:
         now (one was free when it left)."""
         node = self.trace.nodes[k]
         await self.host.sem.acquire()
-        await self.host.track_turn(
+        raw = await self.host.track_turn(
             self.first + k, prompt, node.session, node.turn, stream, ready_ns, ready_ns,
             agent=self.link(k),
         )  # fmt: skip
+        self.after(k, raw)
+
+    def after(self, k: int, raw: RawStream) -> None:
+        """Request ``k``'s stream is over: its children go on from here when its end was
+        not seen in a read callback (a body closed by the client after ``[DONE]``)."""
+        if not self.handled[k]:
+            self.ended(k, raw)
 
     def ended(self, k: int, raw: RawStream) -> None:
         """Where request ``k``'s response ended (a read callback): its reply decoded
@@ -212,12 +222,13 @@ class _Dag:
         is ready now and a slot is free (no wait for a task to be scheduled), else handed
         to a task that waits for its time or a slot. A failed request sends no child."""
         host = self.host
+        self.handled[k] = True
         if host.halted:
             return
         reply = reply_text(raw, host.classifier())
         if reply is None:
             return
-        self.replies[k], self.end_ns[k] = reply, raw.end_ns
+        self.replies[k], self.end_ns[k] = reply, raw.wire_end_ns
         for c in self.trace.children[k]:
             self.pending[c] -= 1
             if self.pending[c]:
