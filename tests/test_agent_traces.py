@@ -269,6 +269,27 @@ def test_simulator_ground_truth_children_arrive_after_parents_end_plus_delay() -
         assert truth[rid[r.index]]["received_ns"] >= last_write + r.agent.delay_ns
         checked += 1
     assert checked == 5
+    # the simulator counted the carried replies in the children's prompts: its own prompt
+    # count of a child is its parent's (carried) plus the parent's reply as received
+    # (the client's count of the streamed text) plus what the child adds
+    from app.client.tokenizer import BuiltinTokenizer
+
+    tok = BuiltinTokenizer()
+    by_turn = {(r.session, r.turn): r for r in recs.values()}
+
+    def sim_in(s: int, t: int) -> int:
+        return int(truth[f"g-s{s}-t{t}"]["input_tokens"])
+
+    def reply_tokens(s: int, t: int) -> int:
+        n = by_turn[(s, t)].tokenizer_output_tokens
+        assert n is not None and n > 0
+        return n
+
+    added = tok.count("def add(a, b): return a - b") + tok.count("Go on.")
+    assert sim_in(0, 2) == sim_in(0, 1) + reply_tokens(0, 1) + added
+    context = tok.count("Subagent: check the docs. Context: ")
+    assert sim_in(0, 3) == context + reply_tokens(0, 2)
+    assert sim_in(1, 2) == sim_in(1, 1) + reply_tokens(1, 1) + tok.count("Shorter, please.")
 
 
 def test_the_worker_protocol_carries_the_link() -> None:
