@@ -97,6 +97,45 @@ def json_depth(value: object) -> int:
     return deepest
 
 
+@dataclass(frozen=True, slots=True)
+class AgentLink:
+    """An agent trace's request in its session's DAG: the record indices of its parents
+    (requests of the same session), its depth (0: a root; else 1 + its deepest parent's)
+    and its recorded delay (ns, after the speedup): it was due at its parents' latest end
+    plus this delay (a root: at its session's start plus it)."""
+
+    parents: tuple[int, ...]
+    depth: int
+    delay_ns: int
+
+    def to_values(self) -> dict[str, object]:
+        """As stored in ``requests.metric_values`` (``AGENT_KEYS``)."""
+        return {
+            AGENT_KEYS[0]: list(self.parents),
+            AGENT_KEYS[1]: self.depth,
+            AGENT_KEYS[2]: self.delay_ns,
+        }
+
+    @staticmethod
+    def from_values(raw: object) -> AgentLink | None:
+        """The link a stored ``metric_values`` holds; None when it holds none (or one that
+        is not well formed: never a wrong parent)."""
+        if not isinstance(raw, dict):
+            return None
+        parents, depth, delay = (raw.get(k) for k in AGENT_KEYS)
+        if not isinstance(parents, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in parents
+        ):
+            return None
+        if not isinstance(depth, int | float) or not isinstance(delay, int | float):
+            return None
+        return AgentLink(tuple(parents), int(depth), int(delay))
+
+
+# the keys of an agent trace's request in ``requests.metric_values`` (beside the metrics')
+AGENT_KEYS = ("agent_parents", "agent_depth", "agent_delay_ns")
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """One request as the client observed it. Event arrays are parallel, in arrival order."""
@@ -136,6 +175,9 @@ class RequestRecord:
     # a run over several load processes (app.client.shards): the process that sent it
     # (stored as requests.process_idx, migration 0019)
     process: int | None = None
+    # an agent trace's request (app.client.agent_sessions): its parents, depth and recorded
+    # delay; stored in requests.metric_values (AGENT_KEYS, no migration); None otherwise
+    agent: AgentLink | None = None
     # the prompt length by the client's tokenizer (in memory only: not stored, not on the wire)
     tokenizer_input_tokens: int | None = None
     event_t_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))

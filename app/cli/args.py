@@ -90,7 +90,6 @@ FLAG_FOR_FIELD = {
 
 # other names of a dataset type's option flags (the issue's trace flags)
 OPTION_ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("mooncake", "speedup"): ("--trace-speedup",),
     ("mooncake", "block_size"): ("--trace-block-size",),
     ("random-mm", "image_count"): ("--image-count",),
     ("random-mm", "image_size"): ("--image-size",),
@@ -118,8 +117,22 @@ def _flag_type(annotation: Any) -> Any:
     return annotation
 
 
+# one flag for every trace type's ``speedup`` (mooncake, timed_jsonl, agentic, otel)
+TRACE_SPEEDUP = "--trace-speedup"
+
+
 def add_dataset_option_arguments(p: argparse.ArgumentParser) -> None:
-    """One flag per option of every registered dataset type (its ``options`` model)."""
+    """One flag per option of every registered dataset type (its ``options`` model), and
+    ``--trace-speedup`` for the chosen type's ``speedup``."""
+    takes = [k for k, d in DATASETS.items() if "speedup" in d.options.model_fields]
+    p.add_argument(
+        TRACE_SPEEDUP,
+        type=float,
+        default=argparse.SUPPRESS,
+        dest="trace_speedup",
+        metavar="FLOAT",
+        help=f"divide a trace's timestamps and delays by this ({', '.join(takes)})",
+    )
     for name, kind in DATASETS.items():
         fields = kind.options.model_fields
         if not fields:
@@ -209,6 +222,13 @@ def dataset_options_from_args(ns: argparse.Namespace) -> dict[str, object]:
                     f"not of {ns.dataset_name}"
                 )
             chosen[field] = getattr(ns, dest)
+    if hasattr(ns, "trace_speedup"):
+        if "speedup" not in DATASETS[ns.dataset_name].options.model_fields:
+            takes = ", ".join(k for k, d in DATASETS.items() if "speedup" in d.options.model_fields)
+            raise UsageError(
+                f"{TRACE_SPEEDUP}: an option of --dataset-name {takes}, not of {ns.dataset_name}"
+            )
+        chosen["speedup"] = ns.trace_speedup
     return chosen
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.analysis.agent_sessions import STATS_KEY as AGENT_STATS_KEY
 from app.analysis.comparability import endpoint_text
 from app.analysis.metric_defs import (
     ITEMS_PER_S,
@@ -149,6 +150,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if turn_rows:
         render_turns(turn_rows, console)
     load_block = report.get("load") or {}
+    agents = load_block.get(AGENT_STATS_KEY) if isinstance(load_block, dict) else None
+    if isinstance(agents, dict):
+        render_agent_sessions(agents, console)
     scrape = load_block.get("server_metrics")
     cache = scrape.get("prefix_cache") if isinstance(scrape, dict) else None
     if not isinstance(cache, dict):  # no server counters: what the responses said
@@ -224,6 +228,42 @@ def render_turns(turns: list[dict[str, Any]], console: Console) -> None:
             _share(row.get("cached_share")),
         )
     console.print(t)
+
+
+AGENT_SESSIONS_SHOWN = 20  # the slowest sessions listed; the JSON report has them all
+
+
+def render_agent_sessions(tables: dict[str, Any], console: Console) -> None:
+    """An agent trace's per-session figures (the slowest by wall time) and TTFT by depth
+    (``load.agent_sessions``, ``app.analysis.agent_sessions``)."""
+    rows = [r for r in tables.get("sessions") or [] if isinstance(r, dict)]
+    rows.sort(
+        key=lambda r: -float(r["wall_ms"]) if isinstance(r.get("wall_ms"), int | float) else 0
+    )
+    t = Table(title=f"Agent sessions (ms; the {min(len(rows), AGENT_SESSIONS_SHOWN)} slowest)")
+    heads = ("session", "requests", "ok", "max depth", "wall", "critical path", "queueing",
+             "generation", "queueing share")  # fmt: skip
+    for col in heads:
+        t.add_column(col, justify="right")
+    for r in rows[:AGENT_SESSIONS_SHOWN]:
+        t.add_row(
+            fmt(r.get("session")), fmt(r.get("requests")), fmt(r.get("ok")),
+            fmt(r.get("max_depth")), fmt(r.get("wall_ms"), 1), fmt(r.get("critical_path_ms"), 1),
+            fmt(r.get("queueing_ms"), 1), fmt(r.get("generation_ms"), 1),
+            _share(r.get("queueing_share")),
+        )  # fmt: skip
+    console.print(t)
+    d = Table(title="TTFT by depth (ms; ok requests)")
+    for col in ("depth", "requests", "ok", "mean", "p50", "p99"):
+        d.add_column(col, justify="right")
+    for r in tables.get("depths") or []:
+        if isinstance(r, dict):
+            st = r.get("ttft") or {}
+            d.add_row(
+                fmt(r.get("depth")), fmt(r.get("requests")), fmt(r.get("ok")),
+                *(fmt(_pct(st, k), 2) for k in ("mean", "p50", "p99")),
+            )  # fmt: skip
+    console.print(d)
 
 
 def _share(v: Any) -> str:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import __version__
+from app.analysis.agent_sessions import STATS_KEY as AGENT_KEY
+from app.analysis.agent_sessions import agent_tables, rows_of_records
 from app.analysis.prefix_cache import prefix_cache, records_prefix_cache
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
@@ -265,6 +267,7 @@ def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE)
         load_stats=load_stats(result)
         | {"token_counts": check}
         | _turns(result.records)
+        | _agents(result.records)
         | _cached(result.records),
         client_host=platform.node(),
         client_version=__version__,
@@ -276,6 +279,13 @@ def _turns(records: list[RequestRecord]) -> dict[str, Any]:
     load ran and stored with the run's load statistics (its stored report reads them)."""
     table = turn_table(records)
     return {"turns": table} if table else {}
+
+
+def _agents(records: list[RequestRecord]) -> dict[str, Any]:
+    """An agent trace's per-session and per-depth figures (``app.analysis.agent_sessions``),
+    computed where the load ran and kept in the run's load statistics."""
+    rows = rows_of_records(records)
+    return {AGENT_KEY: agent_tables(rows)} if rows else {}
 
 
 def _cached(records: list[RequestRecord]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import numpy as np
 
 from app.analysis.phases import record_send_lags
 from app.client import eventloop
+from app.client.agent_sessions import drive_agents
 from app.client.clocks import ClockMap, kernel_stamps_supported
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
@@ -65,7 +66,7 @@ from app.client.spec import RunSpec
 from app.client.target_keys import resolve_api_key
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
 from app.client.workload import build_workload
-from app.domain import ClockSource, RequestRecord, RequestStatus
+from app.domain import AgentLink, ClockSource, RequestRecord, RequestStatus
 
 __all__ = ["LagStats", "LoadResult", "Progress", "run_built", "run_load", "run_load_sync"]
 
@@ -106,6 +107,7 @@ class _Item:
     scheduled_ns: int  # run-relative
     session: int | None = None  # multi-turn sessions (app.client.sessions)
     turn: int | None = None
+    agent: AgentLink | None = None  # an agent trace's request (app.client.agent_sessions)
 
 
 class _Run:
@@ -422,14 +424,17 @@ class _Run:
         stream: StreamRequest | RawStream,
         due_ns: int,
         scheduled_ns: int,
+        *,
+        agent: AgentLink | None = None,
     ) -> Coroutine[Any, Any, RawStream]:
         """Count the sent turn ``stream`` on the slot the caller holds (``sem`` acquired);
         await what it returns for the stream (its record is built in post-processing).
         ``scheduled_ns``: the session's arrival for its first turn (which may have waited
-        for a session slot until ``due_ns``), ``due_ns`` for a later one."""
+        for a session slot until ``due_ns``), ``due_ns`` for a later one (an agent trace's
+        request: when it was ready, ``agent`` its place in the DAG)."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        it = _Item(index, prompt, False, scheduled_ns - self.start_ns, session, turn)
+        it = _Item(index, prompt, False, scheduled_ns - self.start_ns, session, turn, agent)
         return self.complete(it, stream, due_ns, scheduled_ns)
 
     async def postprocess(self) -> None:
@@ -499,7 +504,7 @@ class _Run:
                 warmup=it.warmup,
             )
         rec.queued_ns = max(0, timing.due_ns - timing.scheduled_ns)
-        rec.session, rec.turn = it.session, it.turn
+        rec.session, rec.turn, rec.agent = it.session, it.turn, it.agent
         self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
@@ -642,7 +647,7 @@ async def run_load(
         workload = warmup_workload(sessions, tok)
     else:
         workload = build_workload(spec, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
-    if spec.num_prompts is None:  # a trace replayed whole: its count is now known
+    if spec.num_prompts is None or workload.agent is not None:  # a trace: its count now known
         spec = spec.model_copy(update={"num_prompts": len(workload.measured)})
     return await run_built(
         spec, run_tag, tok, workload, sessions, on_progress=on_progress, stop=stop,
@@ -763,6 +768,8 @@ async def _run(
         if not r.halted and sessions is not None:
             ids = share.session_ids if share else None
             await drive_sessions(r, sessions, schedule.times_ns.tolist(), len(warm), ids)
+        elif not r.halted and workload.agent is not None:  # an agent trace's DAGs
+            await drive_agents(r, workload.agent, len(warm))
         elif not r.halted:
             await r.dispatch(measured)
     finally:

@@ -37,7 +37,7 @@ from app.client.http_request import Target, finish_request, request_head, reques
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
 from app.client.spec import RunSpec
-from app.domain import TOKEN_KINDS, EventKind, RequestStatus
+from app.domain import TOKEN_KINDS, AgentLink, EventKind, RequestStatus
 
 BURST_STARTS = 4  # session starts between two I/O rounds during a burst (as the runner's)
 # turns one session sends at most, ``max_turns`` or not (``RunSpec.max_turns``'s own maximum):
@@ -87,6 +87,8 @@ class SessionHost(Protocol):
         stream: StreamRequest | RawStream,
         due_ns: int,
         scheduled_ns: int,
+        *,
+        agent: AgentLink | None = None,
     ) -> Coroutine[Any, Any, RawStream]: ...
 
 

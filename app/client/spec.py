@@ -321,6 +321,16 @@ class RunSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _agent_one_process(self) -> RunSpec:
+        """An agent trace's requests wait on one another: one load process drives them."""
+        if self.processes != 1 and getattr(dataset_type(self.dataset), "conversation", False):
+            raise ValueError(
+                f"processes: the dataset {self.dataset!r} is replayed by one load process "
+                f"(processes is {self.processes})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _metrics_url(self) -> RunSpec:
         if self.metrics_url is None:
             return self
@@ -457,6 +467,12 @@ class RunSpec(BaseModel):
             raise ValueError(
                 f"endpoint: multi_turn sessions send the chat history; endpoint {name!r} "
                 f"takes no conversation: endpoint must be {takes}"
+            )
+        if getattr(dataset_type(self.dataset), "conversation", False) and not kind.conversation:
+            takes = " or ".join(repr(k) for k, e in ENDPOINTS.items() if e.conversation)
+            raise ValueError(
+                f"endpoint: the dataset {self.dataset!r} sends chat histories; endpoint "
+                f"{name!r} takes no conversation: endpoint must be {takes}"
             )
         if getattr(dataset_type(self.dataset), "images", False) and not kind.parts:
             takes = " or ".join(repr(k) for k, e in ENDPOINTS.items() if e.parts)

@@ -54,6 +54,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from app.domain import (
     MAX_JSON_DEPTH,
     PHASES,
+    AgentLink,
     ClockSource,
     RequestRecord,
     RequestStatus,
@@ -221,6 +222,10 @@ class WireRequest(_Model):
     session: int | None = Field(None, ge=0, le=2**31 - 1)
     turn: int | None = Field(None, ge=1, le=2**31 - 1)
     process: int | None = Field(None, ge=0, le=1023)  # a dealt run's load process
+    # an agent trace's request: its parents' indices, depth, delay (absent: not one)
+    agent_parents: list[Number32] | None = Field(None, max_length=10_000)
+    agent_depth: Number32 | None = None
+    agent_delay_ns: Int64 | None = Field(None, ge=0)
     events_b64: str = ""
 
     @classmethod
@@ -253,8 +258,14 @@ class WireRequest(_Model):
             session=r.session,
             turn=r.turn,
             process=r.process,
+            agent_parents=None if r.agent is None else list(r.agent.parents),
+            agent_depth=None if r.agent is None else r.agent.depth,
+            agent_delay_ns=None if r.agent is None else r.agent.delay_ns,
             events_b64=base64.b64encode(blob).decode("ascii"),
         )
+
+    def _agent(self) -> AgentLink | None:
+        return _agent_link(self.agent_parents, self.agent_depth, self.agent_delay_ns)
 
     def to_record(self) -> RequestRecord:
         """Raises ValueError when the events blob is not valid base64 or not a packed log."""
@@ -298,11 +309,20 @@ class WireRequest(_Model):
             session=self.session,
             turn=self.turn,
             process=self.process,
+            agent=self._agent(),
             event_t_ns=t,
             event_bytes=nb,
             event_kind=kind,
             event_tokens=tok,
         )
+
+
+def _agent_link(
+    parents: list[int] | None, depth: int | None, delay_ns: int | None
+) -> AgentLink | None:
+    if parents is None or depth is None or delay_ns is None:
+        return None
+    return AgentLink(tuple(parents), depth, delay_ns)
 
 
 def _int64_or_none(v: int | None) -> int | None:

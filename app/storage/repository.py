@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from app.client.spec import RunSpec
 from app.domain import (
     PHASES,
+    AgentLink,
     ClockSource,
     PerRequestMetrics,
     RequestRecord,
@@ -485,7 +486,7 @@ def _request_rows(
                 "ttfot_ns": ttfot[i],
                 "e2e_ns": e2e[i],
                 "tpot_ns": tpot[i],
-                "metric_values": extra[i],
+                "metric_values": _with_agent(extra[i], r),
                 "n_events": int(r.event_t_ns.shape[0]),
                 "events": blob,
                 **{f"{p}_ns": _opt_int(getattr(r, f"{p}_ns")) for p in PHASES},
@@ -498,6 +499,14 @@ def _request_rows(
             }
         )
     return rows
+
+
+def _with_agent(values: dict[str, float] | None, r: RequestRecord) -> dict[str, Any] | None:
+    """A request's ``metric_values``, with an agent trace's link (``AgentLink.to_values``):
+    its parents, depth and delay, beside the metrics' values (no migration)."""
+    if r.agent is None:
+        return values
+    return (values or {}) | r.agent.to_values()
 
 
 def insert_requests(
@@ -640,6 +649,7 @@ _RECORD_COLUMNS = (
     "session_idx",
     "turn_idx",
     "process_idx",
+    "metric_values",
 )
 
 
@@ -670,6 +680,7 @@ def _record_from_row(row: tuple[Any, ...]) -> RequestRecord:
         session=v["session_idx"],
         turn=v["turn_idx"],
         process=v["process_idx"],
+        agent=AgentLink.from_values(v["metric_values"]),
         event_t_ns=t_ns,
         event_bytes=nbytes,
         event_kind=kind,

@@ -75,7 +75,8 @@ FIELDS: tuple[FormField, ...] = (
         "num_prompts",
         "Number of requests",
         "number",
-        help="blank: 100, or a trace's every line (mooncake, timed_jsonl)",
+        help="blank: 100, or a trace's every line (mooncake, timed_jsonl); agentic, otel: "
+        "sessions (blank: all)",
         group="Workload",
     ),
     FormField("seed", "Seed", "number", group="Workload"),

@@ -19,6 +19,7 @@ from app.storage.db import session_scope
 from app.web import runs_view
 from app.web.context import render, sessions_of
 from app.web.interop_run import add_interop
+from app.web.run_agents import add_agents
 from app.web.run_series import add_series
 from app.web.run_turns import add_turns, run_processes
 from app.web.runs_page import load_run, run_context
@@ -107,6 +108,7 @@ async def render_run_page(
         ctx = run_context(data, slos_ms=slos, slo_errors=slo_errors, profile=prof)
         add_interop(ctx, sessions_of(request), run_id, data.summary)  # imports, server metrics
         add_turns(ctx, sessions_of(request), run_id)  # a multi-turn run's metrics by turn
+        add_agents(ctx, sessions_of(request), run_id, query)  # an agent trace's sessions
         ctx["run_processes"] = run_processes(ctx.get("run") or {})  # a dealt run's processes
         add_series(ctx, sessions_of(request), run_id)  # its series, if any
         run = dict(data.run) | {"note": data.note}

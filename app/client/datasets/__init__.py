@@ -12,9 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from app.client.datasets.agentic import AGENTIC
 from app.client.datasets.base import DatasetType
 from app.client.datasets.jsonl import JSONL
 from app.client.datasets.mooncake import MOONCAKE
+from app.client.datasets.otel import OTEL
 from app.client.datasets.prefix_repetition import PREFIX_REPETITION
 from app.client.datasets.random import RANDOM
 from app.client.datasets.random_mm import RANDOM_MM
@@ -23,8 +25,11 @@ from app.client.datasets.timed_jsonl import TIMED_JSONL
 
 DATASETS: dict[str, DatasetType] = {
     d.name: d
-    for d in (RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION, MOONCAKE, TIMED_JSONL, RANDOM_MM)
-}
+    for d in (
+        RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION, MOONCAKE, TIMED_JSONL, RANDOM_MM, AGENTIC,
+        OTEL,
+    )
+}  # fmt: skip
 
 
 def dataset_type(name: str) -> DatasetType:

@@ -21,6 +21,7 @@ from typing import IO, Any, Protocol
 
 from pydantic import BaseModel
 
+from app.client.datasets.agent_graph import AgentTrace
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
 
 AnyTokenizer = BuiltinTokenizer | HFTokenizer
@@ -73,6 +74,10 @@ class Workload:
     at_ns: list[int] | None = None
     # what the dataset says about itself (a trace: its prefix reuse), kept in load_stats
     stats: dict[str, object] | None = None
+    # an agent trace (``agentic``, ``otel``): its sessions' DAGs, driven by
+    # ``app.client.agent_sessions`` instead of the schedule; ``measured`` then holds each
+    # request's own prompt (in the DAG's order), for counting
+    agent: AgentTrace | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,264 @@
+"""Agent traces (datasets ``agentic``, ``otel``: ``app.client.datasets.agent_graph``): each
+session's requests as a DAG, on the runner's event loop.
+
+* A request is ready when every parent has ended (its response's end on the wire,
+  ``RawStream.wire_end_ns``: the record's ``end_ns``, or for a body the client closed
+  unfinished after ``[DONE]``, that close) plus its recorded delay; a root at its
+  session's start (the measured phase's start + the session's offset) plus its delay.
+  Sibling branches (subagents) run in parallel: each request is its own task.
+* Its prompt is built as soon as its parents have ended (before its delay is waited out):
+  with ``carry_reply``, its first parent's messages, that parent's reply as the server
+  streamed it (an ``assistant`` message, with a ``tool_calls`` entry per recorded tool
+  result), the tool results as ``tool`` messages, then its own messages, in which
+  ``{{reply:<request_id>}}`` is replaced by that parent's reply.
+* It is then sent at its ready time on a free slot (``max_concurrency`` bounds requests in
+  flight, not sessions): its record's ``scheduled_ns`` is the ready time, ``queued_ns``
+  its wait for a slot; ``agent`` holds its parents' record indices, depth and delay. A
+  child ready the moment its last parent ended (no delay) is sent from the read callback
+  where that reply ended, as a session's next turn is (``app.client.sessions``): no wait
+  for a task to be scheduled behind the loop's round of reads.
+* A request that fails (HTTP error, broken stream, an error event, no token) is recorded;
+  its descendants are not sent (``counts["unsent"]``); other branches go on.
+* Record indices follow the trace's file order after the warm-ups (none: refused);
+  ``X-Request-Id`` is ``<run_tag>-s<session>-t<position in the session, 1-based>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import partial
+from typing import Any
+
+from app.client.datasets.agent_graph import PLACEHOLDER, AgentNode, AgentTrace
+from app.client.datasets.base import Prompt
+from app.client.endpoints.base import surface_headers
+from app.client.http_request import finish_request, request_head, request_headers
+from app.client.http_stream import StreamRequest
+from app.client.raw_stream import RawStream
+from app.client.sessions import (
+    BodyTemplate,
+    SessionHost,
+    body_template,
+    dumps,
+    reply_text,
+    turn_body,
+)
+from app.domain import AgentLink
+
+__all__ = ["drive_agents", "messages_of"]
+
+
+def messages_of(
+    node: AgentNode,
+    trace: AgentTrace,
+    sent: list[list[dict[str, Any]] | None],
+    replies: list[str | None],
+) -> list[dict[str, Any]]:
+    """The messages ``node`` sends, once its parents have replied (module docstring)."""
+    out: list[dict[str, Any]] = []
+    if node.carry_reply:
+        p = node.parents[0]
+        before = sent[p]
+        reply = replies[p]
+        assert before is not None and reply is not None
+        assistant: dict[str, Any] = {"role": "assistant", "content": reply}
+        if node.tool_results:
+            assistant["tool_calls"] = [
+                {
+                    "id": t.call_id,
+                    "type": "function",
+                    "function": {"name": t.name, "arguments": "{}"},
+                }
+                for t in node.tool_results
+            ]
+        out += [*before, assistant]
+        out += [
+            {"role": "tool", "tool_call_id": t.call_id, "content": t.content}
+            for t in node.tool_results
+        ]
+    by_id = {trace.nodes[p].request_id: replies[p] for p in node.parents}
+
+    def fill(m: dict[str, Any]) -> dict[str, Any]:
+        c = m.get("content")
+        if isinstance(c, str) and "{{reply:" in c:
+            return {**m, "content": PLACEHOLDER.sub(lambda g: by_id.get(g[1]) or "", c)}
+        return m
+
+    return out + [fill(m) for m in node.messages]
+
+
+class _Dag:
+    """The replay's state: what each request sent and received, its parents left."""
+
+    def __init__(self, host: SessionHost, trace: AgentTrace, first_index: int) -> None:
+        self.host = host
+        self.trace = trace
+        self.first = first_index
+        n = len(trace.nodes)
+        self.pending = [len(node.parents) for node in trace.nodes]
+        self.sent: list[list[dict[str, Any]] | None] = [None] * n
+        self.replies: list[str | None] = [None] * n
+        self.end_ns = [0] * n
+        self.sent_json = [b""] * n  # the messages sent, serialised (the list's inside)
+        self.sent_tokens = [0] * n
+        self.heads: list[bytes | None] = [None] * n
+        self.handled = [False] * n  # its end seen (``ended``)
+        self.templates: dict[int, BodyTemplate | None] = {}
+        self.error: BaseException | None = None
+        spec = host.spec
+        kind, options = spec.surface()
+        self.own_headers, self.key_header = surface_headers(kind, options)
+        self.keep_alive = spec.connection_mode == "keep-alive"
+
+    def start(self, k: int, ready_ns: int) -> None:
+        task = asyncio.create_task(self.run(k, ready_ns))
+        self.host.tasks.add(task)
+        task.add_done_callback(self.done)
+
+    def done(self, task: asyncio.Task[None]) -> None:
+        self.host.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.error is None:
+            self.error = task.exception()
+
+    def head(self, rid: str) -> bytes:
+        host = self.host
+        spec = host.spec
+        headers = request_headers(
+            host.target, rid, spec.api_key, keep_alive=self.keep_alive, extra=spec.headers,
+            stream=spec.stream, surface=self.own_headers, key_header=self.key_header,
+        )  # fmt: skip
+        return request_head(host.path, headers)
+
+    def prepare(self, k: int) -> tuple[str, bytes, Prompt]:
+        """Request ``k``'s id, bytes and prompt, its parents having replied. A carried
+        conversation's messages are serialised and counted once: the parent's JSON and
+        token count are reused, only what follows them is added (``sessions.History``'s
+        way)."""
+        host = self.host
+        node = self.trace.nodes[k]
+        rid = f"{host.run_tag}-s{node.session}-t{node.turn}"
+        head = self.heads[k] or self.head(rid)
+        msgs = messages_of(node, self.trace, self.sent, self.replies)
+        tok = host.tok
+        parts: list[bytes] = []
+        tokens = 0
+        new = msgs
+        if node.carry_reply:
+            p = node.parents[0]
+            before = self.sent[p]
+            assert before is not None
+            if self.sent_json[p]:
+                parts.append(self.sent_json[p])
+            tokens = self.sent_tokens[p]
+            new = msgs[len(before) :]
+        parts += [dumps(m) for m in new]
+        tokens += sum(tok.count(m["content"]) for m in new if isinstance(m.get("content"), str))
+        inner = b",".join(parts)
+        if node.output_len not in self.templates:
+            self.templates[node.output_len] = body_template(host.spec, node.output_len)
+        template = self.templates[node.output_len]
+        body = template.body(inner) if template else turn_body(host.spec, msgs, node.output_len)
+        self.sent[k], self.sent_json[k], self.sent_tokens[k] = msgs, inner, tokens
+        for c in self.trace.children[k]:  # their heads, while this one's reply streams
+            if self.heads[c] is None:
+                child = self.trace.nodes[c]
+                self.heads[c] = self.head(f"{host.run_tag}-s{child.session}-t{child.turn}")
+        return rid, finish_request(head, body), Prompt(None, msgs, tokens, node.output_len)
+
+    def link(self, k: int) -> AgentLink:
+        node = self.trace.nodes[k]
+        return AgentLink(tuple(self.first + p for p in node.parents), node.depth, node.delay_ns)
+
+    async def run(self, k: int, ready_ns: int) -> None:
+        """Request ``k``: built now, sent at ``ready_ns`` on a free slot."""
+        host = self.host
+        node = self.trace.nodes[k]
+        rid, req, prompt = self.prepare(k)
+        if host.halted:
+            return
+        if ready_ns > time.monotonic_ns():
+            await host.wait_until(ready_ns, hold=True)
+            if host.halted:
+                return
+        waited = host.sem.locked()
+        await host.sem.acquire()
+        due = time.monotonic_ns() if waited else ready_ns
+        if host.halted:
+            host.sem.release()
+            return
+        try:
+            stream = host.send_turn(rid, req, partial(self.ended, k))
+        except BaseException:
+            host.sem.release()
+            raise
+        raw = await host.track_turn(
+            self.first + k, prompt, node.session, node.turn, stream, due, ready_ns,
+            agent=self.link(k),
+        )  # fmt: skip
+        self.after(k, raw)
+
+    async def track(self, k: int, stream: StreamRequest | RawStream, ready_ns: int,
+                    prompt: Prompt) -> None:  # fmt: skip
+        """Request ``k``, sent from where its last parent's reply ended: counted on a slot
+        now (one was free when it left)."""
+        node = self.trace.nodes[k]
+        await self.host.sem.acquire()
+        raw = await self.host.track_turn(
+            self.first + k, prompt, node.session, node.turn, stream, ready_ns, ready_ns,
+            agent=self.link(k),
+        )  # fmt: skip
+        self.after(k, raw)
+
+    def after(self, k: int, raw: RawStream) -> None:
+        """Request ``k``'s stream is over: its children go on from here when its end was
+        not seen in a read callback (a body closed by the client after ``[DONE]``)."""
+        if not self.handled[k]:
+            self.ended(k, raw)
+
+    def ended(self, k: int, raw: RawStream) -> None:
+        """Where request ``k``'s response ended (a read callback): its reply decoded
+        (``reply_text``); each child it was the last parent of is sent from here when it
+        is ready now and a slot is free (no wait for a task to be scheduled), else handed
+        to a task that waits for its time or a slot. A failed request sends no child."""
+        host = self.host
+        self.handled[k] = True
+        if host.halted:
+            return
+        reply = reply_text(raw, host.classifier())
+        if reply is None:
+            return
+        self.replies[k], self.end_ns[k] = reply, raw.wire_end_ns
+        for c in self.trace.children[k]:
+            self.pending[c] -= 1
+            if self.pending[c]:
+                continue
+            child = self.trace.nodes[c]
+            ready = max(self.end_ns[p] for p in child.parents) + child.delay_ns
+            if ready > time.monotonic_ns() or host.sem.locked():
+                self.start(c, ready)
+                continue
+            try:
+                rid, req, prompt = self.prepare(c)
+                stream = host.send_turn(rid, req, partial(self.ended, c))
+            except Exception as e:  # raised by drive_agents
+                self.error = self.error or e
+                continue
+            task = asyncio.create_task(self.track(c, stream, ready, prompt))
+            host.tasks.add(task)
+            task.add_done_callback(self.done)
+
+
+async def drive_agents(host: SessionHost, trace: AgentTrace, first_index: int) -> None:
+    """Replay ``trace`` from the measured phase's start; returns when every request has
+    ended or will not be sent. A bug in a request's task is raised here, after the others
+    ended."""
+    dag = _Dag(host, trace, first_index)
+    start = host.start_ns + host.measure_start_ns
+    for k, node in enumerate(trace.nodes):
+        if not node.parents:
+            dag.start(k, start + trace.session_start_ns[node.session] + node.delay_ns)
+    while host.tasks:
+        await asyncio.wait(set(host.tasks))
+    if dag.error is not None:
+        raise dag.error
