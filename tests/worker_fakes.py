@@ -46,7 +46,10 @@ class FakeServer:
     down: bool = False
     lose_response_for: set[tuple[str, int]] = field(default_factory=set)  # (path kind, n)
     heartbeat_409: bool = False
+    # cancel at the Nth heartbeat whose progress shows measured requests sent (the heartbeats
+    # of a slow start, before any request, don't count: the same test on any machine)
     cancel_after_heartbeats: int | None = None
+    sending_heartbeats: int = 0
     missing_once: list[int] = field(default_factory=list)
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     registrations: list[RegisterRequest] = field(default_factory=list)
@@ -129,7 +132,8 @@ class FakeServer:
             return httpx.Response(409, json={"detail": "lease lost"})
         if hb.progress is not None:
             job.progress.append(hb.progress)
-        if self.cancel_after_heartbeats is not None and self.heartbeats >= (
+            self.sending_heartbeats += hb.progress.sent > 0
+        if self.cancel_after_heartbeats is not None and self.sending_heartbeats >= (
             self.cancel_after_heartbeats
         ):
             job.cancel = True
