@@ -83,6 +83,8 @@ SERIAL: frozenset[str] = frozenset(
         "test_worker::test_cancel_via_api_reaches_the_worker",
         "test_worker_protocol::test_cancel_at_heartbeat_keeps_measured_data",
         "test_find_max_sweep",
+        "test_responses_messages::test_against_the_simulator_its_own_view",
+        "test_responses_messages::test_cli_bench_against_the_simulator",
         "test_steady_runs",
     }
 )

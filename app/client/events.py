@@ -77,6 +77,21 @@ def http_error_text(
     return f"HTTP {status} ({kind}, {size} bytes; not shown: not a JSON error)"
 
 
+def json_event(data: bytes | None) -> dict[str, Any] | Classified:
+    """A data line's JSON object; else what the line is (``OTHER``): none, ``[DONE]`` or
+    blank, not JSON (the reason says so), or JSON that is not an object."""
+    if data is None or data == b"[DONE]" or not data.strip():
+        return Classified(EventKind.OTHER, "", None, None)
+    try:
+        obj: Any = json.loads(data)
+    except (ValueError, RecursionError):
+        why = f"non-JSON data line ({len(data):,} bytes; not shown)"
+        return Classified(EventKind.OTHER, "", None, why)
+    if not isinstance(obj, dict):
+        return Classified(EventKind.OTHER, "", None, None)
+    return obj
+
+
 def error_message(err: object) -> str:
     """An error object in the stream: its message (and code), bounded; nothing else of it."""
     if isinstance(err, dict):

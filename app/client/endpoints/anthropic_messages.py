@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.client.datasets.base import Prompt, Workload
 from app.client.endpoints.base import BodyParams, ClassifyFn, ResultRule, SpecFacts, dumps
 from app.client.endpoints.chat import refuse_documents
-from app.client.events import Classified, error_message
+from app.client.events import Classified, error_message, json_event
 from app.domain import EventKind
 
 _TOKEN_DELTAS = {
@@ -92,15 +92,9 @@ class _Stream:
         self.prompt: dict[str, Any] | None = None
 
     def classify(self, data: bytes | None) -> Classified:
-        if data is None or data == b"[DONE]" or not data.strip():
-            return Classified(EventKind.OTHER, "", None, None)
-        try:
-            obj: Any = json.loads(data)
-        except (ValueError, RecursionError):
-            why = f"non-JSON data line ({len(data):,} bytes; not shown)"
-            return Classified(EventKind.OTHER, "", None, why)
-        if not isinstance(obj, dict):
-            return Classified(EventKind.OTHER, "", None, None)
+        obj = json_event(data)
+        if isinstance(obj, Classified):
+            return obj
         kind = obj.get("type")
         if kind == "content_block_delta":
             delta = obj.get("delta")

@@ -24,7 +24,6 @@ answer is one ``"object": "response"`` with its ``output`` items.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,7 +37,7 @@ from app.client.endpoints.base import (
     dumps,
 )
 from app.client.endpoints.chat import refuse_documents
-from app.client.events import Classified, error_message
+from app.client.events import Classified, error_message, json_event
 from app.domain import EventKind
 
 OUTPUT_DELTAS = ("response.output_text.delta", "response.function_call_arguments.delta")
@@ -113,15 +112,9 @@ def _whole(obj: dict[str, Any]) -> Classified:
 
 def classify(data: bytes | None) -> Classified:
     """One event of a Responses API stream (or its whole answer)."""
-    if data is None or data == b"[DONE]" or not data.strip():
-        return Classified(EventKind.OTHER, "", None, None)
-    try:
-        obj: Any = json.loads(data)
-    except (ValueError, RecursionError):
-        why = f"non-JSON data line ({len(data):,} bytes; not shown)"
-        return Classified(EventKind.OTHER, "", None, why)
-    if not isinstance(obj, dict):
-        return Classified(EventKind.OTHER, "", None, None)
+    obj = json_event(data)
+    if isinstance(obj, Classified):
+        return obj
     kind = obj.get("type")
     if kind in OUTPUT_DELTAS or kind in REASONING_DELTAS:
         delta = obj.get("delta")
