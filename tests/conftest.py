@@ -65,6 +65,7 @@ SERIAL: frozenset[str] = frozenset(
         "test_queue_wait",
         "test_shards_run",
         "test_browser_compare",  # a regression measured on the simulator, then shown
+        "test_compare_targets",  # the same
         "test_serve_signals",  # a stopped server's ports are free (no other test took them)
         "test_client::test_run_load_constant_rate_send_lag_small",
         "test_client::test_run_load_max_duration_cancels_and_keeps_measurements",

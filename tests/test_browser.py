@@ -245,8 +245,8 @@ def test_live_run_page_has_one_source_of_state(
     try:
         page.fill("#f-base_url", sim.base_url)
         page.fill("#f-name", "watched live")
-        page.fill("#f-num_prompts", "80")
-        page.fill("#f-request_rate", "20")  # about 4 s of sending
+        page.fill("#f-num_prompts", "200")
+        page.fill("#f-request_rate", "20")  # about 10 s of sending: live when the page loads
         page.fill("#f-output_len", "16")
         page.fill("#f-input_len", "32")
         with page.expect_navigation():
