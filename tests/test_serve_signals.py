@@ -21,7 +21,10 @@ START_TIMEOUT_S = 90.0  # the demo benchmarks the simulator once (100 requests) 
 
 
 def _port_free(port: int) -> bool:
+    """A new server could listen here: nothing listens (SO_REUSEADDR, as servers bind: the
+    connections a stopped server closed may linger in TIME_WAIT without holding the port)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

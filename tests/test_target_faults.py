@@ -8,6 +8,7 @@ event, ...) are in tests/test_client.py; a 4xx is here."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -92,7 +93,9 @@ def test_every_fault_is_a_precise_per_request_error_and_healthy_timing_holds() -
         ours = r.event_t_ns[r.event_kind == EventKind.CONTENT] + res.start_mono_ns
         assert len(ours) == len(content) == 12
         diff = (np.asarray(ours) - np.asarray(content)) / 1e6
-        assert np.all(diff >= 0)  # never before the server wrote it
+        # never before the server wrote it; the simulator shares this process, so its own
+        # stamp, read once its thread has the GIL back, may follow the kernel's by a switch
+        assert np.all(diff >= -sys.getswitchinterval() * 1e3), diff
         errors_ms += diff.tolist()
     assert set(seen) == set(EXPECTED), seen  # every kind of fault actually happened
     assert res.counts["ok"] == seen["none"]

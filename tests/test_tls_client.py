@@ -175,8 +175,12 @@ def truth_content(gt: dict[str, Any], rid: str) -> np.ndarray:
 def check_against_truth(ours: np.ndarray, truth: np.ndarray) -> None:
     assert len(ours) == len(truth)
     err_ms = np.abs(ours - truth) / 1e6
-    assert np.percentile(err_ms, 99) < 5  # loose: shared hosts are noisy
-    assert np.all(ours >= truth - 200_000)  # the server stamps before it writes
+    # the simulator is a thread of this process: a stamp on either side may wait for the GIL
+    # (a switch interval, 5 ms) once in a while, never typically (the median) nor twice over
+    switch_ns = int(sys.getswitchinterval() * 1e9)
+    assert np.median(err_ms) < 1, err_ms
+    assert np.max(err_ms) < 4 * switch_ns / 1e6, err_ms
+    assert np.all(ours >= truth - switch_ns)  # the server stamps before it writes
     assert np.all(np.diff(ours) >= 0)
 
 
