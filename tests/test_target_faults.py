@@ -20,6 +20,7 @@ from app.client.spec import RunSpec
 from app.domain import EventKind, RequestStatus
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
+from app.targets.simulator.handles import start_simulator_process
 
 TIMEOUT_S = 1.5
 MAX_DURATION_S = 90.0  # far above any load's slowness: a run that waits for it is plainly wrong
@@ -62,7 +63,7 @@ def test_every_fault_is_a_precise_per_request_error_and_healthy_timing_holds() -
         malformed_rate=0.12,
         hang_rate=0.12,
     )
-    sim = start_simulator_thread(cfg)
+    sim = start_simulator_process(cfg)  # its own process: no GIL shared with the client
     try:
         t0 = time.monotonic()
         res = run_load_sync(_spec(sim.base_url), run_tag="faults", handle_sigint=False)
@@ -99,8 +100,8 @@ def test_every_fault_is_a_precise_per_request_error_and_healthy_timing_holds() -
         errors_ms += diff.tolist()
     assert set(seen) == set(EXPECTED), seen  # every kind of fault actually happened
     assert res.counts["ok"] == seen["none"]
-    # the simulator shares this process (and its GIL): the bound of test_client's ground-truth
-    # test, 2 x client_lag_bound_ms; benchmarks/bench_client_fidelity.py measures it apart
+    # the bound of test_client's ground-truth test, 2 x client_lag_bound_ms (the simulator runs
+    # apart here; benchmarks/bench_client_fidelity.py measures the client's fidelity closely)
     bound = 2 * _spec("http://x").client_lag_bound_ms
     p50, p99 = np.percentile(errors_ms, [50, 99])
     assert p50 < 1.0 and p99 < bound and max(errors_ms) < bound, (p50, p99, max(errors_ms))
