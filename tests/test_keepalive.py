@@ -424,7 +424,9 @@ def test_concurrency_beyond_the_descriptor_limit_is_capped_and_said(tmp_path: An
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
 
-    with start_simulator_thread(SimConfig(ttft_ms=20, itl_ms=1, output_len=4)) as sim:
+    # a first token 500 ms away: every slot is open before the first request ends, however
+    # slowly this machine opens connections (with 20 ms, a loaded one held only 46 at once)
+    with start_simulator_thread(SimConfig(ttft_ms=500, itl_ms=1, output_len=4)) as sim:
         out = subprocess.run(
             [sys.executable, "-c", FD_SCRIPT, sim.base_url],
             capture_output=True,
