@@ -130,9 +130,9 @@ def test_bench_and_sweep_join_a_series(
     run_id = _json(capsys)["run_id"]
     assert main(["series", "show", "b1", "--json", "--database-url", db]) == 0
     shown = _json(capsys)
-    assert [(r["run_id"], r["state"], r["trusted"]) for r in shown["runs"]] == [
-        (run_id, "member", True)
-    ]
+    # whether the client trusted its own run depends on this machine's load (a client-limited
+    # run is untrusted): the membership is this test's subject, trust is tests/test_series_api's
+    assert [(r["run_id"], r["state"]) for r in shown["runs"]] == [(run_id, "member")]
     assert shown["key"]["model"] == "tokentrace-sim" and shown["key_run_id"] == run_id
     sweep_args = ["--rates", "40", "80", "--min-ratio", "0.01", "--series", "sw1", "--json"]
     assert main(["sweep", *base, *sweep_args]) == 0
