@@ -74,9 +74,7 @@ class SweepCreate(RunCreate):
 
     @model_validator(mode="after")
     def _one_mode(self) -> SweepCreate:
-        given = [
-            k for k in ("rates", "concurrencies", "find_max") if getattr(self, k) is not None
-        ]
+        given = [k for k in ("rates", "concurrencies", "find_max") if getattr(self, k) is not None]
         if self.auto:
             given.append("auto")
         if len(given) != 1:

@@ -266,9 +266,7 @@ def _fail(line: str) -> int:
 # --------------------------------------------------------------------------- bench --server
 
 
-def submission_body(
-    spec: RunSpec, name: str | None, series: str | None = None
-) -> dict[str, Any]:
+def submission_body(spec: RunSpec, name: str | None, series: str | None = None) -> dict[str, Any]:
     """POST /api/v1/runs body (``app.api.schemas.RunCreate``): the spec's fields as JSON, plus
     ``api_key`` (spec dumps omit it), the run's name and the series it joins."""
     body: dict[str, Any] = spec.model_dump(mode="json")

@@ -158,5 +158,3 @@ def store_telemetry(
     samples = [s.model_dump(mode="json") for s in body.samples]
     added = probe_repo.add_telemetry(session, job_id, body.seq, json_safe(samples))
     return TelemetryAck(accepted=len(samples) if added else 0, duplicate=not added)
-
-

@@ -180,7 +180,13 @@ async def compare_page(
         if sweep_ids:
             ctx = await anyio.to_thread.run_sync(
                 lambda: _sweeps_context(
-                    request, sweep_ids, threshold_pct, alpha, variable, base or None, baseline,
+                    request,
+                    sweep_ids,
+                    threshold_pct,
+                    alpha,
+                    variable,
+                    base or None,
+                    baseline,
                     basis=basis,
                 )
             )

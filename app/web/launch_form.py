@@ -296,9 +296,9 @@ def values_from_spec(
     for key in LIST_FIELDS:
         out[key] = _text(spec.get(key) or [])
     headers = spec.get("headers") or {}
-    out["headers"] = "\n".join(f"{k}: {v}" for k, v in headers.items()) if isinstance(
-        headers, dict
-    ) else ""
+    out["headers"] = (
+        "\n".join(f"{k}: {v}" for k, v in headers.items()) if isinstance(headers, dict) else ""
+    )
     out["name"] = f"{name} (again)" if name else ""
     for key in CHECKBOXES_ON:
         out[key] = "on" if spec.get(key, True) else ""

@@ -60,4 +60,3 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         for t in side:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-

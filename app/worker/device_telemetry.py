@@ -61,5 +61,3 @@ async def job_telemetry(client: WorkerClient, job: LeasedJob) -> AsyncIterator[N
                 await post_retrying(client, f"/jobs/{job.job_id}/telemetry", body, TelemetryAck)
             except Exception as e:  # telemetry is an extra: the job's outcome stands
                 log.warning("job %s: telemetry not uploaded: %s", job.job_id, describe(e))
-
-

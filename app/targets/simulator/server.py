@@ -150,6 +150,13 @@ class SimServer:
     def handle(self, proto: HttpProtocol, req: h11.Request, body: bytes, received_ns: int) -> None:
         method = req.method.decode("latin-1").upper()
         path = req.target.decode("latin-1").split("?", 1)[0].rstrip("/") or "/"
+        surface = self.surfaces.get(path)
+        if surface is not None:  # an API surface: the hot path, no route table built
+            if method != "POST":
+                proto.send_simple(405, error_body(f"{method} not allowed", "invalid_request", 405))
+            else:
+                self._complete(proto, req, body, received_ns, surface, path)
+            return
         routes: dict[str, tuple[str, Callable[[], object]]] = {
             "/health": ("GET", lambda: proto.send_simple(200, b'{"status":"ok"}')),
             "/v1/models": ("GET", lambda: proto.send_simple(200, self._models())),
@@ -168,14 +175,8 @@ class SimServer:
         control = self._control_routes.get(path)
         if control is not None:
             routes[path] = (controls.method_of(control), lambda: self._control(proto, control))
-        surface = self.surfaces.get(path)
         route = routes.get(path)
-        if surface is not None:
-            if method != "POST":
-                proto.send_simple(405, error_body(f"{method} not allowed", "invalid_request", 405))
-            else:
-                self._complete(proto, req, body, received_ns, surface, path)
-        elif route is None:
+        if route is None:
             proto.send_simple(404, error_body(f"no route {path}", "not_found", 404))
         elif method != route[0]:
             proto.send_simple(405, error_body(f"{method} not allowed", "invalid_request", 405))
@@ -277,7 +278,7 @@ class SimServer:
 
     def _request_id(self, req: h11.Request, seq: int) -> str:
         rid = ""
-        for name, value in req.headers:
+        for name, value in req.headers.raw_items():  # a list: no Sequence protocol per item
             if name.lower() == b"x-request-id":
                 rid = value.decode("latin-1").strip()
         rid = rid or f"sim-{seq}"
