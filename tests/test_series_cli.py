@@ -4,7 +4,9 @@ gate: exit 1 on a regression) and bad input (exit 2, one line, nothing changed).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,6 +148,13 @@ def test_bench_and_sweep_join_a_series(
     assert "sweep: rates 40, 80" in shown["key"]["load_shape"]
 
 
+def _realtime(pid: int) -> None:
+    """The simulator's loop at real-time priority where allowed (its answers' timing is what
+    the series compares; a loaded machine would otherwise add its own noise)."""
+    with contextlib.suppress(AttributeError, PermissionError, OSError):
+        os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(1))
+
+
 @pytest.mark.slow
 def test_a_change_point_names_the_field_that_changed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -158,13 +167,16 @@ def test_a_change_point_names_the_field_that_changed(
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     ids = []
     for version, ttft in (("1.0", 5.0), ("2.0", 30.0)):
-        # the simulator in its own process: no GIL shared with the client whose trust counts
+        # the simulator in its own process (no GIL shared with the client whose trust
+        # counts) and the load thread at real-time priority: a run's trust is the client's
+        # own lag, which a loaded machine would otherwise give it
         with start_simulator_process(SimConfig(ttft_ms=ttft, itl_ms=1, seed=2)) as sim:
+            _realtime(sim.pid)
             for _ in range(6):
                 args = ["bench", "--base-url", sim.base_url, "--model", "tokentrace-sim",
                         "--num-prompts", "4", "--input-len", "8", "--output-len", "2",
                         "--engine", "sim", "--engine-version", version, "--series", "eng",
-                        "--json", "--database-url", db]  # fmt: skip
+                        "--realtime", "--json", "--database-url", db]  # fmt: skip
                 assert main(args) == 0
                 ids.append(_json(capsys)["run_id"])
     assert main(["series", "show", "eng", "--metric", "ttft:p50", "--json",
