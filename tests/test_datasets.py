@@ -219,7 +219,7 @@ def test_the_spec_names_a_registered_dataset_type() -> None:
     with pytest.raises(ValidationError) as e:
         RunSpec(base_url="http://h:1", model="m", dataset="sharegpt-typo")
     known = "random, jsonl, sharegpt, prefix_repetition, mooncake, timed_jsonl, random-mm, "
-    known += "agentic, otel"
+    known += "agentic, otel, weka"
     assert f"dataset: unknown dataset type 'sharegpt-typo' (one of: {known})" in str(e.value)
     with pytest.raises(ValidationError, match="dataset_path is required"):
         RunSpec(base_url="http://h:1", model="m", dataset="jsonl")

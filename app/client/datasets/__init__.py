@@ -22,12 +22,13 @@ from app.client.datasets.random import RANDOM
 from app.client.datasets.random_mm import RANDOM_MM
 from app.client.datasets.sharegpt import SHAREGPT
 from app.client.datasets.timed_jsonl import TIMED_JSONL
+from app.client.datasets.weka import WEKA
 
 DATASETS: dict[str, DatasetType] = {
     d.name: d
     for d in (
         RANDOM, JSONL, SHAREGPT, PREFIX_REPETITION, MOONCAKE, TIMED_JSONL, RANDOM_MM, AGENTIC,
-        OTEL,
+        OTEL, WEKA,
     )
 }  # fmt: skip
 

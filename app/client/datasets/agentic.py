@@ -27,7 +27,7 @@ One request per line (JSONL)::
 
 ``num_prompts`` counts sessions (the first N in file order; not given: all). Warm-ups are
 refused (a warm-up would send a measured session's prompt first). The run records the
-file's sha256. docs/workloads.md maps the WEKA agentic trace format onto this one.
+file's sha256. The WEKA agentic trace format is read as it is by ``weka``.
 """
 
 from __future__ import annotations
