@@ -62,6 +62,8 @@ TAIL_COLUMNS = (
     "retries",
     "session",
     "turn",
+    "model",
+    "target",
 )
 
 
@@ -116,6 +118,8 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "session": r.get("session_idx"),
         "turn": r.get("turn_idx"),
         "process": r.get("process_idx"),
+        "model": r.get("model"),
+        "target": r.get("target"),
     }
 
 
