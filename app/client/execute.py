@@ -103,6 +103,9 @@ async def execute(
             meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
     served_models.record(meta.load_stats, meta.validity, spec.model, served)
+    if served.ids is not None:  # a mix: each of its models (served as the first target lists)
+        others = (s.model for s in spec.model_mix if s.model != spec.model)
+        meta.validity += [n for m in others if (n := served_models.warning(m, served))]
     meta.load_stats[server_identity.STATS_KEY] = identity
     return Executed(spec, result, None, meta, scraped.series)
 
