@@ -157,3 +157,34 @@ def test_the_mix_and_the_targets_are_part_of_the_key() -> None:
     assert [d.field for d in targets.differing] == ["target"]
     one_or_two = check([key(), key(base_urls=[A, B])])
     assert [d.field for d in one_or_two.differing] == ["target"]
+
+
+def test_the_launch_and_sweep_forms_take_a_mix_and_several_urls() -> None:
+    from app.web import launch_form, sweeps_form
+
+    form = launch_form.defaults() | {
+        "base_url": f"{A}, {B}",
+        "model": "base:0.7,lora-sql:0.3",
+        "routing": "session",
+        "session_header": "X-Affinity",
+    }
+    created, errors = launch_form.parse(form)
+    assert created is not None, errors
+    s = created.to_spec()
+    assert s.targets() == [A, B] and s.routing == "session" and s.session_header == "X-Affinity"
+    assert [(m.model, m.weight) for m in s.model_mix] == [("base", 0.7), ("lora-sql", 0.3)]
+    # launch again: the same text in the same fields
+    again = launch_form.values_from_spec(s.model_dump(mode="json"), "x")
+    assert again["base_url"] == f"{A}, {B}" and again["model"] == "base:0.7,lora-sql:0.3"
+    assert again["routing"] == "session"
+    # bad input: the message beside the field the user wrote it in
+    for field, value, shown in (
+        ("model", "base:0,lora:1", "model"),
+        ("model", "base:x,lora:1", "model"),
+        ("base_url", f"{A},{A}", "base_url"),
+        ("routing", "nearest", "routing"),
+    ):
+        bad, errs = launch_form.parse(form | {field: value})
+        assert bad is None and shown in errs, (field, value, errs)
+    sweep = sweeps_form.FIELDS
+    assert {"routing", "session_header"} <= {f.name for f in sweep}

@@ -264,7 +264,14 @@ def _request_types() -> dict[str, Any]:
     ints += ("cached_prompt_tokens",)
     ints += ("conn_id", "retries", "session", "turn")
     types |= {c: i for c in ints}
-    types |= {"warmup": pa.bool_(), "status": s, "error": s, "token_source": s}
+    types |= {
+        "warmup": pa.bool_(),
+        "status": s,
+        "error": s,
+        "token_source": s,
+        "model": s,
+        "target": s,
+    }
     types |= {"conn_reused": pa.bool_()}
     return types
 
