@@ -248,9 +248,7 @@ def test_cli_round_robin(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["spec"]["base_urls"] == [a, b] and report["spec"]["routing"] == "round-robin"
 
 
-def test_cli_two_processes_draw_what_one_does(
-    lab: Lab, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_two_processes_draw_what_one_does(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
     if not lab.db_url.startswith("sqlite"):
         pytest.skip("the load path is the same on either database")
     assignment = []
@@ -310,13 +308,12 @@ BAD_REST: list[tuple[dict[str, Any], str]] = [
 def test_bad_input_is_refused_and_nothing_sent(
     lab: Lab, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a, b = lab.urls
+    a = lab.urls[0]
     before = [len(s.ground_truth()["requests"]) for s in lab.sims]
     with api(lab.server) as c:
         for fields, field in BAD_REST:
             body = {"base_url": a, "model": "m", "num_prompts": 2} | {
-                k: [u.format(a=a) for u in v] if k == "base_urls" else v
-                for k, v in fields.items()
+                k: [u.format(a=a) for u in v] if k == "base_urls" else v for k, v in fields.items()
             }
             r = c.post("/runs", json=body)
             assert r.status_code == 422, (fields, r.text)

@@ -72,7 +72,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": "a:inf,b:1"}, "model"),
     ({"model": "a:nan,b:1"}, "model"),
     ({"model_mix": [{"model": "", "weight": 1}, {"model": "b"}]}, "model_mix"),
-    ({"model_mix": [{"model": "a", "weight": 1e308}, {"model": "b", "weight": 1e308}]}, "model_mix"),
+    (
+        {"model_mix": [{"model": "a", "weight": 1e308}, {"model": "b", "weight": 1e308}]},
+        "model_mix",
+    ),
     ({"model_mix": [{"model": f"m{i}"} for i in range(MAX_MODELS + 1)]}, "model_mix"),
     ({"model": "z", "model_mix": [{"model": "a"}, {"model": "b"}]}, "model"),
     ({"base_urls": [A, A]}, "base_urls"),
