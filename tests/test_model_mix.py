@@ -332,3 +332,36 @@ def test_bad_input_is_refused_and_nothing_sent(
         assert cli_main(argv) == 2, argv
         assert flag in capsys.readouterr().err
     assert [len(s.ground_truth()["requests"]) for s in lab.sims] == before
+
+
+def test_an_agent_trace_keeps_each_session_on_one_model_and_target(
+    sims: tuple[SimulatorThread, SimulatorThread],
+) -> None:
+    """An agent trace's sessions (``agent_sessions``): every request of a session, its
+    subagent branches included, on the session's one target and one model, named by the
+    session header; the records say the same."""
+    from app.client.runner import run_load
+    from app.client.spec import RunSpec
+    from tests.test_client import run
+
+    trace = str(Path(__file__).parent / "fixtures" / "agent_trace.jsonl")
+    spec = RunSpec(
+        base_urls=[s.base_url for s in sims], model=MIX, routing="session",
+        dataset="agentic", dataset_path=trace, output_len=3, scrape_metrics=False, seed=9,
+    )  # fmt: skip
+    res = run(run_load(spec, run_tag="agentmix"))
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    for sim in sims:
+        for rid, rec in sim.ground_truth()["requests"].items():
+            if rid.startswith("agentmix-"):
+                seen[rid] = (sim.base_url, rec)
+    recs = [r for r in res.records if not r.warmup]
+    assert recs and len(seen) == len(recs)
+    by_session: dict[int, set[tuple[str, str | None, str | None]]] = {}
+    for r in recs:
+        target, rec = seen[f"agentmix-s{r.session}-t{r.turn}"]
+        assert r.status.value == "ok" and (r.target, r.model) == (target, rec["model"])
+        assert rec["session"] == f"agentmix-s{r.session}"
+        assert r.session is not None
+        by_session.setdefault(r.session, set()).add((target, rec["model"], rec["session"]))
+    assert len(by_session) >= 2 and all(len(v) == 1 for v in by_session.values())
