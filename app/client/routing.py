@@ -167,6 +167,8 @@ class Router:
         return int(unit(0, "target-" + kind, key) * n)
 
     def _route(self, kind: str, key: int, name: str) -> Route:
+        if not (self.mixed or self.routed or self.routing == "session"):
+            return NO_ROUTE  # one model, one target: nothing to draw or name
         m, lane = self.model_of(kind, key), self.lane_of(kind, key)
         return Route(
             lane=lane,
