@@ -222,6 +222,11 @@ def check_run(lab: Lab, run_id: str, *, planned: int) -> list[dict[str, Any]]:
     scrapes = report["load"]["server_metrics"]["targets"]
     assert [s["target"] for s in scrapes] == lab.urls
     assert all(s["status"] == "ok" and s["scrapes"] >= 1 for s in scrapes), scrapes
+    with api(lab.server) as c:  # the stored series: each named by its target
+        series = c.get(f"/runs/{run_id}/server-metrics").json()
+    per_target = Counter(x["labels"].get("tokentrace_target") for x in series)
+    assert set(per_target) == set(lab.urls), per_target
+    assert per_target[lab.urls[0]] == per_target[lab.urls[1]] > 0  # the same simulator twice
     return rows
 
 
