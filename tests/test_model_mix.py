@@ -370,3 +370,24 @@ def test_an_agent_trace_keeps_each_session_on_one_model_and_target(
         assert r.session is not None
         by_session.setdefault(r.session, set()).add((target, rec["model"], rec["session"]))
     assert len(by_session) >= 2 and all(len(v) == 1 for v in by_session.values())
+
+
+def test_a_key_bound_to_one_target_is_sent_to_neither(
+    lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--api-key-env`` bound to the first simulator only: a run that also names the second
+    exits 2 naming it, and neither simulator sees a request; bound to both, it runs."""
+    if not lab.db_url.startswith("sqlite"):
+        pytest.skip("no storage involved")
+    a, b = lab.urls
+    var = "TOKENTRACE_TARGET_KEY_MIXLAB"
+    monkeypatch.setenv(var, "sk-mixlab")
+    monkeypatch.setenv(var + "_TARGETS", a)
+    before = [len(s.ground_truth()["requests"]) for s in lab.sims]
+    assert cli_main([*cli_args(lab), "--api-key-env", var]) == 2
+    err = capsys.readouterr().err
+    assert "--api-key-env" in err and f"may not be sent to {b}" in err, err
+    assert [len(s.ground_truth()["requests"]) for s in lab.sims] == before
+    monkeypatch.setenv(var + "_TARGETS", f"{a},{b}")
+    assert cli_main([*cli_args(lab), "--api-key-env", var]) == 0
+    check_run(lab, json.loads(capsys.readouterr().out)["run_id"], planned=26)
