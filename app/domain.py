@@ -175,6 +175,10 @@ class RequestRecord:
     # a run over several load processes (app.client.shards): the process that sent it
     # (stored as requests.process_idx, migration 0019)
     process: int | None = None
+    # a run of several models or targets (app.client.routing): the model and the base URL
+    # it used; None for a run of one (stored as requests.model / requests.target, 0021)
+    model: str | None = None
+    target: str | None = None
     # an agent trace's request (app.client.agent_sessions): its parents, depth and recorded
     # delay; stored in requests.metric_values (AGENT_KEYS, no migration); None otherwise
     agent: AgentLink | None = None

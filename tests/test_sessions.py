@@ -548,9 +548,9 @@ def test_where_the_next_turn_leaves_from(
     seen: dict[str, bool] = {}
     send_turn = runner._Run.send_turn
 
-    def spy(self: Any, rid: str, req: bytes, on_end: Any = None) -> Any:
+    def spy(self: Any, rid: str, req: bytes, on_end: Any = None, lane: int = 0) -> Any:
         seen[rid] = asyncio.current_task() is None
-        return send_turn(self, rid, req, on_end)
+        return send_turn(self, rid, req, on_end, lane)
 
     monkeypatch.setattr(runner._Run, "send_turn", spy)
 

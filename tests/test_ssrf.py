@@ -155,3 +155,38 @@ def test_worker_refuses_a_target_resolving_to_link_local() -> None:
     assert res.counts["error"] == 3
     assert all("link-local" in (r.error or "") for r in res.records)
     assert res.connections["opened"] == 0
+
+
+def test_every_base_url_of_a_run_passes_the_target_checks(sqlite_url: str) -> None:
+    """A run of several targets (``base_urls``): each one is checked like ``base_url``; the
+    refused one is named, and nothing is queued."""
+    with api_client(sqlite_url, target_allowlist=["127.0.0.1:9", "127.0.0.1:10"]) as api:
+        for second, why in (
+            ("http://127.0.0.1:11", "allow-list"),
+            ("http://169.254.169.254:9", "link-local"),
+        ):
+            body = SPEC | {"base_urls": ["http://127.0.0.1:9", second]}
+            r = api.client.post("/api/v1/runs", json=body, headers=api.h(api.run))
+            assert r.status_code == 422 and why in r.text, r.text
+            assert r.json()["detail"][0]["loc"] == ["body", "base_urls"]
+            assert _count(api, Run) == 0 and _count(api, Job) == 0
+        body = SPEC | {"base_urls": ["http://127.0.0.1:9", "http://127.0.0.1:10"]}
+        assert api.client.post("/api/v1/runs", json=body, headers=api.h(api.run)).status_code == 201
+
+
+def test_a_worker_fails_only_the_requests_to_a_link_local_target() -> None:
+    """Of a run's targets, the one that resolves to a link-local address gets nothing: its
+    requests fail saying so; the other's are sent (and fail on its closed port here)."""
+    import asyncio
+
+    from app.client.runner import run_load
+
+    spec = RunSpec(base_urls=["http://127.0.0.1:9", "http://169.254.1.1:9"], model="m",
+                   num_prompts=4, input_len=4, output_len=2, scrape_metrics=False,
+                   request_timeout_s=2)  # fmt: skip
+    res = asyncio.run(run_load(spec, run_tag="ll2", allow_link_local=False))
+    link_local = [r for r in res.records if r.target == "http://169.254.1.1:9"]
+    other = [r for r in res.records if r.target == "http://127.0.0.1:9"]
+    assert len(link_local) == len(other) == 2
+    assert all("link-local" in (r.error or "") for r in link_local)
+    assert all("link-local" not in (r.error or "") for r in other)

@@ -9,7 +9,9 @@ it read (the packaged ShareGPT version or the file's sha256, from the run's load
 statistics), seed, load shape, endpoint (and its own options, ``endpoint_options``) and
 hardware, and the **target**: the server the run measured, as its normalised base URL and
 the identity the server gave (the engine its ``/metrics`` names, the models its
-``/v1/models`` lists; ``target_key``). ``check`` reports
+``/v1/models`` lists; ``target_key``). A run of several models (``model_mix``) has its mix
+as its model (``model_text``: each model's share of the weights), a run of several targets
+(``base_urls``) their URLs and its routing as its target's URL (``targets_url``). ``check`` reports
 every field where the runs differ; when more than the one variable under test differs, a
 comparison must say so before any verdict. A variable under test that makes another server
 (model, engine, its version, dtype, hardware: ``SERVER_FIELDS``) lets the target differ with
@@ -194,6 +196,27 @@ def served_models(load_stats: Mapping[str, Any] | None) -> list[str] | None:
     return sorted({m[:200] for m in ids if isinstance(m, str)})
 
 
+def model_text(spec: Mapping[str, Any]) -> Any:
+    """The run's model, or its mix as ``name:share,...`` (shares of the weights' sum, so
+    ``a:7,b:3`` and ``a:0.7,b:0.3`` are one mix), in the order given."""
+    mix = spec.get("model_mix")
+    if not isinstance(mix, list) or not mix:
+        return spec.get("model")
+    pairs = [(str(m.get("model")), float(m.get("weight") or 0)) for m in mix if isinstance(m, dict)]
+    total = sum(w for _, w in pairs) or 1.0
+    return ",".join(f"{name}:{w / total:.4g}" for name, w in pairs)
+
+
+def targets_url(spec: Mapping[str, Any]) -> str | None:
+    """A run of several targets: their normalised URLs in order and its routing, as one
+    text (``a + b (round-robin)``); None for a run of one."""
+    urls = spec.get("base_urls")
+    if not isinstance(urls, list) or len(urls) < 2:
+        return None
+    joined = " + ".join(str(target_url(u)) for u in urls)
+    return f"{joined} ({spec.get('routing') or 'round-robin'})"
+
+
 def target_key(url: Any, load_stats: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The target of a run: its normalised URL (``target_url``), the engine its ``/metrics``
     named and the models its ``/v1/models`` listed (with their count); each None when the run
@@ -241,9 +264,13 @@ def comparability_key(
     ``dataset_source``: the file its prompts came from (``load_stats["dataset_source"]``);
     ``url``: the target's URL when the spec has none (an import's); ``load_stats``: the run's
     load statistics, for the server's identity (``target_key``)."""
+    target = target_key(spec.get("base_url") or url, load_stats)
+    several = targets_url(spec)
+    if several is not None and target is not None:
+        target["url"] = several
     return {
-        "target": target_key(spec.get("base_url") or url, load_stats),
-        "model": spec.get("model"),
+        "target": target,
+        "model": model_text(spec),
         "engine": spec.get("engine"),
         "engine_version": spec.get("engine_version"),
         "dtype": spec.get("dtype"),

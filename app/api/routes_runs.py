@@ -65,7 +65,7 @@ def create_run(
 ) -> RunCreated:
     """Queue a benchmark: creates the run (status queued) and its bench job together.
     422 naming ``base_url`` when the operator's target allow-list refuses it."""
-    targets.check_run_targets(body.base_url, body.metrics_url, settings)
+    targets.check_run_targets(body.base_url, body.metrics_url, settings, body.base_urls)
     run_id, job_id = bench_jobs.create_bench_run(
         session,
         body.to_spec(),

@@ -166,7 +166,7 @@ def create_sweep(
     """Queue a sweep: creates the sweep (status queued) and its one ``sweep`` job together;
     a worker runs the steps in order. 422 naming the field when the plan or the target
     (allow-list) is refused."""
-    targets.check_run_targets(body.base_url, body.metrics_url, settings)
+    targets.check_run_targets(body.base_url, body.metrics_url, settings, body.base_urls)
     plan = body.plan()
     sweep_id, job_id = sweep_jobs.create_sweep_job(
         session,

@@ -142,6 +142,9 @@ class RequestRow(BaseModel):
     turn: int | None = None
     # a run over several load processes: the process that sent it (from 0)
     process: int | None = None
+    # a run of several models / targets: the model and base URL it used (None: one of each)
+    model: str | None = None
+    target: str | None = None
     # prompt tokens the server served from its prefix cache; None where it did not say
     cached_prompt_tokens: int | None = None
 

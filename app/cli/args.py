@@ -84,6 +84,10 @@ FLAG_FOR_FIELD = {
     "ramp_up_start_rps": "--ramp-up-start-rps",
     "ramp_up_end_rps": "--ramp-up-end-rps",
     "multi_turn": "--multi-turn",
+    "base_urls": "--base-url",
+    "model_mix": "--model",
+    "routing": "--routing",
+    "session_header": "--session-header",
     "max_turns": "--max-turns",
     "turn_delay_ms": "--turn-delay-ms",
 }
@@ -233,8 +237,23 @@ def dataset_options_from_args(ns: argparse.Namespace) -> dict[str, object]:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", required=True, help="target server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True)
+    p.add_argument(
+        "--base-url",
+        required=True,
+        action="append",
+        help="target server, e.g. http://127.0.0.1:8000; repeat it for several (--routing)",
+    )
+    p.add_argument(
+        "--model", required=True, help="a model, or a weighted mix: name:weight,name:weight"
+    )
+    p.add_argument(
+        "--routing",
+        default="round-robin",
+        help="several --base-url: round-robin (by request index) or session (affinity)",
+    )
+    p.add_argument(
+        "--session-header", default="X-Session-ID", help="the header naming a request's session"
+    )
     p.add_argument(
         "--endpoint",
         default="chat",
@@ -462,7 +481,10 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         arrival = "gamma"
     endpoint = _endpoint(ns.endpoint)
     fields: dict[str, object] = {
-        "base_url": ns.base_url,
+        "base_url": ns.base_url[0],
+        "base_urls": ns.base_url if len(ns.base_url) > 1 else [],
+        "routing": ns.routing,
+        "session_header": ns.session_header,
         "model": ns.model,
         "endpoint": endpoint,
         "endpoint_options": endpoint_options_from_args(ns, endpoint),

@@ -28,6 +28,7 @@ from app.analysis.server_controls import control_rows
 from app.analysis.server_timing import client_mean_key
 from app.analysis.turns import PER_TOKEN, turn_metrics
 from app.analysis.verdict import verdict_of
+from app.cli.render_groups import render_groups
 from app.client.endpoints import items_noun
 from app.services.client_health import client_health
 
@@ -149,6 +150,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     turn_rows = [r for r in turns if isinstance(r, dict)] if isinstance(turns, list) else []
     if turn_rows:
         render_turns(turn_rows, console)
+    render_groups(report.get("groups"), console)  # several models / targets
     load_block = report.get("load") or {}
     agents = load_block.get(AGENT_STATS_KEY) if isinstance(load_block, dict) else None
     if isinstance(agents, dict):

@@ -32,8 +32,7 @@ from typing import Any
 
 from app.client.datasets.agent_graph import PLACEHOLDER, AgentNode, AgentTrace
 from app.client.datasets.base import Prompt
-from app.client.endpoints.base import surface_headers
-from app.client.http_request import finish_request, request_head, request_headers
+from app.client.http_request import finish_request
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
 from app.client.sessions import (
@@ -104,12 +103,10 @@ class _Dag:
         self.sent_tokens = [0] * n
         self.heads: list[bytes | None] = [None] * n
         self.handled = [False] * n  # its end seen (``ended``)
-        self.templates: dict[int, BodyTemplate | None] = {}
+        self.templates: dict[tuple[int, int], BodyTemplate | None] = {}
         self.error: BaseException | None = None
-        spec = host.spec
-        kind, options = spec.surface()
-        self.own_headers, self.key_header = surface_headers(kind, options)
-        self.keep_alive = spec.connection_mode == "keep-alive"
+        # one model and one target per session (app.client.routing)
+        self.routes = {s: host.session_route(s) for s in {n.session for n in trace.nodes}}
 
     def start(self, k: int, ready_ns: int) -> None:
         task = asyncio.create_task(self.run(k, ready_ns))
@@ -121,14 +118,8 @@ class _Dag:
         if not task.cancelled() and task.exception() is not None and self.error is None:
             self.error = task.exception()
 
-    def head(self, rid: str) -> bytes:
-        host = self.host
-        spec = host.spec
-        headers = request_headers(
-            host.target, rid, spec.api_key, keep_alive=self.keep_alive, extra=spec.headers,
-            stream=spec.stream, surface=self.own_headers, key_header=self.key_header,
-        )  # fmt: skip
-        return request_head(host.path, headers)
+    def head(self, rid: str, session: int) -> bytes:
+        return self.host.head(rid, self.routes[session])
 
     def prepare(self, k: int) -> tuple[str, bytes, Prompt]:
         """Request ``k``'s id, bytes and prompt, its parents having replied. A carried
@@ -138,7 +129,9 @@ class _Dag:
         host = self.host
         node = self.trace.nodes[k]
         rid = f"{host.run_tag}-s{node.session}-t{node.turn}"
-        head = self.heads[k] or self.head(rid)
+        route = self.routes[node.session]
+        spec = self.host.route_spec(route)
+        head = self.heads[k] or self.head(rid, node.session)
         msgs = messages_of(node, self.trace, self.sent, self.replies)
         tok = host.tok
         parts: list[bytes] = []
@@ -155,16 +148,21 @@ class _Dag:
         parts += [dumps(m) for m in new]
         tokens += sum(tok.count(m["content"]) for m in new if isinstance(m.get("content"), str))
         inner = b",".join(parts)
-        if node.output_len not in self.templates:
-            self.templates[node.output_len] = body_template(host.spec, node.output_len)
-        template = self.templates[node.output_len]
-        body = template.body(inner) if template else turn_body(host.spec, msgs, node.output_len)
+        key = (route.model_idx, node.output_len)
+        if key not in self.templates:
+            self.templates[key] = body_template(spec, node.output_len)
+        template = self.templates[key]
+        body = template.body(inner) if template else turn_body(spec, msgs, node.output_len)
         self.sent[k], self.sent_json[k], self.sent_tokens[k] = msgs, inner, tokens
         for c in self.trace.children[k]:  # their heads, while this one's reply streams
             if self.heads[c] is None:
                 child = self.trace.nodes[c]
-                self.heads[c] = self.head(f"{host.run_tag}-s{child.session}-t{child.turn}")
+                rid_c = f"{host.run_tag}-s{child.session}-t{child.turn}"
+                self.heads[c] = self.head(rid_c, child.session)
         return rid, finish_request(head, body), Prompt(None, msgs, tokens, node.output_len)
+
+    def lane(self, k: int) -> int:
+        return self.routes[self.trace.nodes[k].session].lane
 
     def link(self, k: int) -> AgentLink:
         node = self.trace.nodes[k]
@@ -188,13 +186,13 @@ class _Dag:
             host.sem.release()
             return
         try:
-            stream = host.send_turn(rid, req, partial(self.ended, k))
+            stream = host.send_turn(rid, req, partial(self.ended, k), self.lane(k))
         except BaseException:
             host.sem.release()
             raise
         raw = await host.track_turn(
             self.first + k, prompt, node.session, node.turn, stream, due, ready_ns,
-            agent=self.link(k),
+            agent=self.link(k), route=self.routes[node.session],
         )  # fmt: skip
         self.after(k, raw)
 
@@ -206,7 +204,7 @@ class _Dag:
         await self.host.sem.acquire()
         raw = await self.host.track_turn(
             self.first + k, prompt, node.session, node.turn, stream, ready_ns, ready_ns,
-            agent=self.link(k),
+            agent=self.link(k), route=self.routes[node.session],
         )  # fmt: skip
         self.after(k, raw)
 
@@ -240,7 +238,7 @@ class _Dag:
                 continue
             try:
                 rid, req, prompt = self.prepare(c)
-                stream = host.send_turn(rid, req, partial(self.ended, c))
+                stream = host.send_turn(rid, req, partial(self.ended, c), self.lane(c))
             except Exception as e:  # raised by drive_agents
                 self.error = self.error or e
                 continue

@@ -151,6 +151,7 @@ class Conn:
     ssl: SSLObject | None = None
     in_bio: MemoryBIO | None = None
     out_bio: MemoryBIO | None = None
+    key: object = None  # where it is connected (the pool keeps idle ones by it)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -197,12 +198,13 @@ class ConnStats:
 
 
 class ConnPool:
-    """Idle keep-alive connections of one run (one event loop: no locking)."""
+    """Idle keep-alive connections of one run (one event loop: no locking), kept by where
+    they are connected (``Conn.key``: a run of several targets takes one of its own)."""
 
     def __init__(self, *, keep_alive: bool, bound: int) -> None:
         self.keep_alive = keep_alive
         self.stats = ConnStats(mode="keep-alive" if keep_alive else "new", bound=bound)
-        self._idle: list[Conn] = []
+        self._idle: dict[object, list[Conn]] = {}
         self._next_id = 0
         self.open = 0
 
@@ -213,10 +215,11 @@ class ConnPool:
         self.stats.max_open = max(self.stats.max_open, self.open)
         return self._next_id
 
-    def take(self) -> Conn | None:
-        """An idle connection that is still open, or None (open a new one)."""
-        while self._idle:
-            conn = self._idle.pop()
+    def take(self, key: object = None) -> Conn | None:
+        """An idle connection to ``key`` that is still open, or None (open a new one)."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
             if conn.closed_by_peer():
                 self.stats.closed_idle += 1
                 self.discard(conn)
@@ -227,7 +230,7 @@ class ConnPool:
     def give(self, conn: Conn) -> None:
         """A connection whose response ended cleanly: keep it for the next request."""
         if self.keep_alive:
-            self._idle.append(conn)
+            self._idle.setdefault(conn.key, []).append(conn)
         else:
             self.discard(conn)
 
@@ -236,12 +239,13 @@ class ConnPool:
         self.open -= 1
 
     def close_all(self) -> None:
-        while self._idle:
-            self.discard(self._idle.pop())
+        for idle in self._idle.values():
+            while idle:
+                self.discard(idle.pop())
 
     @property
     def idle(self) -> int:
-        return len(self._idle)
+        return sum(len(idle) for idle in self._idle.values())
 
 
 def first_stamp_at_or_after(stamps: list[tuple[int, int]], key: int) -> int | None:

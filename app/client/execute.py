@@ -20,17 +20,20 @@ from typing import Any
 from app import __version__
 from app.analysis.agent_sessions import STATS_KEY as AGENT_KEY
 from app.analysis.agent_sessions import agent_tables, rows_of_records
+from app.analysis.groups import STATS_KEY as GROUPS_KEY
+from app.analysis.groups import group_tables
 from app.analysis.prefix_cache import prefix_cache, records_prefix_cache
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
 from app.client import served_models, server_identity
 from app.client.load_result import LagStats, LoadResult
-from app.client.metrics_scraper import MetricsScraper, ScrapeResult, to_run_axis
+from app.client.metrics_scraper import MetricsScraper, to_run_axis
 from app.client.server_controls import STATS_KEY as SERVER_CONTROLS_KEY
 from app.client.server_controls import metrics_url
 from app.client.spec import RunSpec
 from app.client.target_keys import key_may_reach, resolve_api_key
+from app.client.target_scrapes import start_scrapers, stop_scrapers
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
@@ -82,8 +85,8 @@ async def execute(
         server_identity.fetch, keyed, max_model_len=lengths.get(spec.model)
     )
     scraper = start_scraper(keyed)
-    if scraper is not None and on_scraper is not None:
-        on_scraper(scraper)
+    if scraper is not None and on_scraper is not None:  # several: the first target's, live
+        on_scraper(scraper[0][1] if isinstance(scraper, list) else scraper)
     try:
         result = await load()
     except Exception as e:
@@ -100,6 +103,9 @@ async def execute(
             meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
     served_models.record(meta.load_stats, meta.validity, spec.model, served)
+    if served.ids is not None:  # a mix: each of its models (served as the first target lists)
+        others = (s.model for s in spec.model_mix if s.model != spec.model)
+        meta.validity += [n for m in others if (n := served_models.warning(m, served))]
     meta.load_stats[server_identity.STATS_KEY] = identity
     return Executed(spec, result, None, meta, scraped.series)
 
@@ -268,6 +274,7 @@ def run_meta(result: LoadResult, max_error_rate: float = DEFAULT_MAX_ERROR_RATE)
         | {"token_counts": check}
         | _turns(result.records)
         | _agents(result.records)
+        | _groups(result.records)
         | _cached(result.records),
         client_host=platform.node(),
         client_version=__version__,
@@ -288,6 +295,13 @@ def _agents(records: list[RequestRecord]) -> dict[str, Any]:
     return {AGENT_KEY: agent_tables(rows)} if rows else {}
 
 
+def _groups(records: list[RequestRecord]) -> dict[str, Any]:
+    """A run of several models or targets: its figures per model and per target
+    (``app.analysis.groups``), kept in the run's load statistics."""
+    tables = group_tables(records)
+    return {GROUPS_KEY: tables} if tables else {}
+
+
 def _cached(records: list[RequestRecord]) -> dict[str, Any]:
     """The share of prompt tokens the responses said the server's prefix cache served
     (``records_prefix_cache``), when any response said."""
@@ -301,7 +315,13 @@ class ScrapeOutcome:
     series: list[Series] = field(default_factory=list)  # run-relative times
 
 
-def start_scraper(spec: RunSpec) -> MetricsScraper | None:
+Scrapers = MetricsScraper | list[tuple[str, MetricsScraper]]
+
+
+def start_scraper(spec: RunSpec) -> Scrapers | None:
+    """The run's scraper; a run of several targets: one per target (``target_scrapes``)."""
+    if spec.base_urls:
+        return start_scrapers(spec) or None
     url = metrics_url(spec)
     if url is None:
         return None
@@ -310,12 +330,16 @@ def start_scraper(spec: RunSpec) -> MetricsScraper | None:
     return MetricsScraper(url, wanted(spec.metrics_series), headers=headers).start()
 
 
-def finish_scrape(scraper: MetricsScraper | None, start_mono_ns: int | None) -> ScrapeOutcome:
+def finish_scrape(scraper: Scrapers | None, start_mono_ns: int | None) -> ScrapeOutcome:
     """Stop the scraper; series move onto the run's axis (``start_mono_ns``). A finished
     load (``start_mono_ns`` given) gets one last scrape, after its last request ended."""
     if scraper is None:
         return ScrapeOutcome({"status": "off (scrape_metrics is false)"})
-    res: ScrapeResult = scraper.stop(final_scrape=start_mono_ns is not None)
+    final = start_mono_ns is not None
+    if isinstance(scraper, list):
+        res = stop_scrapers(scraper, final)
+    else:
+        res = scraper.stop(final_scrape=final)
     series = to_run_axis(res.series, start_mono_ns) if start_mono_ns is not None else []
     return ScrapeOutcome(res.summary(), series)
 

@@ -403,7 +403,7 @@ class StreamRequest:
         loopback, the kernel's pending work on the socket included) then happens before the
         request is due. ``unreserve`` gives it back when the request is not started."""
         if self._keep_alive and self._pool is not None and self._reserved is None:
-            self._reserved = self._pool.take()
+            self._reserved = self._pool.take(self._addr)
 
     def unreserve(self) -> None:
         conn, self._reserved = self._reserved, None
@@ -417,7 +417,7 @@ class StreamRequest:
         r.io_start_ns = r.t0_ns = time.monotonic_ns()
         conn, self._reserved = self._reserved, None
         if conn is None and self._keep_alive and self._pool is not None:
-            conn = self._pool.take()
+            conn = self._pool.take(self._addr)
         if conn is None:
             self._open()
             return
@@ -449,7 +449,7 @@ class StreamRequest:
             self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
             return
         pool = self._pool
-        conn = Conn(id=pool.new_id() if pool is not None else 1, sock=sock, family=self._family)
+        conn = Conn(pool.new_id() if pool else 1, sock, self._family, key=self._addr)
         conn.ssl, conn.in_bio, conn.out_bio = ssl_obj, in_bio, out_bio
         self._conn = conn
         self._hs_done = ssl_obj is None

@@ -54,6 +54,7 @@ class ScrapeResult:
     last_failure: str | None = None  # why the last failed scrape failed
     dropped_samples: int = 0  # a new series past MAX_SERIES, or labels past the bounds
     series: list[Series] = field(default_factory=list)  # times on time.monotonic_ns()
+    targets: list[dict[str, object]] = field(default_factory=list)  # several: each one's
 
     def summary(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -67,6 +68,8 @@ class ScrapeResult:
             out["last_failure"] = self.last_failure
         if self.dropped_samples:
             out["dropped_samples"] = self.dropped_samples
+        if self.targets:  # a run of several targets (app.client.target_scrapes)
+            out["targets"] = list(self.targets)
         return out
 
 

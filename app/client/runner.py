@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import math
 import signal
 import threading
@@ -46,12 +45,14 @@ from app.client.clocks import ClockMap, kernel_stamps_supported
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
 from app.client.endpoints.base import ClassifyFn, surface_headers
-from app.client.http_request import Target, build_request, parse_target, request_headers
-from app.client.http_stream import StreamRequest, reserve_fds, resolve
+from app.client.http_request import Target, finish_request, parse_target
+from app.client.http_stream import StreamRequest, reserve_fds
+from app.client.lanes import build_lanes, resolve_lanes, route_head, router_of
 from app.client.limits import BufferBudget
 from app.client.load_result import LagStats, LoadResult, Progress, connection_notes
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
+from app.client.routing import NO_ROUTE, Route
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
 from app.client.server_controls import ServerControls
 from app.client.sessions import (
@@ -108,6 +109,7 @@ class _Item:
     session: int | None = None  # multi-turn sessions (app.client.sessions)
     turn: int | None = None
     agent: AgentLink | None = None  # an agent trace's request (app.client.agent_sessions)
+    route: Route = NO_ROUTE  # its model and target (app.client.routing)
 
 
 class _Run:
@@ -128,7 +130,11 @@ class _Run:
         self.tok = tok
         self.target = target
         self.endpoint, self.endpoint_options = spec.surface()
-        self.path = target.url_path(self.endpoint.path(self.endpoint_options))
+        self.lanes = build_lanes(spec, self.endpoint.path(self.endpoint_options))
+        self.router = router_of(spec, run_tag)
+        self.own_headers, self.key_header = surface_headers(self.endpoint, self.endpoint_options)
+        # a session's spec per model (its bodies read spec.body_params())
+        self.model_specs = [spec.model_copy(update={"model": m}) for m in self.router.models]
         self.on_progress = on_progress
         self.stop = stop
         self.on_record: Callable[[RequestRecord], None] | None = None
@@ -152,8 +158,6 @@ class _Run:
         self.pool_waits = 0  # measured requests of a rate-driven run that waited for a slot
         self.pool = ConnPool(keep_alive=spec.connection_mode == "keep-alive", bound=self.slots)
         self.budget = BufferBudget(spec.limits.max_buffered_bytes)  # every capture counts in it
-        self.addr: tuple[int, tuple[object, ...]] | None = None
-        self.resolve_error: str | None = None
         self.records: list[RequestRecord] = []
         self.active: set[StreamRequest] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -161,7 +165,7 @@ class _Run:
         self.sleepers: set[asyncio.Future[None]] = set()  # ``wait_until``s: ``halt`` wakes them
         self.holding = 0  # waits in their last stretch that asked post-processing to pause
         self.phase = "warmup"
-        self.body_params = spec.body_params()  # sampling parameters + extra_body, ...
+        self.body_params = [s.body_params() for s in self.model_specs]  # per model
         self.measure_start_ns = 0
         self.sent_measured = 0
         self.sent_total = 0
@@ -244,32 +248,21 @@ class _Run:
     # ---- requests
 
     async def dispatch(self, items: list[_Item]) -> None:
-        spec = self.spec
         burst = 0
         # every slot is free when a phase starts (the previous one waited for its requests)
         self.slots_taken = 0
         self.release_times.clear()
-        keep_alive = spec.connection_mode == "keep-alive"
-        own_headers, key_header = surface_headers(self.endpoint, self.endpoint_options)
         for it in items:
             if self.halted:
                 break
-            body = self.endpoint.body(it.prompt, self.body_params, self.endpoint_options)
+            it.route = route = self.router.request(it.index)
+            params = self.body_params[route.model_idx]
+            body = self.endpoint.body(it.prompt, params, self.endpoint_options)
             # the request bytes are built before the request is due: starting it is then
             # only socket setup, connect and one send
             rid = f"{self.run_tag}-{it.index}"
-            headers = request_headers(
-                self.target,
-                rid,
-                spec.api_key,
-                keep_alive=keep_alive,
-                extra=spec.headers,
-                stream=spec.stream,
-                surface=own_headers,
-                key_header=key_header,
-            )
-            req = build_request(self.path, headers, body)
-            sr = self.stream(rid, req)
+            req = finish_request(self.head(rid, route), body)
+            sr = self.stream(rid, req, lane=route.lane)
             scheduled = self.start_ns + it.scheduled_ns
             if scheduled > time.monotonic_ns():
                 # the kept-alive connection is taken (and checked) before the send is due
@@ -299,7 +292,7 @@ class _Run:
             if waited and not self.capped and not it.warmup:
                 self.pool_waits += 1
             # started here, not in the task's first step a loop round later
-            stream = self.begin(sr, rid)
+            stream = self.begin(sr, rid, route.lane)
             task = asyncio.create_task(self.complete(it, stream, due, scheduled))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -315,19 +308,37 @@ class _Run:
         while self.tasks:
             await asyncio.wait(set(self.tasks))
 
+    def head(self, rid: str, route: Route) -> bytes:
+        """Request ``rid``'s line and headers on ``route``'s target."""
+        lane = self.lanes[route.lane]
+        return route_head(lane, route, rid, self.spec, self.own_headers, self.key_header)
+
+    def session_route(self, s: int) -> Route:
+        """Session ``s``'s route (every request of it)."""
+        return self.router.session(s)
+
+    def route_spec(self, route: Route) -> RunSpec:
+        """The spec a session's bodies are built from: the run's, with the route's model."""
+        return self.model_specs[route.model_idx]
+
     def stream(
-        self, rid: str, req: bytes, on_end: Callable[[RawStream], None] | None = None
+        self,
+        rid: str,
+        req: bytes,
+        on_end: Callable[[RawStream], None] | None = None,
+        lane: int = 0,
     ) -> StreamRequest | None:
         """The request, ready to start (None when the target's address is unknown)."""
-        if self.addr is None:
+        to = self.lanes[lane]
+        if to.addr is None:
             return None
-        family, addr = self.addr
+        family, addr = to.addr
         lim = self.spec.limits
         return StreamRequest(
-            self.target,
+            to.target,
             addr,
             family,
-            self.path,
+            to.path,
             b"",
             [],
             request_id=rid,
@@ -343,24 +354,26 @@ class _Run:
             budget=self.budget,
         )
 
-    def begin(self, sr: StreamRequest | None, rid: str) -> StreamRequest | RawStream:
+    def begin(self, sr: StreamRequest | None, rid: str, lane: int = 0) -> StreamRequest | RawStream:
         """Start ``sr`` now, on a slot the caller holds; ``complete`` must follow. Without a
         request (no address) the failed stream it would have been."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return self.launch(sr, rid)
+            return self.launch(sr, rid, lane)
         except BaseException:
             self.end_slot()
             raise
 
-    def launch(self, sr: StreamRequest | None, rid: str) -> StreamRequest | RawStream:
+    def launch(
+        self, sr: StreamRequest | None, rid: str, lane: int = 0
+    ) -> StreamRequest | RawStream:
         """``begin`` without the slot's count: the stream, started (no await on the way)."""
         if sr is None:
             now = time.monotonic_ns()
             raw = RawStream(request_id=rid, t0_ns=now, end_ns=now)
             raw.status = RequestStatus.ERROR
-            raw.error = self.resolve_error or "target address unknown"
+            raw.error = self.lanes[lane].resolve_error or "target address unknown"
             return raw
         self.active.add(sr)
         try:
@@ -401,7 +414,11 @@ class _Run:
         return raw
 
     def send_turn(
-        self, rid: str, req: bytes, on_end: Callable[[RawStream], None] | None = None
+        self,
+        rid: str,
+        req: bytes,
+        on_end: Callable[[RawStream], None] | None = None,
+        lane: int = 0,
     ) -> StreamRequest | RawStream:
         """Send one turn of a multi-turn session (``app.client.sessions``) now: its stream,
         started. No await on the way, so a loop callback may call it (the turn after a
@@ -409,7 +426,7 @@ class _Run:
         caller then holds; ``on_end`` is called where its response ended."""
         self.sent_total += 1
         self.sent_measured += 1
-        return self.launch(self.stream(rid, req, on_end), rid)
+        return self.launch(self.stream(rid, req, on_end, lane), rid, lane)
 
     def classifier(self) -> ClassifyFn:
         """A fresh classifier of one answer of the run's surface."""
@@ -426,6 +443,7 @@ class _Run:
         scheduled_ns: int,
         *,
         agent: AgentLink | None = None,
+        route: Route | None = None,
     ) -> Coroutine[Any, Any, RawStream]:
         """Count the sent turn ``stream`` on the slot the caller holds (``sem`` acquired);
         await what it returns for the stream (its record is built in post-processing).
@@ -435,6 +453,7 @@ class _Run:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         it = _Item(index, prompt, False, scheduled_ns - self.start_ns, session, turn, agent)
+        it.route = route or it.route
         return self.complete(it, stream, due_ns, scheduled_ns)
 
     async def postprocess(self) -> None:
@@ -505,6 +524,7 @@ class _Run:
             )
         rec.queued_ns = max(0, timing.due_ns - timing.scheduled_ns)
         rec.session, rec.turn, rec.agent = it.session, it.turn, it.agent
+        rec.model, rec.target = it.route.model, it.route.target
         self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
@@ -580,16 +600,6 @@ class _Run:
             if self.on_progress is not None and now >= next_progress:
                 self.on_progress(self.progress())
                 next_progress = now + int(PROGRESS_PERIOD_S * 1e9)
-
-
-def _link_local(host: object) -> bool:
-    try:
-        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_link_local
 
 
 def _set_once(fut: asyncio.Future[None]) -> None:
@@ -728,16 +738,7 @@ async def _run(
     r.scheduling = scheduling
     if sessions is not None:  # the measured requests are the sessions' turns
         r.planned = sum(len(c.turns) for c in sessions.measured)
-    try:
-        r.addr = await resolve(target)
-    except OSError as e:
-        r.resolve_error = f"cannot resolve {target.host}: {e}"
-    if r.addr is not None and not allow_link_local and _link_local(r.addr[1][0]):
-        r.resolve_error = (
-            f"base_url: {target.host} resolves to a link-local address, which this worker "
-            "refuses (--allow-link-local-targets)"
-        )
-        r.addr = None
+    await resolve_lanes(r.lanes, allow_link_local)
     # sockets for every stream that can be open at once, allocated before the clock matters
     reserve_fds(r.slots + 8)
     controls = (  # built before the monitor starts (its client's set-up is no loop lag);
@@ -757,7 +758,7 @@ async def _run(
             for it in warm:
                 it.scheduled_ns = time.monotonic_ns() - r.start_ns
             await r.dispatch(warm)
-        if controls is not None and not r.halted and r.resolve_error is None:
+        if controls is not None and not r.halted and r.lanes[0].resolve_error is None:
             await controls.before_measure()  # reset, counters, profiler (after the warm-ups)
         r.phase = "measure"
         r.measure_start_ns = time.monotonic_ns() - r.start_ns

@@ -32,10 +32,11 @@ from typing import Any, Protocol
 from app.client.datasets import dataset_type, parse_options
 from app.client.datasets.base import AnyTokenizer, BuildContext, Prompt, Workload
 from app.client.datasets.conversations import Conversation, Sessions, Turn, build_sessions
-from app.client.endpoints.base import ClassifyFn, surface_headers
-from app.client.http_request import Target, finish_request, request_head, request_headers
+from app.client.endpoints.base import ClassifyFn
+from app.client.http_request import finish_request
 from app.client.http_stream import StreamRequest
 from app.client.raw_stream import RawStream
+from app.client.routing import Route
 from app.client.spec import RunSpec
 from app.domain import TOKEN_KINDS, AgentLink, EventKind, RequestStatus
 
@@ -58,8 +59,6 @@ class SessionHost(Protocol):
 
     spec: RunSpec
     run_tag: str
-    target: Target
-    path: str
     tok: AnyTokenizer
     start_ns: int
     measure_start_ns: int
@@ -73,8 +72,18 @@ class SessionHost(Protocol):
     ) -> None: ...
 
     def send_turn(
-        self, rid: str, req: bytes, on_end: Callable[[RawStream], None] | None = None
+        self,
+        rid: str,
+        req: bytes,
+        on_end: Callable[[RawStream], None] | None = None,
+        lane: int = 0,
     ) -> StreamRequest | RawStream: ...
+
+    def head(self, rid: str, route: Route) -> bytes: ...
+
+    def session_route(self, s: int) -> Route: ...
+
+    def route_spec(self, route: Route) -> RunSpec: ...
 
     def classifier(self) -> ClassifyFn: ...
 
@@ -89,6 +98,7 @@ class SessionHost(Protocol):
         scheduled_ns: int,
         *,
         agent: AgentLink | None = None,
+        route: Route | None = None,
     ) -> Coroutine[Any, Any, RawStream]: ...
 
 
@@ -240,16 +250,9 @@ class _NextTurn:
     template: BodyTemplate | None
 
 
-def _prepare(host: SessionHost, s: int, k: int, turn: Turn) -> _NextTurn:
-    spec = host.spec
+def _prepare(host: SessionHost, s: int, k: int, turn: Turn, route: Route) -> _NextTurn:
+    spec = host.route_spec(route)
     rid = f"{host.run_tag}-s{s}-t{k}"
-    keep_alive = spec.connection_mode == "keep-alive"
-    kind, options = spec.surface()
-    own, key_header = surface_headers(kind, options)
-    headers = request_headers(
-        host.target, rid, spec.api_key, keep_alive=keep_alive, extra=spec.headers,
-        stream=spec.stream, surface=own, key_header=key_header,
-    )  # fmt: skip
     user = {"role": "user", "content": turn.text}
     return _NextTurn(
         k,
@@ -258,7 +261,7 @@ def _prepare(host: SessionHost, s: int, k: int, turn: Turn) -> _NextTurn:
         dumps(user),
         host.tok.count(turn.text),
         rid,
-        request_head(host.path, headers),
+        host.head(rid, route),
         body_template(spec, turn.output_len),
     )
 
@@ -306,7 +309,7 @@ class _Chain:
     behind the rest of the loop's round of reads (~0.2 ms, ~0.8 ms at p99 with 256
     sessions streaming)."""
 
-    __slots__ = ("early", "error", "history", "host", "index", "nxt", "s", "turns")
+    __slots__ = ("early", "error", "history", "host", "index", "nxt", "route", "s", "spec", "turns")
 
     def __init__(self, host: SessionHost, s: int, conv: Conversation, index: Iterator[int]) -> None:
         self.host = host
@@ -314,7 +317,9 @@ class _Chain:
         self.index = index
         self.turns = conv.turns
         self.history = History(conv.system, host.tok)
-        self.nxt: _NextTurn | None = _prepare(host, s, 1, conv.turns[0])
+        self.route = host.session_route(s)  # one model and one target for the session
+        self.spec = host.route_spec(self.route)
+        self.nxt: _NextTurn | None = _prepare(host, s, 1, conv.turns[0], self.route)
         self.early: _Sent | None = None
         self.error: Exception | None = None
 
@@ -324,7 +329,7 @@ class _Chain:
         nxt = self.nxt
         assert nxt is not None
         history = self.history
-        req = finish_request(nxt.head, history.body(host.spec, nxt))
+        req = finish_request(nxt.head, history.body(self.spec, nxt))
         prompt = Prompt(
             None,
             [*history.messages, nxt.user],
@@ -333,7 +338,7 @@ class _Chain:
         )
         replied = nxt.k < len(self.turns)
         early = replied and host.spec.turn_delay_ms <= 0
-        stream = host.send_turn(nxt.rid, req, self._ended if early else None)
+        stream = host.send_turn(nxt.rid, req, self._ended if early else None, self.route.lane)
         return _Sent(next(self.index), nxt.k, prompt, replied, stream, due_ns)
 
     def advance(self) -> None:
@@ -343,7 +348,8 @@ class _Chain:
         self.history.add(nxt.user, nxt.user_json, nxt.user_tokens)
         k = nxt.k
         turns = self.turns
-        self.nxt = _prepare(self.host, self.s, k + 1, turns[k]) if k < len(turns) else None
+        nxt = _prepare(self.host, self.s, k + 1, turns[k], self.route) if k < len(turns) else None
+        self.nxt = nxt
 
     def add_reply(self, reply: str) -> None:
         message = {"role": "assistant", "content": reply}
@@ -396,7 +402,7 @@ async def _session(
                 await host.sem.acquire()
             pending = host.track_turn(
                 sent.index, sent.prompt, s, sent.k, sent.stream, sent.due_ns,
-                scheduled_ns if sent.k == 1 else sent.due_ns,
+                scheduled_ns if sent.k == 1 else sent.due_ns, route=chain.route,
             )  # fmt: skip
             try:  # while the reply streams: the next turn, all but the reply before it
                 chain.advance()

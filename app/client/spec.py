@@ -20,6 +20,14 @@ from app.client.datasets.base import MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS, Workloa
 from app.client.endpoints import ENDPOINTS, endpoint_type, parse_endpoint_options
 from app.client.endpoints.base import BodyParams, EndpointType, SpecFacts
 from app.client.limits import ClientLimits
+from app.client.routing import (
+    DEFAULT_SESSION_HEADER,
+    ModelShare,
+    Routing,
+    check_base_urls,
+    check_mix,
+    split_several,
+)
 from app.domain import MAX_JSON_DEPTH, json_depth
 
 SLOMetric = str  # an SLO name of the metric registry (``metric_defs.slo_metrics``)
@@ -259,6 +267,74 @@ class RunSpec(BaseModel):
     )
     # how much of the target's answers the client may hold (app.client.limits)
     limits: ClientLimits = Field(default_factory=ClientLimits)
+    # several models and targets (app.client.routing; docs/workloads.md)
+    model_mix: list[ModelShare] = Field(
+        default_factory=list,
+        description="a weighted mix of models (LoRA adapters are model names): each request, "
+        "or session, draws its model with the run's seed; model is then one of them "
+        "(model 'a:0.7,b:0.3' is the same mix written as text)",
+    )
+    base_urls: list[str] = Field(
+        default_factory=list,
+        description="several targets (base_url is then one of them; base_url "
+        "'http://a:8000,http://b:8000' is the same); each request goes to one by routing",
+    )
+    routing: Routing = Field(
+        "round-robin",
+        description="round-robin: by request index (a session stays on one target); session: "
+        "a stable hash of the session picks its target and session_header names it",
+    )
+    session_header: str = Field(
+        DEFAULT_SESSION_HEADER, description="the header naming the session (routing session)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _several_as_text(cls, data: Any) -> Any:
+        return split_several(data)
+
+    @field_validator("base_urls")
+    @classmethod
+    def _base_urls(cls, v: list[str]) -> list[str]:
+        return check_base_urls([checked_url("base_urls", u).rstrip("/") for u in v])
+
+    @field_validator("model_mix")
+    @classmethod
+    def _model_mix(cls, v: list[ModelShare]) -> list[ModelShare]:
+        return check_mix(v)
+
+    @field_validator("session_header")
+    @classmethod
+    def _session_header(cls, v: str) -> str:
+        if not _HEADER_NAME.match(v) or v.lower() in RESERVED_HEADERS:
+            raise ValueError(f"session_header: {v[:60]!r} is not a header name the run may set")
+        return v
+
+    @model_validator(mode="after")
+    def _several(self) -> RunSpec:
+        """A mix of one model is that model; a list of one target is ``base_url``."""
+        if len(self.model_mix) == 1:
+            self.model, self.model_mix = self.model_mix[0].model, []
+        if self.model_mix and self.model not in {s.model for s in self.model_mix}:
+            raise ValueError("model: with a model_mix, model must be one of its models")
+        if len(self.base_urls) == 1:
+            self.base_url, self.base_urls = self.base_urls[0], []
+        if self.base_urls and self.base_url not in self.base_urls:
+            raise ValueError("base_url: with base_urls, base_url must be one of them")
+        if self.session_header.lower() in {h.lower() for h in self.headers}:
+            raise ValueError(f"session_header: {self.session_header} is also in headers")
+        if self.base_urls:
+            for name in ("metrics_url", "reset_prefix_cache", "server_profile"):
+                if getattr(self, name):
+                    raise ValueError(
+                        f"{name}: applies to one target; base_urls names {len(self.base_urls)} "
+                        "(each target's /metrics is scraped at its base URL)"
+                    )
+        return self
+
+    def targets(self) -> list[str]:
+        """The run's base URLs, in order (one: ``base_url``)."""
+        return list(self.base_urls) or [self.base_url]
 
     @field_validator("base_url")
     @classmethod

@@ -11,7 +11,8 @@ targets it may go to in ``TOKENTRACE_TARGET_KEY_<NAME>_TARGETS``, comma-separate
 
 Hosts are compared as written (lower case, no DNS): ``localhost`` does not cover
 ``127.0.0.1``. A key with no binding, or a run whose ``base_url`` its binding does not
-cover, is refused before anything is sent (``resolve_api_key``'s ValueError names the key
+cover (any of its ``base_urls``, for a run of several targets), is refused before anything
+is sent (``resolve_api_key``'s ValueError names the key
 and the target, never the key's value). The key then goes with each request to ``base_url``
 and its ``GET /v1/models`` (under ``base_url``), and to the ``/metrics`` scrape only where
 the binding covers that URL too (``key_may_reach``).
@@ -113,7 +114,8 @@ def _binding(key_var: str, env: Mapping[str, str]) -> tuple[Rule, ...]:
 
 def resolve_api_key(spec: RunSpec, env: Mapping[str, str] | None = None) -> RunSpec:
     """``spec`` with ``api_key`` read from ``api_key_env`` here, when its binding covers
-    ``spec.base_url``; else a ValueError (nothing has been sent). ``env``: os.environ."""
+    every base URL of the run (``spec.targets()``); else a ValueError naming the first it
+    does not (nothing has been sent). ``env``: os.environ."""
     name = spec.api_key_env
     if not name:
         return spec
@@ -122,11 +124,13 @@ def resolve_api_key(spec: RunSpec, env: Mapping[str, str] | None = None) -> RunS
     if not key:
         raise ValueError(f"api_key_env: {name} is not set where the load runs")
     check_api_key(f"api_key_env: {name}", key)
-    if not any(rule.covers(spec.base_url) for rule in _binding(name, env)):
-        raise ValueError(
-            f"api_key_env: {name} may not be sent to {spec.base_url}: {binding_var(name)} on "
-            "the machine that runs the load does not list that target; nothing was sent"
-        )
+    rules = _binding(name, env)
+    for url in spec.targets():  # a run of several targets: its key goes to each of them
+        if not any(rule.covers(url) for rule in rules):
+            raise ValueError(
+                f"api_key_env: {name} may not be sent to {url}: {binding_var(name)} on "
+                "the machine that runs the load does not list that target; nothing was sent"
+            )
     return spec.model_copy(update={"api_key": key})
 
 

@@ -222,6 +222,9 @@ class WireRequest(_Model):
     session: int | None = Field(None, ge=0, le=2**31 - 1)
     turn: int | None = Field(None, ge=1, le=2**31 - 1)
     process: int | None = Field(None, ge=0, le=1023)  # a dealt run's load process
+    # a run of several models / targets (absent: one of each)
+    model: str | None = Field(None, min_length=1, max_length=255)
+    target: str | None = Field(None, min_length=1, max_length=2048)
     # an agent trace's request: its parents' indices, depth, delay (absent: not one)
     agent_parents: list[Number32] | None = Field(None, max_length=10_000)
     agent_depth: Number32 | None = None
@@ -258,6 +261,8 @@ class WireRequest(_Model):
             session=r.session,
             turn=r.turn,
             process=r.process,
+            model=r.model,
+            target=r.target,
             agent_parents=None if r.agent is None else list(r.agent.parents),
             agent_depth=None if r.agent is None else r.agent.depth,
             agent_delay_ns=None if r.agent is None else r.agent.delay_ns,
@@ -309,6 +314,8 @@ class WireRequest(_Model):
             session=self.session,
             turn=self.turn,
             process=self.process,
+            model=self.model,
+            target=self.target,
             agent=self._agent(),
             event_t_ns=t,
             event_bytes=nb,

@@ -62,6 +62,8 @@ TAIL_COLUMNS = (
     "retries",
     "session",
     "turn",
+    "model",
+    "target",
 )
 
 
@@ -116,6 +118,8 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "session": r.get("session_idx"),
         "turn": r.get("turn_idx"),
         "process": r.get("process_idx"),
+        "model": r.get("model"),
+        "target": r.get("target"),
     }
 
 
@@ -260,7 +264,14 @@ def _request_types() -> dict[str, Any]:
     ints += ("cached_prompt_tokens",)
     ints += ("conn_id", "retries", "session", "turn")
     types |= {c: i for c in ints}
-    types |= {"warmup": pa.bool_(), "status": s, "error": s, "token_source": s}
+    types |= {
+        "warmup": pa.bool_(),
+        "status": s,
+        "error": s,
+        "token_source": s,
+        "model": s,
+        "target": s,
+    }
     types |= {"conn_reused": pa.bool_()}
     return types
 

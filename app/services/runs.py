@@ -335,6 +335,9 @@ def _compose(
     turns = (run.get("load_stats") or {}).get("turns")
     if isinstance(turns, list):  # multi-turn sessions: metrics by turn index
         report["turns"] = turns
+    groups = (run.get("load_stats") or {}).get("groups")
+    if isinstance(groups, dict) and groups:  # several models / targets: metrics by each
+        report["groups"] = groups
     if profile_block is not None:
         report["profile"] = profile_block
     return report

@@ -187,9 +187,13 @@ def check_target(
         )
 
 
-def check_run_targets(base_url: str, metrics_url: str | None, settings: Settings) -> None:
-    """``base_url`` and ``metrics_url`` (the scraper connects there too) pass the same
-    checks."""
+def check_run_targets(
+    base_url: str, metrics_url: str | None, settings: Settings, base_urls: Sequence[str] = ()
+) -> None:
+    """``base_url``, each of ``base_urls`` (a run of several targets) and ``metrics_url``
+    (the scraper connects there too) pass the same checks."""
     check_target(base_url, settings.target_allowlist, settings=settings)
+    for url in base_urls:
+        check_target(url, settings.target_allowlist, field="base_urls", settings=settings)
     if metrics_url:
         check_target(metrics_url, settings.target_allowlist, field="metrics_url", settings=settings)

@@ -40,6 +40,8 @@ SUMMARY_COLUMNS = (
     "session_idx",
     "turn_idx",
     "process_idx",
+    "model",
+    "target",
 )
 
 

@@ -202,6 +202,9 @@ class Request(Base):
     turn_idx: Mapped[int | None] = mapped_column(Integer)
     # a run over several load processes: the one that sent it (from 0); None otherwise (0019)
     process_idx: Mapped[int | None] = mapped_column(Integer)
+    # a run of several models / targets: the model and base URL it used; None otherwise (0021)
+    model: Mapped[str | None] = mapped_column(String(255))
+    target: Mapped[str | None] = mapped_column(String(2048))
 
     run: Mapped[Run] = relationship(back_populates="requests")
 

@@ -496,6 +496,8 @@ def _request_rows(
                 "session_idx": _opt_int(r.session),
                 "turn_idx": _opt_int(r.turn),
                 "process_idx": _opt_int(r.process),
+                "model": r.model,
+                "target": r.target,
             }
         )
     return rows
@@ -649,6 +651,8 @@ _RECORD_COLUMNS = (
     "session_idx",
     "turn_idx",
     "process_idx",
+    "model",
+    "target",
     "metric_values",
 )
 
@@ -680,6 +684,8 @@ def _record_from_row(row: tuple[Any, ...]) -> RequestRecord:
         session=v["session_idx"],
         turn=v["turn_idx"],
         process=v["process_idx"],
+        model=v["model"],
+        target=v["target"],
         agent=AgentLink.from_values(v["metric_values"]),
         event_t_ns=t_ns,
         event_bytes=nbytes,

@@ -122,7 +122,7 @@ async def launch_submit(request: Request) -> Response:
     settings = settings_of(request)
     try:
         spec = created.to_spec()
-        targets.check_run_targets(spec.base_url, spec.metrics_url, settings)
+        targets.check_run_targets(spec.base_url, spec.metrics_url, settings, spec.base_urls)
         with session_scope(sessions_of(request)) as s:
             run_id, _job_id = bench_jobs.create_bench_run(
                 s,

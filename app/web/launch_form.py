@@ -15,6 +15,7 @@ from app.api.schemas import RunCreate
 from app.client.datasets import DATASETS
 from app.client.endpoints import ENDPOINTS
 from app.client.limits import ClientLimits
+from app.client.routing import ROUTINGS, ModelShare, mix_label
 from app.client.spec import RunSpec
 from app.settings import Settings
 from app.web import dataset_fields, endpoint_fields
@@ -45,8 +46,27 @@ def _help(name: str) -> str:
 
 FIELDS: tuple[FormField, ...] = (
     FormField("name", "Run name", help="shown in the runs table", group="Target"),
-    FormField("base_url", "Base URL", required=True, help=_help("base_url")),
-    FormField("model", "Model", required=True, help="the model name the server expects"),
+    FormField(
+        "base_url",
+        "Base URL",
+        required=True,
+        help=_help("base_url") + "; several targets: comma-separated (see Routing)",
+    ),
+    FormField(
+        "model",
+        "Model",
+        required=True,
+        help="the model name the server expects; a weighted mix (LoRA adapters are model "
+        "names): name:weight, comma-separated, e.g. llama-8b:0.7,llama-8b-lora-sql:0.3",
+    ),
+    FormField(
+        "routing",
+        "Routing",
+        "select",
+        choices=ROUTINGS,
+        help="several base URLs: " + _help("routing"),
+    ),
+    FormField("session_header", "Session header", help=_help("session_header")),
     FormField(
         "endpoint",
         "Endpoint",
@@ -262,7 +282,7 @@ def defaults(settings: Settings | None = None) -> dict[str, str]:
     for name, info in RunSpec.model_fields.items():
         if name in JSON_FIELDS or name in (
             "base_url", "model", "goodput", "tags", "api_key", "dataset_options",
-            "endpoint_options", "limits",
+            "endpoint_options", "limits", "model_mix", "base_urls",
         ):  # fmt: skip
             continue
         default = info.get_default(call_default_factory=True)
@@ -286,6 +306,11 @@ def values_from_spec(
     for key, v in spec.items():
         if key in FIELD_NAMES:
             out[key] = _text(v)
+    urls, mix = spec.get("base_urls"), spec.get("model_mix")
+    if isinstance(urls, list) and urls:  # several targets: the form's comma-separated list
+        out["base_url"] = ", ".join(str(u) for u in urls)
+    if isinstance(mix, list) and mix:  # a mix: name:weight, comma-separated
+        out["model"] = mix_label([ModelShare.model_validate(m) for m in mix])
     for k, ms in (spec.get("goodput") or {}).items():
         out[f"goodput_{k}"] = _text(float(ms))
     limits = spec.get("limits")
@@ -359,6 +384,8 @@ def _loc_field(loc: tuple[Any, ...], msg: str) -> str:
         return "goodput_ttft"
     if head == "limits" and len(loc) > 1 and str(loc[1]) in LIMIT_KEYS:
         return f"limits_{loc[1]}"
+    if head in ("model_mix", "base_urls"):  # written in the model / base URL field
+        return "model" if head == "model_mix" else "base_url"
     if head == "requirements":
         sub = str(loc[1]) if len(loc) > 1 else "labels"
         return {"labels": "req_labels", "gpu_name": "req_gpu_name"}.get(

@@ -1,7 +1,9 @@
 """Run-page context for multi-turn runs: the turn table and its figures (``turn_ttft``,
 ``turn_ttft_per_token``), from the stored table or the request rows (``run_turns``), never
 from events, and the prefix-cache share the responses reported. A single-turn run gets
-``turns`` empty and no figure."""
+``turns`` empty and no figure. Beside them, the stored per-process figures of a dealt run
+(``run_processes``) and the per-model / per-target tables of a run of several
+(``run_groups``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.analysis.groups import DIMENSIONS
+from app.analysis.groups import STATS_KEY as GROUPS_KEY
 from app.analysis.metric_defs import TTFT
 from app.analysis.prefix_cache import responses_prefix_cache
 from app.analysis.turns import PER_TOKEN, turn_metrics
@@ -59,3 +63,23 @@ def run_processes(run: dict[str, Any]) -> list[dict[str, Any]]:
     stats = run.get("load_stats")
     rows = stats.get("processes") if isinstance(stats, dict) else None
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def run_groups(run: dict[str, Any]) -> dict[str, Any]:
+    """A run of several models or targets (``app.analysis.groups``): its tables by model and
+    by target as stored in its load statistics, and each target's ``/metrics`` scrape
+    (``app.client.target_scrapes``); {} for a run of one model and one target."""
+    stats = run.get("load_stats")
+    if not isinstance(stats, dict):
+        return {}
+    groups = stats.get(GROUPS_KEY)
+    tables = {
+        d: [r for r in groups.get(d) or [] if isinstance(r, dict)]
+        for d in DIMENSIONS
+        if isinstance(groups, dict) and groups.get(d)
+    }
+    scrape = stats.get("server_metrics")
+    scrapes = scrape.get("targets") if isinstance(scrape, dict) else None
+    if not tables:
+        return {}
+    return {"tables": tables, "scrapes": scrapes if isinstance(scrapes, list) else []}

@@ -182,7 +182,9 @@ async def sweep_launch_submit(request: Request) -> Response:
     created, plan = parsed
     settings = settings_of(request)
     try:
-        targets.check_run_targets(created.base_url, created.metrics_url, settings)
+        targets.check_run_targets(
+            created.base_url, created.metrics_url, settings, created.base_urls
+        )
         with session_scope(sessions_of(request)) as s:
             sweep_id, _job_id = sweep_jobs.create_sweep_job(
                 s,

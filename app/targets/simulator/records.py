@@ -4,7 +4,8 @@ Served as JSON by ``GET /_sim/ground_truth``: ``{"clock": "monotonic_ns", "pid",
 "requests": {request_id: {...}}}`` where request_id is the ``X-Request-Id`` header (or
 ``sim-<n>``) and each request has ``seq``, ``endpoint``, ``stream``, ``received_ns``,
 ``headers_ns``, ``closed_ns``, ``input_tokens``, ``output_tokens`` (planned), ``fault``,
-``fault_ns``, ``fault_after_tokens``, ``status`` and columnar ``events``: ``t_ns`` (stamped
+``fault_ns``, ``fault_after_tokens``, ``status``, ``model`` (asked), ``session`` (its
+X-Session-ID header) and columnar ``events``: ``t_ns`` (stamped
 just before the write), ``due_ns`` (when the model said it was due), ``kind`` (one of
 ``EVENT_KINDS``) and ``tokens``. Events written together in one write share one stamp.
 ``received_ns`` is stamped when the read that completed the request returned. Kinds map onto
@@ -53,10 +54,12 @@ class Record:
         "headers_ns",
         "input_tokens",
         "kind",
+        "model",
         "output_tokens",
         "received_ns",
         "rx_clock",
         "seq",
+        "session",
         "spec",
         "status",
         "stream",
@@ -70,6 +73,8 @@ class Record:
         self.stream = plan.stream
         self.input_tokens = plan.input_tokens
         self.output_tokens = plan.output_tokens
+        self.model = plan.model  # the model the body asked for (else the served one)
+        self.session: str | None = None  # the request's X-Session-ID header, if any
         self.fault = fault
         self.received_ns = received_ns
         self.first_byte_rx_ns = received_ns  # the request's first byte (see HttpProtocol)
@@ -119,6 +124,8 @@ class Record:
             "closed_ns": self.closed_ns,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
+            "model": self.model,
+            "session": self.session,
             "fault": self.fault.value,
             "fault_ns": self.fault_ns,
             "fault_after_tokens": self.fault_after_tokens,

@@ -234,6 +234,9 @@ class SimServer:
         self.requests_by_fault[fault.value] += 1
         self.prompt_tokens_total += plan.input_tokens
         rec = Record(seq, plan, fault, received_ns)
+        rec.session = next(
+            (v.decode("latin-1") for k, v in req.headers if k.lower() == b"x-session-id"), None
+        )
         proto.note_request(rec)
         if self.config.record_ground_truth:
             self._records[proto.request_id] = rec
