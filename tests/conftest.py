@@ -49,7 +49,6 @@ def _pg_base_url() -> URL:
 SERIAL: frozenset[str] = frozenset(
     {
         "test_realmodel",
-        "test_realmodel_responses",
         "test_probes_cpu",
         "test_sched",
         "test_tls_client",
