@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,6 @@ def _pg_base_url() -> URL:
 SERIAL: frozenset[str] = frozenset(
     {
         "test_realmodel",
-        "test_realmodel_responses",
         "test_probes_cpu",
         "test_sched",
         "test_tls_client",
@@ -142,17 +142,18 @@ def _drop_database(admin: Engine, name: str) -> None:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
 
 
-@pytest.fixture
-def pg_url(_pg_database: URL | str) -> Iterator[str]:
-    """A fresh, migrated schema in the session's PostgreSQL test database."""
-    if isinstance(_pg_database, str):
-        pytest.skip(_pg_database)
+@contextmanager
+def _pg_schema(database: URL | str) -> Iterator[str]:
+    """A fresh, migrated schema in the session's PostgreSQL test database (skips the test
+    when the server is unreachable), dropped on exit."""
+    if isinstance(database, str):
+        pytest.skip(database)
     schema = f"t_{secrets.token_hex(6)}"
-    admin = create_engine(_pg_database, isolation_level="AUTOCOMMIT")
+    admin = create_engine(database, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        url = _pg_database.update_query_dict({"options": f"-csearch_path={schema}"})
+        url = database.update_query_dict({"options": f"-csearch_path={schema}"})
         rendered = url.render_as_string(hide_password=False)
         upgrade_database(rendered)
         yield rendered
@@ -160,6 +161,13 @@ def pg_url(_pg_database: URL | str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture
+def pg_url(_pg_database: URL | str) -> Iterator[str]:
+    """A fresh, migrated schema in the session's PostgreSQL test database."""
+    with _pg_schema(_pg_database) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -181,6 +189,23 @@ def sqlite_url(tmp_path: Path, _sqlite_template: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_sqlite_template, path)
     return f"sqlite:///{path}"
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def module_db_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """``db_url`` shared by a module's tests (for a server they share: one start per
+    database, not one per test); its tests must not depend on each other's rows."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("module-db") / "tokentrace.db"
+        shutil.copyfile(request.getfixturevalue("_sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    with _pg_schema(request.getfixturevalue("_pg_database")) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -9,7 +9,8 @@
 ``.url``, ``.admin_token`` and ``.worker_token`` (created in the database before start),
 ``.create_token(*scopes)``, ``.stop()``, ``.kill()``, ``.restart()`` and ``.log_path``.
 Extra ``TOKENTRACE_*`` settings go in ``env`` (e.g. ``{"TOKENTRACE_LEASE_TTL_S": "2"}``).
-Every server still running is stopped at the end of the test.
+Every server still running is stopped at the end of the test (``module_live_server``: of
+the module, for servers its tests share).
 """
 
 from __future__ import annotations
@@ -166,18 +167,28 @@ class LiveServer:
 LiveServerFactory = Callable[..., LiveServer]
 
 
-@pytest.fixture
-def live_server(tmp_path: Path) -> Iterator[LiveServerFactory]:
-    """A factory: ``live_server(db_url, local_worker=False, env=None)`` -> a started server."""
+def _servers(log_dir: Path) -> Iterator[LiveServerFactory]:
     servers: list[LiveServer] = []
 
     def start(
         db_url: str, *, local_worker: bool = False, env: dict[str, str] | None = None
     ) -> LiveServer:
-        srv = LiveServer(db_url, tmp_path, local_worker=local_worker, env=env)
+        srv = LiveServer(db_url, log_dir, local_worker=local_worker, env=env)
         servers.append(srv)
         return srv.start()
 
     yield start
     for srv in servers:
         srv.stop(timeout_s=10)
+
+
+@pytest.fixture
+def live_server(tmp_path: Path) -> Iterator[LiveServerFactory]:
+    """A factory: ``live_server(db_url, local_worker=False, env=None)`` -> a started server."""
+    yield from _servers(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServerFactory]:
+    """``live_server`` for a module's tests to share (servers stopped after its last test)."""
+    yield from _servers(tmp_path_factory.mktemp("live-servers"))

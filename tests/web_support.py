@@ -3,7 +3,9 @@ empty database; plus the app with the pages mounted."""
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +59,22 @@ def bench(sessions: sessionmaker[Session], config: SimConfig, name: str, **spec:
 
 
 def seed(tmp: Path) -> Seeded:
-    url = f"sqlite:///{tmp / 'web.db'}"
-    sessions = open_database(url)
+    """The seeded runs in ``tmp/web.db``: a copy of one file seeded per test process (in
+    the pytest base temporary directory, ``tmp``'s parent), so that each module has its
+    own database (its tests may write to it) without running the benchmarks again."""
+    template, ids = _seeded_template(tmp.parent / "web-seed")
+    path = tmp / "web.db"
+    shutil.copyfile(template, path)
+    url = f"sqlite:///{path}"
+    return Seeded(url, open_database(url), *ids)
+
+
+@functools.cache
+def _seeded_template(tmp: Path) -> tuple[Path, tuple[str, str, str, str]]:
+    """The seeded file (closed: its WAL checkpointed into it) and its run ids."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "web.db"
+    sessions = open_database(f"sqlite:///{path}")
     normal = bench(
         sessions,
         SimConfig(ttft_ms=15, itl_ms=1.5, itl_jitter_ms=0.5, error_rate=0.1, seed=5),
@@ -71,7 +87,10 @@ def seed(tmp: Path) -> Seeded:
     f = tmp / "log.csv"
     f.write_text(CSV_LOG)
     imported = import_path(sessions, "csv", f, name="imported log")[0]
-    return Seeded(url, sessions, normal, all_errors, one, imported)
+    sessions.kw["bind"].dispose()  # the last connection closed: the WAL is checkpointed
+    for extra in ("-wal", "-shm", "-journal"):
+        assert not path.with_name(path.name + extra).exists(), "seeded file not checkpointed"
+    return path, (normal, all_errors, one, imported)
 
 
 def web_app(url: str) -> FastAPI:
