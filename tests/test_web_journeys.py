@@ -379,9 +379,22 @@ def test_launch_form_covers_every_run_spec_field() -> None:
         "dataset_options": bool(launch_form.DATASET_GROUPS),  # typed, per dataset type
         "limits": {f"limits_{k}" for k in ClientLimits.model_fields} <= names,
         "endpoint_options": bool(launch_form.ENDPOINT_GROUPS),  # typed, per endpoint
+        # written in the model field ("a:0.7,b:0.3") and the base URL field (comma-separated)
+        "model_mix": "model" in names,
+        "base_urls": "base_url" in names,
     }
     for field in RunSpec.model_fields:
         assert field in names or covered.get(field), f"the launch form has no {field} field"
+    form = launch_form.defaults() | {
+        "model": "a:0.7, b:0.3", "base_url": "http://127.0.0.1:9001, http://127.0.0.1:9002",
+    }  # fmt: skip
+    created, errors = launch_form.parse(form)
+    assert not errors and created is not None, errors
+    mix = [(m.model, m.weight) for m in created.model_mix]
+    assert mix == [("a", 0.7), ("b", 0.3)]
+    assert [str(u).rstrip("/") for u in created.base_urls] == [
+        "http://127.0.0.1:9001", "http://127.0.0.1:9002",
+    ]  # fmt: skip
     assert {"req_labels", "req_gpu_name", "req_min_gpu_memory_mb"} <= names
 
 
