@@ -96,6 +96,14 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:  # type: ig
         help="run loads against targets that resolve to link-local addresses (169.254.0.0/16, "
         "fe80::/10: cloud metadata services); refused by default",
     )
+    w.add_argument(
+        "--processes",
+        default=None,
+        metavar="N|auto",
+        help="load processes for a run that asks for one (1 to 1024, or auto: the cores this "
+        "machine can spare); a run asking for another count keeps it, one that cannot be "
+        "dealt keeps one process and says why",
+    )
     w.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
     w.add_argument(
         "--exit-with-parent",
@@ -211,7 +219,16 @@ def cmd_worker(ns: argparse.Namespace, console: Console) -> int:
     for d in dirs:
         if not os.path.isdir(d):
             raise UsageError(f"--dataset-dir: {d!r} is not a directory")
+    processes = None
+    if ns.processes is not None:
+        from app.worker.processes import parse_processes
+
+        try:
+            processes = parse_processes(ns.processes)
+        except ValueError as e:
+            raise UsageError(f"--processes: {e}") from None
     opts = WorkerOptions(
+        processes=processes,
         realtime=ns.realtime,
         kernel_stamps=ns.clock == "auto",
         dataset_dirs=tuple(dirs),

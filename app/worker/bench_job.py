@@ -14,6 +14,7 @@ from app.client.execute import execute, series_to_wire
 from app.worker.client import describe
 from app.worker.job import JobOutcome, JobRun, spec_from_job
 from app.worker.load_thread import LoadThread
+from app.worker.processes import with_worker_processes
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         spec = spec_from_job(job.spec)
     except ValidationError as e:
         return await jr.complete("failed", f"invalid run spec: {e}")
+    spec, jr.load_note = with_worker_processes(spec, jr.opts.processes)
     jr.load = LoadThread(
         spec,
         run_tag=job.run_id or job.job_id,

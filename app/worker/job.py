@@ -71,6 +71,7 @@ class JobOptions:
     realtime: bool = False
     dataset_dirs: tuple[str, ...] = ()
     allow_link_local: bool = False
+    processes: int | Literal["auto"] | None = None  # worker --processes (app.worker.processes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ class JobRun:
         self.stopping = False
         self.deadline: float | None = None
         self.load: LoadThread | None = None
+        self.load_note: str | None = None  # said in the run's notes (worker --processes)
         self.server_series: list[ServerMetricSeries] | None = None  # sent with the completion
         self.step_run: str | None = None  # sweeps: the current step's run (batches name it)
         self.step_info: tuple[int, int] | None = None  # sweeps: (step, of how many)
@@ -187,7 +189,10 @@ class JobRun:
         """Start the load thread and wait for its result."""
         assert self.load is not None
         self.load.start()
-        return await self.load.result()
+        result = await self.load.result()
+        if self.load_note is not None:
+            result.notes.append(self.load_note)
+        return result
 
     def final_status(
         self, result: LoadResult | None, error: str | None

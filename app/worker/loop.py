@@ -37,6 +37,7 @@ from app.worker.client import (
 )
 from app.worker.job import JobOptions, JobOutcome, JobRun
 from app.worker.kinds import runner_of
+from app.worker.processes import Processes
 from app.worker.spool import Spool, StateDirLock, default_state_root, worker_key
 from app.worker.uploader import Uploader
 
@@ -57,6 +58,7 @@ class WorkerOptions:
     # where a run's dataset_path may point (app.client.datasets.open_dataset); empty: nowhere
     dataset_dirs: tuple[str, ...] = ()
     allow_link_local: bool = False  # targets resolving to 169.254/16, fe80::/10 (metadata)
+    processes: Processes | None = None  # a run asking for one process gets these (--processes)
     heartbeat_interval_s: float | None = None  # None: what the server asks for
     poll_interval_s: float | None = None  # None: what the server asks for
 
@@ -202,6 +204,7 @@ class Worker:
             realtime=self.opts.realtime,
             dataset_dirs=self.opts.dataset_dirs,
             allow_link_local=self.opts.allow_link_local,
+            processes=self.opts.processes,
         )
 
     async def _register(self, stop: asyncio.Event) -> bool:

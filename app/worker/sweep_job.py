@@ -51,6 +51,7 @@ from app.worker.client import (
 )
 from app.worker.job import CompleteStatus, JobOutcome, JobRun, spec_from_job
 from app.worker.load_thread import LoadThread
+from app.worker.processes import with_worker_processes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,6 +151,7 @@ class SweepRun:
             self.base = spec_from_job(bench)
         except (KeyError, TypeError, ValueError, ValidationError) as e:
             return await jr.complete("failed", f"invalid sweep spec: {e}")
+        self.base, jr.load_note = with_worker_processes(self.base, jr.opts.processes)
         self.total = planned_steps(plan)
         if job.resume is not None:
             up = jr.uploader  # batch numbers stay unique per job: go on after earlier ones
