@@ -163,9 +163,7 @@ def test_a_bad_trace_line_is_named_and_nothing_is_sent(
     listener.listen(8)
     listener.settimeout(0.2)
     port = listener.getsockname()[1]
-    spec = trace_spec(
-        path, base_url=f"http://127.0.0.1:{port}", dataset_options={"block_size": 4}
-    )
+    spec = trace_spec(path, base_url=f"http://127.0.0.1:{port}", dataset_options={"block_size": 4})
     try:
         with pytest.raises(ValueError) as e:
             asyncio.run(run_load(spec, run_tag="bad"))
@@ -308,7 +306,8 @@ def test_trace_arrivals_against_the_simulator(tmp_path: Path) -> None:
 
 
 def test_blocks_under_a_hugging_face_tokenizer(
-    tmp_path: Path, hf_tokenizer: HFTokenizer  # noqa: F811
+    tmp_path: Path,
+    hf_tokenizer: HFTokenizer,  # noqa: F811
 ) -> None:
     """Each id's block is the same text in every request; the recorded count is the joined
     text re-encoded (its own count, checked against the tokenizer directly)."""
@@ -377,7 +376,8 @@ def test_a_connection_taken_ahead_goes_back_when_the_request_does_not_start() ->
     pool = ConnPool(keep_alive=True, bound=4)
     a, b = socket.socketpair()
     try:
-        conn = Conn(id=pool.new_id(), sock=a, family=socket.AF_UNIX)
+        # kept by where it is connected: the request's address
+        conn = Conn(id=pool.new_id(), sock=a, family=socket.AF_UNIX, key=("127.0.0.1", 9))
         pool.give(conn)
         sr = StreamRequest(
             parse_target("http://127.0.0.1:9"), ("127.0.0.1", 9), socket.AF_INET,
@@ -387,7 +387,8 @@ def test_a_connection_taken_ahead_goes_back_when_the_request_does_not_start() ->
         sr.reserve()
         assert pool.idle == 0
         sr.unreserve()
-        assert pool.idle == 1 and pool.take() is conn
+        assert pool.idle == 1 and pool.take() is None  # not a connection to another place
+        assert pool.take(("127.0.0.1", 9)) is conn
     finally:
         a.close()
         b.close()
