@@ -290,7 +290,9 @@ def test_jitter_is_seeded_per_request(sim_factory: Any) -> None:
 
 
 def test_itl_grows_with_active_streams(sim_factory: Any) -> None:
-    sim = sim_factory(ttft_ms=5.0, itl_ms=2.0, itl_per_active_ms=1.0)
+    # a first token 300 ms away: the three streams below are all in the server (waiting or
+    # decoding) through b0's decode however late a loaded machine sends the last of them
+    sim = sim_factory(ttft_ms=300.0, itl_ms=2.0, itl_per_active_ms=1.0)
     stream(sim, "/v1/chat/completions", chat_body(max_tokens=5), **{"X-Request-Id": "solo"})
     _, due, _ = token_events(gt_request(sim, "solo"))
     assert set(np.diff(due).tolist()) == {3_000_000}  # 2 + 1 x 1 active
