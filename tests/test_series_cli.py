@@ -183,13 +183,22 @@ def test_a_change_point_names_the_field_that_changed(
                  "--database-url", db]) == 0  # fmt: skip
     t = _json(capsys)["trend"]
     assert [p["state"] for p in t["points"]] == ["member"] * 12
-    (cp,) = t["change_points"]
     # the change sits between the last counted 1.0 run and the first 2.0 run (a run the
     # client could not trust under the machine's load is shown but not counted)
     counted = [p["counted"] for p in t["points"]]
     before = max(i for i in range(6) if counted[i])
     after = min(i for i in range(6, 12) if counted[i])
     assert sum(counted[:6]) >= 3 and sum(counted[6:]) >= 3
+    # real runs on a shared machine: a run slowed by other load can make a second, smaller
+    # change within one version's runs; the engine's change is the one at the boundary and
+    # the largest
+    at = [c for c in t["change_points"] if c["index"] == after]
+    assert len(at) == 1, t["change_points"]
+    (cp,) = at
+    for other in t["change_points"]:
+        if other is not cp:
+            assert abs(other["delta"]) < abs(cp["delta"]) / 2, t["change_points"]
+            assert "engine_version" not in {f["field"] for f in other["changed_fields"]}
     assert (cp["index"], cp["run_before"], cp["run_after"]) == (after, ids[before], ids[after])
     assert cp["kind"] == "regression" and cp["delta"] == pytest.approx(cp["after"] - cp["before"])
     # each version ran on a simulator of its own: the target (its port) changed with it

@@ -69,9 +69,29 @@ def wait_job(c: httpx.Client, job_id: str, states: tuple[str, ...], timeout_s: f
         box["job"] = r.json()
         return bool(box["job"]["state"] in states)
 
+    deadline = time.monotonic() + timeout_s
     wait_for(check, timeout_s, f"job {job_id} in {states}")
     out: dict[str, Any] = box["job"]
+    run_id = out.get("run_id")
+    if out["state"] in _JOB_ENDED and run_id:
+        # A job's terminal state is committed before its run is finalized (its summary is
+        # computed after): wait for the run to end too, so that what follows reads it whole.
+        def run_ended() -> bool:
+            r = c.get(f"/runs/{run_id}")
+            if r.status_code == 404:  # deleted (a forced delete while it ran)
+                return True
+            if r.status_code == 503:
+                return False
+            r.raise_for_status()
+            return r.json()["run"]["status"] not in ("queued", "running")
+
+        wait_for(
+            run_ended, max(1.0, deadline - time.monotonic()), f"run {run_id} ended", poll_s=0.05
+        )
     return out
+
+
+_JOB_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def request_indices(c: httpx.Client, run_id: str) -> list[int]:

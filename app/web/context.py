@@ -4,12 +4,15 @@ principal (an API token kept in an HttpOnly cookie)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import anyio.to_thread
 from fastapi import Request, Response
 from fastapi.responses import RedirectResponse
 from fastapi.templating import Jinja2Templates
@@ -29,6 +32,17 @@ COOKIE = "tt_session"  # a sign-in session's secret (app.services.web_sessions)
 CSRF_COOKIE = "tt_csrf"  # the sign-in form's CSRF token (there is no session yet)
 ROOT = Path(__file__).resolve().parents[2]
 _PACKAGED = Path(__file__).resolve().parent / "_assets"
+
+
+_T = TypeVar("_T")
+
+
+async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run ``fn(*args)`` (a database write, above all) in a worker thread. A form handler is
+    async to read its body, but a write that waits for a lock on the event loop also stops
+    the request holding that lock from committing (its session closes through the loop):
+    both wait out the busy timeout on SQLite, for ever on PostgreSQL."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 def asset_dir(name: str) -> Path:

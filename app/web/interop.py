@@ -18,6 +18,7 @@ from app.services.file_imports import FORMATS
 from app.services.runs import RunNotFound
 from app.web.context import (
     csrf_ok,
+    off_loop,
     principal_of,
     reads_allowed,
     render,
@@ -84,7 +85,7 @@ async def import_submit(request: Request) -> Response:
         )  # fmt: skip
     except ServiceError as e:
         return _page(request, f"{file.filename}: {e.detail}", e.status_code)
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     if len(ids) == 1:
         return RedirectResponse(f"/runs/{quote(ids[0])}", status_code=303)
     return RedirectResponse("/compare?" + "&".join(f"ids={quote(i)}" for i in ids), 303)

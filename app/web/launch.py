@@ -21,6 +21,7 @@ from app.web.context import (
     COOKIE,
     CSRF_COOKIE,
     csrf_ok,
+    off_loop,
     principal_of,
     reads_allowed,
     render,
@@ -120,7 +121,8 @@ async def launch_submit(request: Request) -> Response:
     if created is None or series_errors:  # the form again, messages beside the fields
         return _launch(request, values, errors | series_errors, principal)
     settings = settings_of(request)
-    try:
+
+    def create() -> str:
         spec = created.to_spec()
         targets.check_run_targets(spec.base_url, spec.metrics_url, settings, spec.base_urls)
         with session_scope(sessions_of(request)) as s:
@@ -134,10 +136,14 @@ async def launch_submit(request: Request) -> Response:
             )
             if series_name is not None:  # pending in its series until it finishes
                 series_svc.join_run(s, series_name, run_id)
+        return run_id
+
+    try:
+        run_id = await off_loop(create)
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "__all__"
         return _launch(request, values, {field: e.detail}, principal, e.status_code)
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/runs/{quote(run_id)}", status_code=303)
 
 
@@ -176,9 +182,13 @@ async def signin_submit(request: Request) -> Response:
     if not csrf_ok(request, values):
         ctx = {"nav": "signin", "next": nxt, "error": CSRF_REFUSED}
         return render(request, "signin.html", ctx, status_code=403)
-    with session_scope(sessions_of(request)) as s:
-        principal = auth.authenticate(s, secret) if secret else None
-        opened = web_sessions.open_session(s, principal) if principal is not None else None
+
+    def open_() -> tuple[str, str] | None:
+        with session_scope(sessions_of(request)) as s:
+            principal = auth.authenticate(s, secret) if secret else None
+            return web_sessions.open_session(s, principal) if principal is not None else None
+
+    opened = await off_loop(open_)
     if opened is None:
         limiter.failed(client)
         return render(
@@ -201,8 +211,12 @@ async def signout(request: Request) -> Response:
         return Response(CSRF_REFUSED, status_code=403, media_type="text/plain")
     secret = request.cookies.get(COOKIE)
     if secret:
-        with session_scope(sessions_of(request)) as s:
-            web_sessions.close_session(s, secret)  # the cookie no longer works anywhere
+
+        def close() -> None:
+            with session_scope(sessions_of(request)) as s:
+                web_sessions.close_session(s, secret)  # the cookie no longer works anywhere
+
+        await off_loop(close)
     resp = RedirectResponse("/", status_code=303)
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return resp

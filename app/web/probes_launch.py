@@ -18,6 +18,7 @@ from app.storage.db import session_scope
 from app.web import probes_form as probe_form
 from app.web.context import (
     csrf_ok,
+    off_loop,
     principal_of,
     reads_allowed,
     render_form,
@@ -71,7 +72,8 @@ async def probe_launch_submit(request: Request) -> Response:
     if created is None:
         return _form(request, values, errors, principal)
     spec = ProbeSpec.model_validate(created.model_dump(exclude={"requirements"}))
-    try:
+
+    def submit() -> str:
         with session_scope(sessions_of(request)) as s:
             probe_id, _job_id = probe_jobs.submit(
                 s,
@@ -79,9 +81,13 @@ async def probe_launch_submit(request: Request) -> Response:
                 requirements=created.requirements,
                 max_attempts=settings_of(request).max_attempts,
             )
+        return probe_id
+
+    try:
+        probe_id = await off_loop(submit)
     except ServiceError as e:
         return _form(request, values, {"__all__": e.detail}, principal, e.status_code)
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/probes/{quote(probe_id)}", status_code=303)
 
 

@@ -25,7 +25,7 @@ from app.services.errors import Invalid, NotFound, ServiceError
 from app.storage import compare_repo
 from app.storage import repository as repo
 from app.storage.db import session_scope
-from app.web.context import csrf_ok, principal_of, reads_allowed, render, sessions_of
+from app.web.context import csrf_ok, off_loop, principal_of, reads_allowed, render, sessions_of
 from app.web.launch import CSRF_REFUSED, form_values
 from app.web.runs_render import render_run_page
 
@@ -87,11 +87,15 @@ async def _act(
             values=shown,
             status_code=code,
         )
-    try:
+
+    def act() -> str:
         with session_scope(sessions_of(request)) as s:
             if repo.find_run(s, run_id) is None:
                 raise NotFound(f"no run with id {run_id!r}")
-            done = work(s, values)
+            return work(s, values)
+
+    try:
+        done = await off_loop(act)
     except NotFound as e:
         raise HTTPException(404, e.detail) from None
     except ServiceError as e:
@@ -104,7 +108,7 @@ async def _act(
             status_code=e.status_code,
         )
     assert principal is not None
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return _done(run_id, done)
 
 
@@ -218,13 +222,17 @@ async def delete_run(request: Request, run_id: str) -> Response:
     if (values.get("confirm") or "").strip().lower() != DELETE_CONFIRM:
         msg = f"confirm: type {DELETE_CONFIRM!r} to delete this run"
         return _delete_page(request, principal, run_id, msg, 422)
-    try:
+
+    def delete() -> None:
         with session_scope(sessions_of(request)) as s:
             job_svc.delete_run(s, run_id)
+
+    try:
+        await off_loop(delete)
     except NotFound as e:
         raise HTTPException(404, e.detail) from None
     except ServiceError as e:
         return _delete_page(request, principal, run_id, e.detail, e.status_code)
     assert principal is not None
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/?deleted={quote(run_id)}", status_code=303)

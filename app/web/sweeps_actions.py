@@ -23,7 +23,7 @@ from app.services.auth import Principal
 from app.services.errors import Invalid, NotFound, ServiceError
 from app.storage import compare_repo
 from app.storage.db import session_scope
-from app.web.context import principal_of, reads_allowed, render, sessions_of
+from app.web.context import off_loop, principal_of, reads_allowed, render, sessions_of
 from app.web.pickers import valid_id
 from app.web.runs_actions import DELETE_CONFIRM, parse_tags, signed_form
 from app.web.sweeps import render_sweep_page
@@ -52,11 +52,15 @@ async def _act(
     if refused is not None:
         errors, code = {"__all__": refused[0]}, refused[1]
     else:
-        try:
+
+        def act() -> str:
             with session_scope(sessions_of(request)) as s:
                 if compare_repo.find_sweep(s, sweep_id) is None:
                     raise NotFound(f"no sweep with id {sweep_id!r}")
-                done = work(s, values)
+                return work(s, values)
+
+        try:
+            done = await off_loop(act)
         except NotFound as e:
             raise HTTPException(404, e.detail) from None
         except ServiceError as e:
@@ -66,7 +70,7 @@ async def _act(
             request, sweep_id, principal=principal, errors=errors, values=shown, status_code=code
         )
     assert principal is not None
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/sweeps/{quote(sweep_id)}?done={done}#actions", status_code=303)
 
 
@@ -173,13 +177,17 @@ async def delete_sweep(request: Request, sweep_id: str) -> Response:
     if (values.get("confirm") or "").strip().lower() != DELETE_CONFIRM:
         msg = f"confirm: type {DELETE_CONFIRM!r} to delete this sweep"
         return _delete_page(request, principal, sweep_id, msg, 422)
-    try:
+
+    def delete() -> None:
         with session_scope(sessions_of(request)) as s:
             sweep_svc.delete_sweep(s, sweep_id)
+
+    try:
+        await off_loop(delete)
     except NotFound as e:
         raise HTTPException(404, e.detail) from None
     except ServiceError as e:
         return _delete_page(request, principal, sweep_id, e.detail, e.status_code)
     assert principal is not None
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/sweeps?deleted={quote(sweep_id)}", status_code=303)

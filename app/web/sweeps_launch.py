@@ -24,6 +24,7 @@ from app.web import launch_form, series_picker
 from app.web import sweeps_form as sweep_form
 from app.web.context import (
     csrf_ok,
+    off_loop,
     principal_of,
     reads_allowed,
     render_form,
@@ -181,7 +182,8 @@ async def sweep_launch_submit(request: Request) -> Response:
         return _form(request, values, errors | series_errors, principal)
     created, plan = parsed
     settings = settings_of(request)
-    try:
+
+    def create() -> str:
         targets.check_run_targets(
             created.base_url, created.metrics_url, settings, created.base_urls
         )
@@ -197,10 +199,14 @@ async def sweep_launch_submit(request: Request) -> Response:
             )
             if series_name is not None:  # its step runs join the series as they finish
                 series_svc.join_sweep(s, series_name, sweep_id)
+        return sweep_id
+
+    try:
+        sweep_id = await off_loop(create)
     except ServiceError as e:
         field = str(e.loc[-1]) if e.loc else "__all__"
         return _form(request, values, {field: e.detail}, principal, e.status_code)
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/sweeps/{quote(sweep_id)}", status_code=303)
 
 
@@ -227,10 +233,14 @@ async def sweep_cancel(request: Request, sweep_id: str) -> Response:
     values = await form_values(request)
     if not csrf_ok(request, values):
         raise HTTPException(403, CSRF_REFUSED)
-    try:
+
+    def cancel() -> None:
         with session_scope(sessions_of(request)) as s:
             sweep_jobs.cancel_sweep(s, sweep_id)
+
+    try:
+        await off_loop(cancel)
     except ServiceError as e:
         raise HTTPException(e.status_code, e.detail) from None
-    auth.touch(sessions_of(request), principal)
+    await off_loop(auth.touch, sessions_of(request), principal)
     return RedirectResponse(f"/sweeps/{quote(sweep_id)}", status_code=303)
