@@ -323,13 +323,12 @@ class RunSpec(BaseModel):
             raise ValueError("base_url: with base_urls, base_url must be one of them")
         if self.session_header.lower() in {h.lower() for h in self.headers}:
             raise ValueError(f"session_header: {self.session_header} is also in headers")
-        if self.base_urls:
-            for name in ("metrics_url", "reset_prefix_cache", "server_profile"):
-                if getattr(self, name):
-                    raise ValueError(
-                        f"{name}: applies to one target; base_urls names {len(self.base_urls)} "
-                        "(each target's /metrics is scraped at its base URL)"
-                    )
+        if self.base_urls and self.metrics_url:
+            raise ValueError(
+                f"metrics_url: names one target's /metrics; base_urls names "
+                f"{len(self.base_urls)}, and each one's /metrics is scraped at its base URL "
+                "+ /metrics (leave metrics_url out)"
+            )
         return self
 
     def targets(self) -> list[str]:
