@@ -275,3 +275,36 @@ def test_rest_and_worker_show_each_target_on_the_run_page(
     for u in urls:
         assert f"prefix cache ({u})" in page and f"engine version ({u})" in page
     assert f"the requested model &#39;llama-8b&#39; is not among the models {urls[1]}" in page
+
+
+def test_the_live_values_follow_every_target_together() -> None:
+    """A worker's live panel of a run of several targets (``TargetsLive``): counters and
+    queues summed over the targets' last scrapes, KV-cache usage averaged."""
+    import time
+
+    from app.client.spec import RunSpec
+    from app.client.target_scrapes import TargetsLive, start_scrapers, stop_scrapers
+
+    a, b = _sim(seed=7, output_len=4), _sim(seed=8, output_len=4)
+    body = {"model": "tokentrace-sim", "prompt": "one two three", "max_tokens": 4}
+    try:
+        for sim, n in ((a, 3), (b, 5)):  # 12 and 20 generated tokens
+            for _ in range(n):
+                r = httpx.post(f"{sim.base_url}/v1/completions", json=body, timeout=10)
+                assert r.status_code == 200
+        spec = RunSpec(base_urls=[a.base_url, b.base_url], model="tokentrace-sim")
+        scrapers = start_scrapers(spec)
+        live = TargetsLive(scrapers)
+        deadline = time.monotonic() + 10
+        while (got := live.latest()) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        each = [s.latest() for _, s in scrapers]
+        stop_scrapers(scrapers, False)
+    finally:
+        a.stop()
+        b.stop()
+    assert got is not None and all(e is not None for e in each)  # every target scraped
+    assert got[1]["generation_tokens"] == 12 + 20
+    assert got[1]["running"] == 0 and got[0] == max(e[0] for e in each if e is not None)
+    kv = [e[1]["kv_cache_usage"] for e in each if e is not None]
+    assert got[1]["kv_cache_usage"] == pytest.approx(sum(kv) / 2)

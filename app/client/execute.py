@@ -29,12 +29,12 @@ from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status,
 from app.analysis.turns import turn_table
 from app.client import target_identity
 from app.client.load_result import LagStats, LoadResult
-from app.client.metrics_scraper import MetricsScraper, to_run_axis
+from app.client.metrics_scraper import LiveSource, MetricsScraper, to_run_axis
 from app.client.server_controls import STATS_KEY as SERVER_CONTROLS_KEY
 from app.client.server_controls import metrics_url
 from app.client.spec import RunSpec
 from app.client.target_keys import key_may_reach, resolve_api_key
-from app.client.target_scrapes import start_scrapers, stop_scrapers
+from app.client.target_scrapes import TargetsLive, start_scrapers, stop_scrapers
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
@@ -67,11 +67,11 @@ async def execute(
     spec: RunSpec,
     load: Callable[[], Awaitable[LoadResult]],
     *,
-    on_scraper: Callable[[MetricsScraper], None] | None = None,
+    on_scraper: Callable[[LiveSource], None] | None = None,
 ) -> Executed:
     """Run ``load()`` with the served-models check and the /metrics scraper around it
-    (``on_scraper`` is handed the scraper once started: a worker reads its latest values
-    into its heartbeats).
+    (``on_scraper`` is handed the scraper once started, a run of several targets' all
+    together (``TargetsLive``): a worker reads its latest values into its heartbeats).
 
     An ``Exception`` from the load is returned (``Executed.error``); anything else (a
     cancellation, Ctrl-C) stops the scraper and propagates. A key of this machine's that may
@@ -82,8 +82,8 @@ async def execute(
         return Executed(spec, None, e, None, [])
     identities = await asyncio.to_thread(target_identity.fetch, keyed)  # each target's
     scraper = start_scraper(keyed)
-    if scraper is not None and on_scraper is not None:  # several: the first target's, live
-        on_scraper(scraper[0][1] if isinstance(scraper, list) else scraper)
+    if scraper is not None and on_scraper is not None:  # several: all targets', summed
+        on_scraper(TargetsLive(scraper) if isinstance(scraper, list) else scraper)
     try:
         result = await load()
     except Exception as e:
