@@ -257,13 +257,14 @@ class RunSpec(BaseModel):
     # server controls around the measured window (app.client.server_controls)
     reset_prefix_cache: bool = Field(
         False,
-        description="empty the server's prefix cache after the warm-ups, before the first "
-        "measured request (vLLM POST /reset_prefix_cache, SGLang POST /flush_cache)",
+        description="empty the server's prefix cache (each target's) after the warm-ups, "
+        "before the first measured request (vLLM POST /reset_prefix_cache, SGLang POST "
+        "/flush_cache)",
     )
     server_profile: bool = Field(
         False,
-        description="run the server's profiler over the measured window (POST /start_profile "
-        "and /stop_profile); the trace's path is kept when the server says it",
+        description="run the server's profiler (each target's) over the measured window "
+        "(POST /start_profile and /stop_profile); the trace's path is kept when it says it",
     )
     # how much of the target's answers the client may hold (app.client.limits)
     limits: ClientLimits = Field(default_factory=ClientLimits)
