@@ -308,3 +308,27 @@ def test_the_live_values_follow_every_target_together() -> None:
     assert got[1]["running"] == 0 and got[0] == max(e[0] for e in each if e is not None)
     kv = [e[1]["kv_cache_usage"] for e in each if e is not None]
     assert got[1]["kv_cache_usage"] == pytest.approx(sum(kv) / 2)
+
+
+def test_the_controls_leave_out_a_target_the_worker_refuses() -> None:
+    """A target whose address is refused (a link-local one, on a worker that refuses them)
+    gets no control; the others get theirs."""
+    from app.client.runner import run_load
+    from app.client.spec import RunSpec
+
+    sim = _sim(seed=9)
+    refused = "http://169.254.0.9:9"
+    spec = RunSpec(base_urls=[sim.base_url, refused], model="tokentrace-sim", num_prompts=4,
+                   input_len=8, output_len=4, reset_prefix_cache=True, server_profile=True,
+                   scrape_metrics=False)  # fmt: skip
+    try:
+        result = asyncio.run(run_load(spec, run_tag="ll", allow_link_local=False))
+        calls = _calls(sim)
+    finally:
+        sim.stop()
+    assert result.counts["ok"] == 2  # the refused target's half failed, nothing sent to it
+    assert [c for c, _ in calls] == ["reset_prefix_cache", "start_profile", "stop_profile"]
+    ctl = result.server_controls
+    assert list(ctl["prefix_cache_reset"]["targets"]) == [sim.base_url]
+    assert list(ctl["profile"]["targets"]) == [sim.base_url]
+    assert not any(refused in n for n in result.notes)

@@ -117,7 +117,11 @@ class ServerControls:
             or (read_counters and spec.scrape_metrics)
         )
 
-    async def before_measure(self) -> None:
+    async def before_measure(self, targets: list[str] | None = None) -> None:
+        """``targets``: those of the run's targets the controls may reach (the runner leaves
+        out one whose address could not be resolved or was refused); None: all of them."""
+        if targets is not None:
+            self.targets = [t for t in self.targets if t in targets]
         self._started = True
         await asyncio.to_thread(self._before)
 
