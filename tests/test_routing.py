@@ -87,7 +87,6 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"session_header": "Bad Header"}, "session_header"),
     ({"session_header": "Host"}, "session_header"),
     ({"base_urls": [A, B], "metrics_url": A + "/metrics"}, "metrics_url"),
-    ({"base_urls": [A, B], "reset_prefix_cache": True}, "reset_prefix_cache"),
 ]
 
 

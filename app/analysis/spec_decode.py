@@ -45,6 +45,19 @@ def _rise(start: Mapping[str, float], end: Mapping[str, float], key: str) -> flo
     return b - a if b >= a else b
 
 
+def rises(pairs: list[tuple[Mapping[str, float], Mapping[str, float]]]) -> dict[str, float]:
+    """Several engines' (start, end) readings as one end reading from zero: each counter's
+    rise (``_rise``: a counter that fell was reset) summed over the engines, so that
+    ``spec_decode({}, rises(pairs))`` is the acceptance over all of them."""
+    out: dict[str, float] = {}
+    for start, end in pairs:
+        for key in end:
+            rise = _rise(start, end, key)
+            if rise is not None:
+                out[key] = out.get(key, 0.0) + rise
+    return out
+
+
 def spec_decode(start: Mapping[str, float], end: Mapping[str, float]) -> dict[str, Any] | None:
     """The acceptance figures between two readings (``reading_key`` -> summed value); None
     when the end reading has no accepted or drafted-token counter, or nothing was drafted."""

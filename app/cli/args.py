@@ -350,15 +350,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reset-prefix-cache",
         action="store_true",
-        help="empty the server's prefix cache after the warm-ups, before the measured "
-        "requests (vLLM POST /reset_prefix_cache, SGLang POST /flush_cache); a sweep: before "
-        "each step",
+        help="empty the server's (each target's) prefix cache after the warm-ups, before the "
+        "measured requests (vLLM POST /reset_prefix_cache, SGLang POST /flush_cache); a sweep: "
+        "before each step",
     )
     p.add_argument(
         "--server-profile",
         action="store_true",
-        help="run the server's profiler over the measured window (POST /start_profile, "
-        "/stop_profile; vLLM needs VLLM_TORCH_PROFILER_DIR); the trace's path is recorded",
+        help="run the server's (each target's) profiler over the measured window (POST "
+        "/start_profile, /stop_profile; vLLM needs VLLM_TORCH_PROFILER_DIR); the trace's path "
+        "is recorded",
     )
     p.add_argument("--extra-body", default=None, help="JSON object merged into each request")
     p.add_argument("--temperature", type=float, default=None, help="sampling, into the body")

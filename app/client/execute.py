@@ -1,7 +1,8 @@
 """Execute one load with its observers, and say what it was: the one path every bench run,
 sweep step and worker job takes.
 
-``execute`` asks the target which models it serves (GET /v1/models, once), scrapes its
+``execute`` asks each target which models it serves and which engine it is
+(``target_identity``: GET /v1/models, /version, /server_info, once), scrapes its
 ``/metrics`` beside the load (``metrics_scraper``), runs the load, then builds the run's
 metadata (``RunMeta``: validity notes, load statistics, token-count agreement, the scrape's
 status and the server's own timing). The status of a finished load follows the one rule,
@@ -26,14 +27,14 @@ from app.analysis.prefix_cache import prefix_cache, records_prefix_cache
 from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
-from app.client import served_models, server_identity
+from app.client import target_identity
 from app.client.load_result import LagStats, LoadResult
-from app.client.metrics_scraper import MetricsScraper, to_run_axis
+from app.client.metrics_scraper import LiveSource, MetricsScraper, to_run_axis
 from app.client.server_controls import STATS_KEY as SERVER_CONTROLS_KEY
 from app.client.server_controls import metrics_url
 from app.client.spec import RunSpec
 from app.client.target_keys import key_may_reach, resolve_api_key
-from app.client.target_scrapes import start_scrapers, stop_scrapers
+from app.client.target_scrapes import TargetsLive, start_scrapers, stop_scrapers
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
@@ -66,11 +67,11 @@ async def execute(
     spec: RunSpec,
     load: Callable[[], Awaitable[LoadResult]],
     *,
-    on_scraper: Callable[[MetricsScraper], None] | None = None,
+    on_scraper: Callable[[LiveSource], None] | None = None,
 ) -> Executed:
     """Run ``load()`` with the served-models check and the /metrics scraper around it
-    (``on_scraper`` is handed the scraper once started: a worker reads its latest values
-    into its heartbeats).
+    (``on_scraper`` is handed the scraper once started, a run of several targets' all
+    together (``TargetsLive``): a worker reads its latest values into its heartbeats).
 
     An ``Exception`` from the load is returned (``Executed.error``); anything else (a
     cancellation, Ctrl-C) stops the scraper and propagates. A key of this machine's that may
@@ -79,14 +80,10 @@ async def execute(
         keyed = resolve_api_key(spec)
     except ValueError as e:
         return Executed(spec, None, e, None, [])
-    served = await asyncio.to_thread(served_models.fetch, keyed)  # under base_url
-    lengths = served.max_model_len or {}
-    identity = await asyncio.to_thread(
-        server_identity.fetch, keyed, max_model_len=lengths.get(spec.model)
-    )
+    identities = await asyncio.to_thread(target_identity.fetch, keyed)  # each target's
     scraper = start_scraper(keyed)
-    if scraper is not None and on_scraper is not None:  # several: the first target's, live
-        on_scraper(scraper[0][1] if isinstance(scraper, list) else scraper)
+    if scraper is not None and on_scraper is not None:  # several: all targets', summed
+        on_scraper(TargetsLive(scraper) if isinstance(scraper, list) else scraper)
     try:
         result = await load()
     except Exception as e:
@@ -102,11 +99,7 @@ async def execute(
         if spec.surface()[0].streams:  # a surface that never streams needs no such note
             meta.validity.append(NO_STREAM_NOTE)
     attach_scrape(meta.load_stats, scraped, result.records)
-    served_models.record(meta.load_stats, meta.validity, spec.model, served)
-    if served.ids is not None:  # a mix: each of its models (served as the first target lists)
-        others = (s.model for s in spec.model_mix if s.model != spec.model)
-        meta.validity += [n for m in others if (n := served_models.warning(m, served))]
-    meta.load_stats[server_identity.STATS_KEY] = identity
+    target_identity.record(meta.load_stats, meta.validity, spec, identities)
     return Executed(spec, result, None, meta, scraped.series)
 
 

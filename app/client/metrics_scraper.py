@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
@@ -43,6 +44,13 @@ PARSE_BLOCK_CHARS = 256 << 10  # text parsed at once, about (whole lines)
 MAX_SERIES = 128  # series (name + label set) kept per run; new ones past it are dropped
 MAX_LABELS = 16
 MAX_LABEL_CHARS = 128  # a label's name or value
+
+
+class LiveSource(Protocol):
+    """What a running run's live panel reads: one scraper (``MetricsScraper``), or a run's
+    several targets together (``target_scrapes.TargetsLive``)."""
+
+    def latest(self) -> tuple[int, dict[str, float]] | None: ...
 
 
 @dataclass(slots=True)

@@ -761,8 +761,9 @@ async def _run(
             for it in warm:
                 it.scheduled_ns = time.monotonic_ns() - r.start_ns
             await r.dispatch(warm)
-        if controls is not None and not r.halted and r.lanes[0].resolve_error is None:
-            await controls.before_measure()  # reset, counters, profiler (after the warm-ups)
+        ready = [lane.url for lane in r.lanes if lane.resolve_error is None]  # none refused
+        if controls is not None and not r.halted and ready:
+            await controls.before_measure(ready)  # reset, counters, profiler (after warm-ups)
         r.phase = "measure"
         r.measure_start_ns = time.monotonic_ns() - r.start_ns
         if share is not None and share.warmups:  # the measured phase too starts at one instant

@@ -71,9 +71,12 @@ def model_lengths(body: Any) -> dict[str, int]:
     return out
 
 
-def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
-    """GET the target's model list; any failure is returned as ``error``."""
-    url = models_url(spec.base_url)
+def fetch(
+    spec: RunSpec, *, timeout_s: float = TIMEOUT_S, base_url: str | None = None
+) -> ServedModels:
+    """GET the target's model list (``base_url``: one of a run's several targets, else
+    ``spec.base_url``); any failure is returned as ``error``."""
+    url = models_url(base_url or spec.base_url)
     kind, options = spec.surface()
     own, key_header = surface_headers(kind, options)
     headers = dict(own)
@@ -97,8 +100,10 @@ def fetch(spec: RunSpec, *, timeout_s: float = TIMEOUT_S) -> ServedModels:
         return ServedModels(url, None, f"not a model list ({e})")
 
 
-def warning(model: str, served: ServedModels) -> str | None:
-    """The validity note for a requested model the server does not list, or a failed fetch."""
+def warning(model: str, served: ServedModels, target: str | None = None) -> str | None:
+    """The validity note for a requested model the server does not list, or a failed fetch
+    (``target``: one of a run's several targets, named in the note)."""
+    server = "the server" if target is None else target
     if served.ids is None:
         return (
             f"could not list the served models (GET {served.url}: {served.error}): "
@@ -108,7 +113,7 @@ def warning(model: str, served: ServedModels) -> str | None:
         return None
     listed = ", ".join(repr(m) for m in served.ids) if served.ids else "no model"
     return (
-        f"the requested model {model!r} is not among the models the server lists "
+        f"the requested model {model!r} is not among the models {server} lists "
         f"({listed}): the figures may be of another model"
     )
 

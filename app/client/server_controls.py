@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from app.analysis.spec_decode import NAMES as SPEC_NAMES
-from app.analysis.spec_decode import reading_key, spec_decode
+from app.analysis.spec_decode import reading_key, rises, spec_decode
 from app.client.bounded_get import get_bounded
 from app.client.metrics_scraper import MAX_SCRAPE_BYTES, parse_blocks
 from app.client.server_identity import MAX_TEXT_CHARS, auth_headers, clean_text, control_base
@@ -79,18 +79,31 @@ def _authorize(client: httpx.Client, spec: RunSpec, url: str) -> None:
     client.headers.update(auth_headers(spec, url))
 
 
+def target_metrics_url(spec: RunSpec, base: str) -> str:
+    """Where a target's counters are read: ``spec.metrics_url`` for a run of one target,
+    else the target's base URL + ``/metrics``."""
+    if spec.metrics_url and not spec.base_urls:
+        return spec.metrics_url
+    return f"{control_base(base)}/metrics"
+
+
 class ServerControls:
-    """One run's controls (``wanted`` says whether it has any). ``record`` goes to the run's
-    load statistics (``STATS_KEY``), ``notes`` to its validity notes."""
+    """One run's controls (``wanted`` says whether it has any), on each of its targets
+    (``RunSpec.targets``). ``record`` goes to the run's load statistics (``STATS_KEY``),
+    ``notes`` to its validity notes. A run of one target records each control's outcome as
+    it is; a run of several records each target's under ``targets`` (keyed by its base URL)
+    beside the whole (reset: every target reset; profiled: any started; speculative
+    decoding: over the targets' counters summed), and each note names its target."""
 
     def __init__(self, spec: RunSpec, *, read_counters: bool = True) -> None:
         self.spec = spec
         self.read_counters = read_counters and spec.scrape_metrics
-        self.base = control_base(spec.base_url)
+        self.targets = spec.targets()
+        self.several = len(self.targets) > 1
         self.record: dict[str, Any] = {}
         self.notes: list[str] = []
-        self._reading: dict[str, float] | None = None
-        self._profiling = False
+        self._readings: dict[str, dict[str, float] | None] = {}
+        self._profiles: dict[str, dict[str, Any]] = {}  # base -> its profiler's entry
         self._started = False
         # built here, before the warm-ups: an httpx client loads its CA bundle (~0.1-0.2 s),
         # which must not fall between the warm-ups and the first measured request
@@ -104,7 +117,11 @@ class ServerControls:
             or (read_counters and spec.scrape_metrics)
         )
 
-    async def before_measure(self) -> None:
+    async def before_measure(self, targets: list[str] | None = None) -> None:
+        """``targets``: those of the run's targets the controls may reach (the runner leaves
+        out one whose address could not be resolved or was refused); None: all of them."""
+        if targets is not None:
+            self.targets = [t for t in self.targets if t in targets]
         self._started = True
         await asyncio.to_thread(self._before)
 
@@ -118,12 +135,16 @@ class ServerControls:
         finally:
             self._http.close()
 
+    def _note(self, base: str, text: str) -> None:
+        """A note of one target's control; a run of several names the target."""
+        self.notes.append(f"{base}: {text}" if self.several else text)
+
     def _post(
-        self, client: httpx.Client, path: str, timeout_s: float
+        self, client: httpx.Client, base: str, path: str, timeout_s: float
     ) -> tuple[int | None, bytes, str]:
         """(status, body, why): status None when the engine could not be reached. The run's
         key goes only where it may (``auth_headers``)."""
-        url = self.base + path
+        url = control_base(base) + path
         _authorize(client, self.spec, url)
         try:
             ans = get_bounded(
@@ -143,82 +164,111 @@ class ServerControls:
     def _before(self) -> None:
         client = self._http
         if self.spec.reset_prefix_cache:
-            self._reset(client)
+            resets = {base: self._reset(client, base) for base in self.targets}
+            self.record["prefix_cache_reset"] = self._whole(
+                resets, reset=all(r["reset"] for r in resets.values())
+            )
         if self.read_counters:
-            self._reading = self._read_counters(client)
-        if self.spec.server_profile:
-            self._start_profile(client)
+            self._readings = {base: self._read_counters(client, base) for base in self.targets}
+        if self.spec.server_profile:  # last: the profiles start right before the window
+            self._profiles = {base: self._start_profile(client, base) for base in self.targets}
+            self._record_profiles()
 
     def _after(self) -> None:
         client = self._http
-        if self._profiling:
-            self._stop_profile(client)
-        if self._reading is not None:
-            end = self._read_counters(client)
-            figures = spec_decode(self._reading, end) if end is not None else None
-            if figures is not None:
-                self.record["spec_decode"] = figures
+        for base, prof in self._profiles.items():
+            if prof["started"]:
+                self._stop_profile(client, base, prof)
+        if self._profiles:
+            self._record_profiles()
+        pairs: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+        for base, start in self._readings.items():
+            end = self._read_counters(client, base) if start is not None else None
+            if start is not None and end is not None:
+                pairs[base] = (start, end)
+        figures = {b: f for b, (s, e) in pairs.items() if (f := spec_decode(s, e)) is not None}
+        if not figures:
+            return
+        if not self.several:
+            self.record["spec_decode"] = next(iter(figures.values()))
+            return
+        whole = spec_decode({}, rises([pairs[b] for b in figures]))
+        if whole is not None:
+            self.record["spec_decode"] = whole | {"targets": figures}
 
-    def _reset(self, client: httpx.Client) -> None:
+    def _whole(self, by_target: dict[str, dict[str, Any]], **whole: Any) -> dict[str, Any]:
+        """One target's entry as it is; several: ``whole`` and each target's entry."""
+        if not self.several:
+            return next(iter(by_target.values()))
+        return whole | {"targets": by_target}
+
+    def _record_profiles(self) -> None:
+        profs = self._profiles
+        started = [p for p in profs.values() if p["started"]]
+        self.record["profile"] = self._whole(
+            {b: dict(p) for b, p in profs.items()},
+            started=bool(started),
+            stopped=bool(started) and all(p["stopped"] for p in started),
+        )
+
+    def _reset(self, client: httpx.Client, base: str) -> dict[str, Any]:
         tried: list[str] = []
         for path in RESET_PATHS:
-            status, _, why = self._post(client, path, CONTROL_TIMEOUT_S)
+            status, _, why = self._post(client, base, path, CONTROL_TIMEOUT_S)
             tried.append(f"POST {path} ({why})")
             if status == 200:
-                self.record["prefix_cache_reset"] = {"reset": True, "via": f"POST {path}"}
-                return
+                return {"reset": True, "via": f"POST {path}"}
             if status not in MISSING:
                 break  # the engine has it and it failed, or could not be reached
-        self.record["prefix_cache_reset"] = {"reset": False, "tried": tried}
         lacking = all(t.endswith(("(HTTP 404)", "(HTTP 405)")) for t in tried)
         if lacking:
-            self.notes.append(
+            self._note(
+                base,
                 "prefix cache not reset: the server has no "
                 + " nor ".join(tried)
-                + "; the run went on with whatever the cache held"
+                + "; the run went on with whatever the cache held",
             )
         else:
-            self.notes.append(
-                f"prefix cache not reset: {tried[-1]}; the run went on with whatever the cache held"
+            self._note(
+                base,
+                f"prefix cache not reset: {tried[-1]}; the run went on with whatever the "
+                "cache held",
             )
+        return {"reset": False, "tried": tried}
 
-    def _start_profile(self, client: httpx.Client) -> None:
-        status, body, why = self._post(client, "/start_profile", CONTROL_TIMEOUT_S)
+    def _start_profile(self, client: httpx.Client, base: str) -> dict[str, Any]:
+        status, body, why = self._post(client, base, "/start_profile", CONTROL_TIMEOUT_S)
         if status == 200:
-            self._profiling = True
-            self.record["profile"] = {"started": True, "stopped": False}
+            prof: dict[str, Any] = {"started": True, "stopped": False}
             path = trace_path(body)
             if path is not None:
-                self.record["profile"]["trace_path"] = path
-            return
-        self.record["profile"] = {"started": False, "error": f"POST /start_profile ({why})"}
+                prof["trace_path"] = path
+            return prof
         if status in MISSING:
-            self.notes.append(
+            self._note(
+                base,
                 f"not profiled: the server has no POST /start_profile ({why}); vLLM serves "
-                "it when started with VLLM_TORCH_PROFILER_DIR set"
+                "it when started with VLLM_TORCH_PROFILER_DIR set",
             )
         else:
-            self.notes.append(f"not profiled: POST /start_profile answered {why}")
+            self._note(base, f"not profiled: POST /start_profile answered {why}")
+        return {"started": False, "error": f"POST /start_profile ({why})"}
 
-    def _stop_profile(self, client: httpx.Client) -> None:
-        status, body, why = self._post(client, "/stop_profile", PROFILE_STOP_TIMEOUT_S)
-        prof = self.record["profile"]
+    def _stop_profile(self, client: httpx.Client, base: str, prof: dict[str, Any]) -> None:
+        status, body, why = self._post(client, base, "/stop_profile", PROFILE_STOP_TIMEOUT_S)
         if status == 200:
-            self._profiling = False
             prof["stopped"] = True
             path = trace_path(body)
             if path is not None:
                 prof["trace_path"] = path
             return
         prof["error"] = f"POST /stop_profile ({why})"
-        self.notes.append(f"the server's profiler may still run: POST /stop_profile answered {why}")
+        self._note(base, f"the server's profiler may still run: POST /stop_profile answered {why}")
 
-    def _read_counters(self, client: httpx.Client) -> dict[str, float] | None:
-        """The speculative-decoding counters now (``reading_key`` -> summed value); None
-        when ``/metrics`` could not be read."""
-        url = metrics_url(self.spec)
-        if url is None:
-            return None
+    def _read_counters(self, client: httpx.Client, base: str) -> dict[str, float] | None:
+        """The target's speculative-decoding counters now (``reading_key`` -> summed
+        value); None when its ``/metrics`` could not be read."""
+        url = target_metrics_url(self.spec, base)
         _authorize(client, self.spec, url)
         try:
             ans = get_bounded(client, url, max_bytes=MAX_SCRAPE_BYTES, deadline_s=READING_TIMEOUT_S)

@@ -97,9 +97,12 @@ def _read(client: httpx.Client, spec: RunSpec, url: str) -> tuple[Any, str | Non
         return (clean_text(text) if text else None), (None if text else "empty answer")
 
 
-def fetch(spec: RunSpec, *, max_model_len: int | None = None) -> dict[str, Any]:
-    """The identity block of the run's load statistics (``STATS_KEY``)."""
-    base = control_base(spec.base_url)
+def fetch(
+    spec: RunSpec, *, max_model_len: int | None = None, base_url: str | None = None
+) -> dict[str, Any]:
+    """The identity block of the run's load statistics (``STATS_KEY``) of its target
+    (``base_url``: one of a run's several targets, else ``spec.base_url``)."""
+    base = control_base(base_url or spec.base_url)
     out: dict[str, Any] = {"version": None, "server_info": None, "max_model_len": max_model_len}
     missing: dict[str, str] = {}
     headers = auth_headers(spec, base + "/version")

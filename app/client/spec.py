@@ -257,13 +257,14 @@ class RunSpec(BaseModel):
     # server controls around the measured window (app.client.server_controls)
     reset_prefix_cache: bool = Field(
         False,
-        description="empty the server's prefix cache after the warm-ups, before the first "
-        "measured request (vLLM POST /reset_prefix_cache, SGLang POST /flush_cache)",
+        description="empty the server's prefix cache (each target's) after the warm-ups, "
+        "before the first measured request (vLLM POST /reset_prefix_cache, SGLang POST "
+        "/flush_cache)",
     )
     server_profile: bool = Field(
         False,
-        description="run the server's profiler over the measured window (POST /start_profile "
-        "and /stop_profile); the trace's path is kept when the server says it",
+        description="run the server's profiler (each target's) over the measured window "
+        "(POST /start_profile and /stop_profile); the trace's path is kept when it says it",
     )
     # how much of the target's answers the client may hold (app.client.limits)
     limits: ClientLimits = Field(default_factory=ClientLimits)
@@ -323,13 +324,12 @@ class RunSpec(BaseModel):
             raise ValueError("base_url: with base_urls, base_url must be one of them")
         if self.session_header.lower() in {h.lower() for h in self.headers}:
             raise ValueError(f"session_header: {self.session_header} is also in headers")
-        if self.base_urls:
-            for name in ("metrics_url", "reset_prefix_cache", "server_profile"):
-                if getattr(self, name):
-                    raise ValueError(
-                        f"{name}: applies to one target; base_urls names {len(self.base_urls)} "
-                        "(each target's /metrics is scraped at its base URL)"
-                    )
+        if self.base_urls and self.metrics_url:
+            raise ValueError(
+                f"metrics_url: names one target's /metrics; base_urls names "
+                f"{len(self.base_urls)}, and each one's /metrics is scraped at its base URL "
+                "+ /metrics (leave metrics_url out)"
+            )
         return self
 
     def targets(self) -> list[str]:

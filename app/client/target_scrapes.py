@@ -2,9 +2,11 @@
 (``metrics_scraper``), each at its base URL + ``/metrics``, each with the run's key only
 where it may go (``target_keys.key_may_reach``). Their series are kept apart: each carries
 the label ``TARGET_LABEL`` naming its target's base URL; the scrape's status lists each
-target's own (``targets``)."""
+target's own (``targets``). A worker's live panel follows them together (``TargetsLive``)."""
 
 from __future__ import annotations
+
+import time
 
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult
 from app.client.server_identity import control_base
@@ -13,6 +15,34 @@ from app.client.target_keys import key_may_reach
 from app.protocol.prometheus import Series, wanted
 
 TARGET_LABEL = "tokentrace_target"
+JOIN_GRACE_S = 5.0  # how long the live values wait for every target's first scrape
+MEAN_ROLES = frozenset({"kv_cache_usage"})  # a share of each engine's cache: averaged
+
+
+class TargetsLive:
+    """The live panel's values of a run of several targets: each role summed over the
+    targets' last scrapes (requests running and waiting, token counters), KV-cache usage
+    averaged, at the latest scrape's time. None until every target has scraped once, or
+    ``JOIN_GRACE_S`` has passed (a target that joins later steps its counters up once)."""
+
+    def __init__(self, scrapers: list[tuple[str, MetricsScraper]]) -> None:
+        self.scrapers = [s for _, s in scrapers]
+        self.since = time.monotonic()
+
+    def latest(self) -> tuple[int, dict[str, float]] | None:
+        got = [x for s in self.scrapers if (x := s.latest()) is not None]
+        waiting = time.monotonic() - self.since < JOIN_GRACE_S
+        if not got or (len(got) < len(self.scrapers) and waiting):
+            return None
+        out: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for _, roles in got:
+            for role, value in roles.items():
+                out[role] = out.get(role, 0.0) + value
+                counts[role] = counts.get(role, 0) + 1
+        for role in MEAN_ROLES & out.keys():
+            out[role] /= counts[role]
+        return max(t for t, _ in got), out
 
 
 def start_scrapers(spec: RunSpec) -> list[tuple[str, MetricsScraper]]:

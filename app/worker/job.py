@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from app.client.execute import outcome_status
-from app.client.metrics_scraper import MetricsScraper
+from app.client.metrics_scraper import LiveSource
 from app.client.runner import LoadResult, Progress
 from app.client.spec import RunSpec
 from app.domain import RequestRecord, RequestStatus, RunStatus
@@ -152,7 +152,7 @@ class JobRun:
         self.server_series: list[ServerMetricSeries] | None = None  # sent with the completion
         self.step_run: str | None = None  # sweeps: the current step's run (batches name it)
         self.step_info: tuple[int, int] | None = None  # sweeps: (step, of how many)
-        self.scraper: MetricsScraper | None = None  # the target's /metrics, while loading
+        self.scraper: LiveSource | None = None  # the targets' /metrics, while loading
         self.scraper_t0_ns = 0
         self.clock = OffsetTracker()  # this worker's clock offset to the server's
 
@@ -164,7 +164,7 @@ class JobRun:
     def on_progress(self, p: Progress) -> None:
         self.progress = p
 
-    def on_scraper(self, scraper: MetricsScraper) -> None:
+    def on_scraper(self, scraper: LiveSource) -> None:
         """The load's /metrics scraper: its latest values go out with each heartbeat."""
         self.scraper = scraper
         self.scraper_t0_ns = time.monotonic_ns()
