@@ -23,7 +23,7 @@ from app.protocol.wire import (
     ResultBatch,
     SweepResume,
 )
-from app.services.errors import Conflict
+from app.services.errors import Conflict, Invalid
 from app.services.hardware import stamp_meta
 from app.services.job_rules import (
     ACTIVE_RUN,
@@ -65,6 +65,11 @@ def create_bench_run(
     box: SecretBox,
 ) -> tuple[str, str]:
     """A queued run and its bench job, in the caller's transaction: (run_id, job_id)."""
+    if spec.shards != 1:
+        raise Invalid(
+            f"shards: a run dealt over workers is not done yet (shards is {spec.shards})",
+            loc=("body", "shards"),
+        )
     run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.QUEUED)
     job = job_repo.create_job(
         session,
