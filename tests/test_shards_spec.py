@@ -63,9 +63,7 @@ def test_a_sharded_sweep_is_refused_naming_shards(api: Api) -> None:
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "257", "1.5", "x"])
-def test_cli_refuses_bad_shards_with_exit_2(
-    capsys: pytest.CaptureFixture[str], value: str
-) -> None:
+def test_cli_refuses_bad_shards_with_exit_2(capsys: pytest.CaptureFixture[str], value: str) -> None:
     args = ["bench", "--model", "m", "--base-url", "http://127.0.0.1:9"]
     args += ["--server", "http://127.0.0.1:9", "--token", "t", f"--shards={value}"]
     assert main(args) == 2
@@ -83,7 +81,10 @@ def test_cli_refuses_shards_without_a_server(
     assert len(err) == 1 and "--shards" in err[0] and "--server" in err[0], err
 
 
-def test_a_sharded_run_is_refused_until_workers_deal_it(api: Api) -> None:
-    r = api.client.post("/api/v1/runs", json=SPEC | {"shards": 2}, headers=api.h(api.run))
-    assert r.status_code == 422, r.text[:300]
-    assert r.json()["detail"][0]["loc"][-1] == "shards"
+def test_a_sharded_run_is_k_leases_each_knowing_its_shard(api: Api) -> None:
+    out = api.create_run(shards=2)
+    leases = [api.lease(api.register()) for _ in range(3)]
+    assert leases[2] is None  # two jobs, one run
+    assert [j["shard"] for j in leases[:2] if j] == [0, 1]
+    assert {j["run_id"] for j in leases[:2] if j} == {out["run_id"]}
+    assert all(j and j["spec"]["shards"] == 2 for j in leases[:2])

@@ -31,7 +31,7 @@ from app.api.hardening import ASGIApp, Receive, Scope, Send, _bearer, _send_json
 BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 WORKER_PATHS = re.compile(
     r"^/api/v1/(workers/register|workers/[^/]+/lease|jobs/[^/]+/"
-    r"(heartbeat|results|complete|steps|steps/[^/]+/complete|probe-result|telemetry))$"
+    r"(heartbeat|shard-ready|results|complete|steps|steps/[^/]+/complete|probe-result|telemetry))$"
 )
 ADMIN_PATHS = re.compile(r"^/api/v1/tokens(/[^/]+)?$")
 

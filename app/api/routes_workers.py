@@ -21,8 +21,11 @@ from app.protocol.wire import (
     RegisterRequest,
     RegisterResponse,
     ResultBatch,
+    ShardReady,
+    ShardStart,
 )
 from app.services import jobs as job_svc
+from app.services import shard_jobs as shard_svc
 from app.services import workers as worker_svc
 from app.storage import workers as worker_repo
 from app.storage.models import utcnow
@@ -72,6 +75,7 @@ def lease(
     """The oldest queued job this worker can run (requirements matched), or null."""
     worker = worker_svc.own_worker(session, worker_id, caller)
     job_svc.expire_lost_leases(sessions)
+    shard_svc.expire_waits(sessions, settings.shard_wait_s)
     job = job_svc.lease(
         session,
         worker,
@@ -95,6 +99,24 @@ def heartbeat(
     reply carries the server's receipt and send times (the worker's clock offset to it)."""
     t2 = time.time_ns()
     resp = job_svc.heartbeat(session, job_id, body, caller, ttl_s=settings.lease_ttl_s)
+    return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
+
+
+@router.post("/jobs/{job_id}/shard-ready", tags=["worker protocol"], responses=LEASE_LOST)
+def shard_ready(
+    job_id: str,
+    body: ShardReady,
+    session: SessionDep,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    caller: WorkerCaller,
+) -> ShardStart:
+    """A shard of a run dealt over workers is ready; ``start_ns`` (the server's wall clock)
+    once every shard is. Not all within ``shard_wait_s``: the run fails and this is a 409.
+    The reply carries the server's receipt and send times, as a heartbeat's."""
+    t2 = time.time_ns()
+    shard_svc.expire_waits(sessions, settings.shard_wait_s)
+    resp = shard_svc.ready(session, job_id, body, caller)
     return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
 
 

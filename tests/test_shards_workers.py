@@ -1,0 +1,102 @@
+"""One run dealt over workers (issue 26, ``shards``): the dashboard on loopback (a live
+server, SQLite), the simulator as target, in-process workers as the worker tests run them.
+Two shards make one run: every request the target saw is stored once, with its shard, the
+indices dealt as ``plan.deal`` deals them; each shard's clock offset, bound and start skew
+are stored. Shards not all leased within ``shard_wait_s``: the run fails, "k of K shards
+leased"."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.targets.sim_config import SimConfig
+from app.targets.simulator import start_simulator_thread
+from app.worker.loop import Worker
+from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
+from tests.test_worker import FAST
+from tests.worker_helpers import api, sim_spec, submit, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _workers(server: LiveServer, tmp_path: Path, n: int) -> list[Worker]:
+    return [
+        Worker(
+            server.url,
+            server.worker_token,
+            state_dir=tmp_path / f"w{k}",
+            name=f"w{k}",
+            options=FAST,
+        )
+        for k in range(n)
+    ]
+
+
+async def _run_all(workers: list[Worker]) -> list[Any]:
+    return list(await asyncio.gather(*(w.run_once() for w in workers)))
+
+
+def test_two_shards_make_one_run(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    tmp_path: Path,
+) -> None:
+    server = live_server(sqlite_url)
+    sim = start_simulator_thread(SimConfig(ttft_ms=3, itl_ms=2, output_len=8, seed=1))
+    try:
+        body = sim_spec(sim.base_url, num_prompts=20, max_concurrency=4, shards=2,
+                        scrape_metrics=False)  # fmt: skip
+        with api(server) as c:
+            run_id, _ = submit(c, body)
+            outcomes = asyncio.run(_run_all(_workers(server, tmp_path, 2)))
+            assert all(o is not None and o.status == "succeeded" for o in outcomes), outcomes
+            wait_for(
+                lambda: c.get(f"/runs/{run_id}").json()["run"]["status"] != "running", 20,
+                "the run to end",
+            )  # fmt: skip
+            rows = c.get(f"/runs/{run_id}/requests", params={"limit": 100}).json()["items"]
+            detail = c.get(f"/runs/{run_id}").json()
+        seen = len(sim.ground_truth()["requests"])
+    finally:
+        sim.stop()
+    run = detail["run"]
+    assert run["status"] == "succeeded", (run["status"], detail["report"]["validity"])
+    assert seen == 20 == len(rows)
+    assert sorted(r["index"] for r in rows) == list(range(20))  # each once: the unsplit plan
+    # dealt as plan.deal deals processes: 4 slots over 2 shards, request i with slot i mod 4
+    assert {r["index"]: r["shard"] for r in rows} == {i: (i % 4) % 2 for i in range(20)}
+    assert Counter(r["status"] for r in rows) == {"ok": 20}
+    load = detail["report"]["load"]
+    shards = load["shards"]
+    assert [s["shard"] for s in shards] == [0, 1]
+    for s in shards:
+        assert s["ok"] == s["planned"] == 10, s
+        assert s["clock"]["samples"] >= 1 and 0 <= s["clock_bound_ms"] < 5, s
+        assert not s["clock_flagged"]
+        assert s["wake_us"]["run"] >= 0 and s["start_skew_ms"] is not None, s
+    assert load["counts"]["planned"] == 20
+
+
+def test_shards_not_all_leased_in_time_fail_the_run(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    tmp_path: Path,
+) -> None:
+    server = live_server(sqlite_url, env={"TOKENTRACE_SHARD_WAIT_S": "1"})
+    body = sim_spec("http://127.0.0.1:9", num_prompts=4, shards=2, scrape_metrics=False)
+    with api(server) as c:
+        run_id, _ = submit(c, body)
+        outcome = asyncio.run(_run_all(_workers(server, tmp_path, 1)))[0]
+        assert outcome is not None, outcome
+        assert outcome.status in (None, "failed") and "lease lost" in str(outcome.detail)
+        detail = c.get(f"/runs/{run_id}").json()
+        jobs = c.get("/jobs", params={"limit": 10}).json()["items"]
+    assert detail["run"]["status"] == "failed"
+    assert "1 of 2 shards leased within 1 s" in detail["report"]["validity"]["notes"]
+    assert {j["state"] for j in jobs} == {"failed"} and len(jobs) == 2
+    assert {j["error"] for j in jobs} == {"1 of 2 shards leased within 1 s"}
