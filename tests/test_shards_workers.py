@@ -8,6 +8,7 @@ leased"."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def test_two_shards_make_one_run(
             )  # fmt: skip
             rows = c.get(f"/runs/{run_id}/requests", params={"limit": 100}).json()["items"]
             detail = c.get(f"/runs/{run_id}").json()
+            page = c.get(f"{server.url}/runs/{run_id}").text
         seen = len(sim.ground_truth()["requests"])
     finally:
         sim.stop()
@@ -80,6 +82,13 @@ def test_two_shards_make_one_run(
         assert not s["clock_flagged"]
         assert s["wake_us"]["run"] >= 0 and s["start_skew_ms"] is not None, s
     assert load["counts"]["planned"] == 20
+    table = re.search(r'<table class="data" id="shard-table">(.*?)</table>', page, re.S)
+    assert table is not None, page[:500]
+    cells = re.findall(
+        r'<tr data-shard="(\d)"[^>]*>\s*<td>\d</td>\s*<td class="num">(\d+) / (\d+)</td>',
+        table.group(1),
+    )
+    assert [tuple(map(int, c)) for c in cells] == [(0, 10, 10), (1, 10, 10)]
 
 
 def test_shards_not_all_leased_in_time_fail_the_run(
