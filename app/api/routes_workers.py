@@ -37,6 +37,12 @@ LEASE_LOST: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _receipt_ns(request: Request) -> int:
+    """When the request reached the app (``AuthFirst`` stamps it before the token check)."""
+    t = getattr(request.state, "clock_t2_ns", None)
+    return t if isinstance(t, int) else time.time_ns()
+
+
 @router.get("/workers")
 def list_workers(
     session: SessionDep,
@@ -91,13 +97,14 @@ def lease(
 def heartbeat(
     job_id: str,
     body: HeartbeatRequest,
+    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     caller: WorkerCaller,
 ) -> HeartbeatResponse:
     """Renew the lease and report progress; ``cancel: true`` asks the worker to stop. The
     reply carries the server's receipt and send times (the worker's clock offset to it)."""
-    t2 = time.time_ns()
+    t2 = _receipt_ns(request)
     resp = job_svc.heartbeat(session, job_id, body, caller, ttl_s=settings.lease_ttl_s)
     return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
 
@@ -106,6 +113,7 @@ def heartbeat(
 def shard_ready(
     job_id: str,
     body: ShardReady,
+    request: Request,
     session: SessionDep,
     sessions: SessionsDep,
     settings: SettingsDep,
@@ -114,7 +122,7 @@ def shard_ready(
     """A shard of a run dealt over workers is ready; ``start_ns`` (the server's wall clock)
     once every shard is. Not all within ``shard_wait_s``: the run fails and this is a 409.
     The reply carries the server's receipt and send times, as a heartbeat's."""
-    t2 = time.time_ns()
+    t2 = _receipt_ns(request)
     shard_svc.expire_waits(sessions, settings.shard_wait_s)
     resp = shard_svc.ready(session, job_id, body, caller)
     return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})

@@ -38,7 +38,7 @@ from app.storage.jobs import ACTIVE_STATES, TERMINAL_STATES
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Job, utcnow
 
-START_MARGIN_NS = 200_000_000  # from the last shard's "ready" to the common start
+START_MARGIN_NS = 400_000_000  # from the last shard's "ready" to the common start
 END_KEY = "shard_end"  # jobs.progress: a completed shard's outcome and metadata
 
 

@@ -21,6 +21,8 @@ from app.protocol.wire import LeasedJob, ShardReady
 from app.worker.client import ServerUnreachable, WorkerClient
 
 READY_POLL_S = 0.02  # between "ready" calls while the other shards are not
+SYNC_POLL_S = 0.005  # between exchanges once the start is known, until SYNC_STOP_NS before it
+SYNC_STOP_NS = 60_000_000
 SPIN_NS = 1_500_000  # the last stretch before the start is spun, not slept
 
 
@@ -85,5 +87,24 @@ class ShardGate:
                 self.clock.add(Exchange(t1, resp.clock_t2_ns, resp.clock_t3_ns, t4))
             self.waiting = (resp.leased, resp.ready, resp.shards)
             if resp.start_ns is not None:
+                await self._exchange_until(resp.start_ns - SYNC_STOP_NS)
                 return resp.start_ns
             await asyncio.sleep(READY_POLL_S)
+
+    async def _exchange_until(self, until_server_ns: int) -> None:
+        """More clock exchanges while the start approaches: the smallest round trip of
+        more samples is a tighter bound on the offset that maps the start."""
+        body = ShardReady(lease_id=self.job.lease_id)
+        while True:
+            est = self.clock.estimate()
+            if time.time_ns() + (est.offset_ns if est else 0) >= until_server_ns:
+                return
+            t1 = time.time_ns()
+            try:
+                resp = await self.client.shard_ready(self.job.job_id, body)
+            except ServerUnreachable:
+                return
+            t4 = time.time_ns()
+            if resp.clock_t2_ns is not None and resp.clock_t3_ns is not None:
+                self.clock.add(Exchange(t1, resp.clock_t2_ns, resp.clock_t3_ns, t4))
+            await asyncio.sleep(SYNC_POLL_S)

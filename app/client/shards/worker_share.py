@@ -103,4 +103,6 @@ def shard_row(figures: ShardFigures, result: LoadResult | None) -> dict[str, obj
     row = process_row(o, result.measure_start_ns if result is not None else 0)
     row.pop("process", None)
     row.pop("pid", None)
+    # the start instant on this host's monotonic clock (hosts apart, comparable only on one)
+    row["start_mono_ns"] = result.start_mono_ns if result is not None else None
     return {"shard": figures.shard, **row}
