@@ -154,3 +154,63 @@ def test_bench_server_shards_starts_two_worker_processes_together(
     # ~0.1 ms (docs/scale.md); the two bounds together, at least 1 ms, are the guarantee
     bounds = sum(r["clock"]["bound_ns"] for r in rows)
     assert abs(woke[0] - woke[1]) <= max(1e6, bounds), rows
+
+
+def test_a_killed_worker_leaves_the_run_partial_naming_its_shard(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    tmp_path: Path,
+) -> None:
+    """Two ``tokentrace worker`` processes; one is killed mid-run. Its lease expires, the
+    other shard ends, and the run is partial: every stored request once, with its shard,
+    and a note naming the lost shard and its lost requests."""
+    server = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "2"})
+    sim = start_simulator_thread(SimConfig(ttft_ms=3, itl_ms=2, output_len=4, seed=2))
+    body = sim_spec(sim.base_url, num_prompts=40, request_rate=20, arrival="constant",
+                    output_len=4, shards=2, scrape_metrics=False)  # fmt: skip
+    procs = [
+        start_worker_process(
+            server.url, server.worker_token, tmp_path / f"w{k}", "--once", "--name", f"w{k}"
+        )  # fmt: skip
+        for k in range(2)
+    ]
+    try:
+        with api(server) as c:
+            run_id, _ = submit(c, body)
+
+            def stored() -> list[dict[str, Any]]:
+                items: list[dict[str, Any]] = c.get(
+                    f"/runs/{run_id}/requests", params={"limit": 100}
+                ).json()["items"]
+                return items
+
+            wait_for(lambda: len({r["shard"] for r in stored()}) == 2, 20, "both shards' uploads")
+            procs[0].kill()
+            procs[0].wait(10)
+            wait_for(
+                lambda: c.get(f"/runs/{run_id}").json()["run"]["status"] not in
+                ("queued", "running"), 30, "the run to end",
+            )  # fmt: skip
+            detail = c.get(f"/runs/{run_id}").json()
+            rows = stored()
+            jobs = c.get("/jobs", params={"limit": 10}).json()["items"]
+        seen = len(sim.ground_truth()["requests"])
+    finally:
+        sim.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert detail["run"]["status"] == "partial"
+    indices = [r["index"] for r in rows]
+    assert len(indices) == len(set(indices)) and 0 < len(indices) < 40
+    assert all(r["shard"] == r["index"] % 2 for r in rows)  # without a cap: i mod 2
+    assert seen >= len(indices)
+    states = sorted(j["state"] for j in jobs)
+    assert states == ["failed", "succeeded"], states
+    shards = {s["shard"]: s for s in detail["report"]["load"]["shards"]}
+    lost = next(k for k, s in shards.items() if s["state"] == "failed")
+    mine = sum(1 for r in rows if r["shard"] == lost)
+    notes = detail["report"]["validity"]["notes"]
+    want = f"shard {lost} lost (worker lost (lease expired on attempt 1)): {mine} of its requests"
+    assert any(n.startswith(want) and f"{20 - mine} requests lost" in n for n in notes), notes
+    assert detail["run"]["lost_requests"] >= 20 - mine
