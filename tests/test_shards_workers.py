@@ -171,7 +171,7 @@ def test_a_killed_worker_leaves_the_run_partial_naming_its_shard(
     procs = [
         start_worker_process(
             server.url, server.worker_token, tmp_path / f"w{k}", "--once", "--name", f"w{k}"
-        )  # fmt: skip
+        )
         for k in range(2)
     ]
     try:
