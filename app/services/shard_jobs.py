@@ -97,11 +97,10 @@ def ready(session: Session, job_id: str, req: ShardReady, principal: Principal) 
     jobs = job_repo.shard_jobs(session, job.run_id)
     leased, n_ready = _counts(jobs)
     start = next((j.shard_start_ns for j in jobs if j.shard_start_ns is not None), None)
-    if start is None and n_ready == len(jobs):
-        job_repo.set_shard_start(session, job.run_id, time.time_ns() + START_MARGIN_NS)
-        session.flush()
-        jobs = job_repo.shard_jobs(session, job.run_id)
-        start = next((j.shard_start_ns for j in jobs if j.shard_start_ns is not None), None)
+    if start is None and n_ready == len(jobs):  # the first shard's row holds the run's start
+        start = job_repo.set_shard_start(session, jobs[0].id, time.time_ns() + START_MARGIN_NS)
+    if start is not None and job.shard_start_ns is None:  # this shard has learnt it
+        job_repo.set_shard_start(session, job.id, start)
     return ShardStart(start_ns=start, leased=leased, ready=n_ready, shards=len(jobs))
 
 

@@ -287,15 +287,20 @@ def shard_jobs(session: Session, run_id: str) -> list[Job]:
     return list(session.scalars(stmt))
 
 
-def set_shard_start(session: Session, run_id: str, start_ns: int) -> None:
-    """The run's common start, on every shard still active, unless one already has it."""
+def set_shard_start(session: Session, job_id: str, start_ns: int) -> int | None:
+    """Set a job's ``shard_start_ns`` unless it has one; returns the one it has now. The
+    run's start is set on its first shard's job (one row: concurrent "ready" calls never
+    lock two rows in opposite orders), then copied to each shard's as it learns it."""
     stmt = (
         update(Job)
-        .where(Job.run_id == run_id, Job.shard_idx.is_not(None), Job.shard_start_ns.is_(None))
+        .where(Job.id == job_id, Job.shard_start_ns.is_(None))
         .values(shard_start_ns=start_ns, updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
     session.execute(stmt)
+    return session.scalar(
+        select(Job.shard_start_ns).where(Job.id == job_id).execution_options(populate_existing=True)
+    )
 
 
 def waiting_shard_runs(session: Session, queued_before: dt.datetime) -> list[str]:
