@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(60)
 def test_spec_takes_a_count_from_1_to_256() -> None:
     base = {"base_url": "http://127.0.0.1:9", "model": "m"}
     assert RunSpec.model_validate(base).shards == 1
-    assert RunSpec.model_validate(base | {"shards": 256}).shards == 256
+    assert RunSpec.model_validate(base | {"shards": 256, "num_prompts": 256}).shards == 256
     assert RunSpec.model_validate(base | {"shards": "4"}).shards == 4
     for bad in (0, -1, 257, 1.5, "x", True):
         with pytest.raises(ValidationError, match="shards: a whole number from 1 to 256"):
@@ -174,3 +174,11 @@ def test_a_clock_bound_over_5_ms_flags_its_shard() -> None:
     rows = merged.load_stats["shards"]
     assert [r["clock_flagged"] for r in rows] == [False, True] and rows[1]["clock_bound_ms"] == 6.0
     assert [r["planned"] for r in rows] == [2, 2]
+
+
+def test_more_shards_than_requests_or_slots_is_refused() -> None:
+    base = {"base_url": "http://127.0.0.1:9", "model": "m", "shards": 4}
+    for extra in ({"num_prompts": 3}, {"max_concurrency": 2}):
+        with pytest.raises(ValidationError, match=r"shards: 4 is more than the run's"):
+            RunSpec.model_validate(base | extra)
+    assert RunSpec.model_validate(base | {"num_prompts": 4, "max_concurrency": 4}).shards == 4

@@ -416,6 +416,12 @@ class RunSpec(BaseModel):
         if self.shards != 1 and (self.reset_prefix_cache or self.server_profile):
             which = "reset_prefix_cache" if self.reset_prefix_cache else "server_profile"
             raise ValueError(f"{which}: runs on one worker only (shards is {self.shards})")
+        least = min(self.num_prompts or self.shards, self.max_concurrency or self.shards)
+        if self.shards > least:  # a shard with no share would hold the others' start
+            raise ValueError(
+                f"shards: {self.shards} is more than the run's requests or concurrency "
+                f"({least}): every shard needs a share"
+            )
         return self
 
     @model_validator(mode="after")
