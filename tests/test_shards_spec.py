@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from app.cli.main import main
+from app.cli.render import shard_line
 from app.client.spec import RunSpec
 from app.domain import RunStatus
 from app.protocol.wire import RunMeta
@@ -182,3 +183,21 @@ def test_more_shards_than_requests_or_slots_is_refused() -> None:
         with pytest.raises(ValidationError, match=r"shards: 4 is more than the run's"):
             RunSpec.model_validate(base | extra)
     assert RunSpec.model_validate(base | {"num_prompts": 4, "max_concurrency": 4}).shards == 4
+
+
+def test_the_cli_prints_one_line_per_shard() -> None:
+    row = {
+        "shard": 1,
+        "ok": 7,
+        "planned": 10,
+        "tokens_per_s": 812.0,
+        "send_lag_p99_ms": 0.31,
+        "clock_bound_ms": 0.92,
+        "start_skew_ms": 0.34,
+        "lost": 3,
+        "error": "worker lost",
+    }
+    assert shard_line(row) == (
+        "shard 1: 7/10 ok, 812.0 tok/s, send lag p99 0.310 ms, clock bound 0.920 ms, "
+        "start skew 0.340 ms, 3 lost (worker lost)"
+    )
