@@ -109,6 +109,8 @@ def test_waiting_shards_are_said_and_cancel_stops_every_shard(api: Api) -> None:
     assert prog["text"] == "1 of 2 shards leased (0 ready)"
     ready = api.post_job(job["job_id"], "shard-ready", {"lease_id": job["lease_id"]}).json()
     assert ready["start_ns"] is None and (ready["leased"], ready["ready"]) == (1, 1)
+    r = api.client.delete(f"/api/v1/runs/{rid}", headers=api.h(api.run))
+    assert r.status_code == 409, r.text  # a shard is on a worker
     r = api.client.post(f"/api/v1/runs/{rid}/cancel", headers=api.h(api.run))
     assert r.status_code == 200, r.text
     beat = api.post_job(job["job_id"], "heartbeat", {"lease_id": job["lease_id"]}).json()

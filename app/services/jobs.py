@@ -294,6 +294,8 @@ def delete_run(session: Session, run_id: str, *, force: bool = False) -> None:
     if repo.find_run(session, run_id) is None:
         raise NotFound(f"no run with id {run_id!r}")
     job = job_repo.job_for_run(session, run_id)
+    shards = job_repo.shard_jobs(session, run_id)  # a dealt run: any shard still running
+    job = next((j for j in shards if j.state in ACTIVE_STATES), job)
     if job is not None and job.state in ACTIVE_STATES and not force:
         raise Conflict(
             f"run {run_id!r} is {job.state} on a worker: cancel it first, or delete with force=true"
