@@ -175,6 +175,9 @@ class RequestRecord:
     # a run over several load processes (app.client.shards): the process that sent it
     # (stored as requests.process_idx, migration 0019)
     process: int | None = None
+    # a run dealt over workers (RunSpec.shards): the shard that sent it (requests.shard_idx,
+    # migration 0022; set by the server from the shard's lease)
+    shard: int | None = None
     # a run of several models or targets (app.client.routing): the model and the base URL
     # it used; None for a run of one (stored as requests.model / requests.target, 0021)
     model: str | None = None

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(5.0, gt=0, description="how often workers heartbeat")
     poll_interval_s: float = Field(1.0, gt=0, description="how often idle workers ask for work")
     max_attempts: int = Field(3, ge=1, description="leases a job gets before it fails")
+    shard_wait_s: float = Field(
+        300.0,
+        gt=0,
+        description="a run dealt over workers (shards) fails if not every shard was leased "
+        "and ready this long after it was queued",
+    )
     probe_artifact_max_mb: float = Field(
         32.0, gt=0, description="largest probe artifact (e.g. a gzipped trace) stored, MiB"
     )

@@ -44,6 +44,7 @@ from app.api.schemas import Health
 from app.protocol.wire import JobKind
 from app.services import auth, series_alerts, targets
 from app.services import jobs as job_svc
+from app.services import shard_jobs as shard_svc
 from app.services.errors import ServiceError
 from app.services.exports import ExportLimiter
 from app.services.file_imports import ImportSlots
@@ -56,11 +57,12 @@ from app.web.mount import mount, static_assets
 log = logging.getLogger(__name__)
 
 
-async def _sweeper(sessions: sessionmaker[Session], every_s: float) -> None:
+async def _sweeper(sessions: sessionmaker[Session], every_s: float, wait_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         try:
             expired = await anyio.to_thread.run_sync(job_svc.expire_lost_leases, sessions)
+            await anyio.to_thread.run_sync(shard_svc.expire_waits, sessions, wait_s)
             for e in expired:
                 log.warning("lease of job %s expired: %s", e.job_id, e.outcome)
         except Exception:
@@ -137,7 +139,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     moved = job_svc.extend_leases(app.state.sessions, ttl_s=settings.lease_ttl_s)
     if moved:
         log.info("gave %d active lease(s) one more TTL after the restart", moved)
-    sweeper = asyncio.create_task(_sweeper(app.state.sessions, settings.lease_ttl_s / 3))
+    sweeper = asyncio.create_task(
+        _sweeper(app.state.sessions, settings.lease_ttl_s / 3, settings.shard_wait_s)
+    )
     alerter = asyncio.create_task(_alerter(app, settings.alert_poll_s))
     with session_scope(app.state.sessions) as s:  # a killed server's embedded worker token
         stale = auth.revoke_local_worker_tokens(s, settings.server_url())

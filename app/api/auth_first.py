@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import anyio
 from fastapi import HTTPException
@@ -31,7 +32,7 @@ from app.api.hardening import ASGIApp, Receive, Scope, Send, _bearer, _send_json
 BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 WORKER_PATHS = re.compile(
     r"^/api/v1/(workers/register|workers/[^/]+/lease|jobs/[^/]+/"
-    r"(heartbeat|results|complete|steps|steps/[^/]+/complete|probe-result|telemetry))$"
+    r"(heartbeat|shard-ready|results|complete|steps|steps/[^/]+/complete|probe-result|telemetry))$"
 )
 ADMIN_PATHS = re.compile(r"^/api/v1/tokens(/[^/]+)?$")
 
@@ -55,6 +56,9 @@ class AuthFirst:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         needed = None
         if scope["type"] == "http":
+            # a clock exchange's receipt (heartbeat, shard-ready): before the token check,
+            # whose time would otherwise count as the way in only and bias the offset
+            scope.setdefault("state", {})["clock_t2_ns"] = time.time_ns()
             needed = scope_for(str(scope.get("method", "")), str(scope.get("path", "")))
         if needed is None:
             await self.app(scope, receive, send)

@@ -94,6 +94,7 @@ def request_row(r: dict[str, Any]) -> RequestRow:
         session=r.get("session_idx"),
         turn=r.get("turn_idx"),
         process=r.get("process_idx"),
+        shard=r.get("shard_idx"),
         model=r.get("model"),
         target=r.get("target"),
         cached_prompt_tokens=r.get("cached_prompt_tokens"),

@@ -21,8 +21,11 @@ from app.protocol.wire import (
     RegisterRequest,
     RegisterResponse,
     ResultBatch,
+    ShardReady,
+    ShardStart,
 )
 from app.services import jobs as job_svc
+from app.services import shard_jobs as shard_svc
 from app.services import workers as worker_svc
 from app.storage import workers as worker_repo
 from app.storage.models import utcnow
@@ -32,6 +35,12 @@ router = APIRouter(prefix="/api/v1", tags=["workers"])
 LEASE_LOST: dict[int | str, dict[str, Any]] = {
     409: {"description": "lease lost (expired, requeued, finished or deleted)"}
 }
+
+
+def _receipt_ns(request: Request) -> int:
+    """When the request reached the app (``AuthFirst`` stamps it before the token check)."""
+    t = getattr(request.state, "clock_t2_ns", None)
+    return t if isinstance(t, int) else time.time_ns()
 
 
 @router.get("/workers")
@@ -72,6 +81,7 @@ def lease(
     """The oldest queued job this worker can run (requirements matched), or null."""
     worker = worker_svc.own_worker(session, worker_id, caller)
     job_svc.expire_lost_leases(sessions)
+    shard_svc.expire_waits(sessions, settings.shard_wait_s)
     job = job_svc.lease(
         session,
         worker,
@@ -87,14 +97,34 @@ def lease(
 def heartbeat(
     job_id: str,
     body: HeartbeatRequest,
+    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     caller: WorkerCaller,
 ) -> HeartbeatResponse:
     """Renew the lease and report progress; ``cancel: true`` asks the worker to stop. The
     reply carries the server's receipt and send times (the worker's clock offset to it)."""
-    t2 = time.time_ns()
+    t2 = _receipt_ns(request)
     resp = job_svc.heartbeat(session, job_id, body, caller, ttl_s=settings.lease_ttl_s)
+    return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
+
+
+@router.post("/jobs/{job_id}/shard-ready", tags=["worker protocol"], responses=LEASE_LOST)
+def shard_ready(
+    job_id: str,
+    body: ShardReady,
+    request: Request,
+    session: SessionDep,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    caller: WorkerCaller,
+) -> ShardStart:
+    """A shard of a run dealt over workers is ready; ``start_ns`` (the server's wall clock)
+    once every shard is. Not all within ``shard_wait_s``: the run fails and this is a 409.
+    The reply carries the server's receipt and send times, as a heartbeat's."""
+    t2 = _receipt_ns(request)
+    shard_svc.expire_waits(sessions, settings.shard_wait_s)
+    resp = shard_svc.ready(session, job_id, body, caller)
     return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
 
 

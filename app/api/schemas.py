@@ -142,6 +142,7 @@ class RequestRow(BaseModel):
     turn: int | None = None
     # a run over several load processes: the process that sent it (from 0)
     process: int | None = None
+    shard: int | None = None  # a run dealt over workers: the shard that sent it (from 0)
     # a run of several models / targets: the model and base URL it used (None: one of each)
     model: str | None = None
     target: str | None = None

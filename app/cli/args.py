@@ -59,6 +59,7 @@ FLAG_FOR_FIELD = {
     "burstiness": "--burstiness",
     "max_concurrency": "--max-concurrency",
     "processes": "--processes",
+    "shards": "--shards",
     "warmup_requests": "--num-warmups",
     "request_timeout_s": "--request-timeout",
     "connection_mode": "--connection-mode",
@@ -298,6 +299,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "cores this machine can spare (usable cores less one)",
     )
     p.add_argument(
+        "--shards",
+        default="1",
+        help="with --server: one run dealt over this many workers (1 to 256), started together",
+    )
+    p.add_argument(
         "--multi-turn",
         action="store_true",
         help="replay each conversation (sharegpt, jsonl) as a session of turns; "
@@ -504,6 +510,7 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "burstiness": ns.burstiness,
         "max_concurrency": ns.max_concurrency,
         "processes": getattr(ns, "processes", 1),
+        "shards": getattr(ns, "shards", 1),
         "multi_turn": ns.multi_turn,
         "max_turns": ns.max_turns,
         "turn_delay_ms": ns.turn_delay_ms,
@@ -540,9 +547,14 @@ def spec_from_args(ns: argparse.Namespace) -> RunSpec:
         "tags": ns.tags,
     }
     try:
-        return RunSpec.model_validate(fields)
+        spec = RunSpec.model_validate(fields)
     except ValidationError as e:
         raise UsageError(describe_validation_error(e, ns.dataset_name)) from None
+    if spec.shards != 1 and not getattr(ns, "server", None):
+        raise UsageError(
+            "--shards: a run dealt over workers needs --server (one host: --processes)"
+        )
+    return spec
 
 
 _OPTION_ERROR = re.compile(r"dataset_options\.(\w+): (.*)", re.DOTALL)

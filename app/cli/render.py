@@ -73,6 +73,22 @@ def process_line(p: dict[str, Any]) -> str:
     return line
 
 
+def shard_line(s: dict[str, Any]) -> str:
+    """One shard of a run dealt over workers, e.g. "shard 1: 10/10 ok, 812.0 tok/s, send
+    lag p99 0.310 ms, clock bound 0.920 ms, start skew 0.340 ms"."""
+    line = (
+        f"shard {s.get('shard')}: {s.get('ok')}/{s.get('planned')} ok, "
+        f"{_n(s.get('tokens_per_s'), 1)} tok/s, send lag p99 {_n(s.get('send_lag_p99_ms'), 3)} "
+        f"ms, clock bound {_n(s.get('clock_bound_ms'), 3)} ms, start skew "
+        f"{_n(s.get('start_skew_ms'), 3)} ms"
+    )
+    if s.get("lost"):
+        line += f", {s['lost']} lost ({s.get('error')})"
+    elif s.get("clock_flagged"):
+        line += ", clock flagged"
+    return line
+
+
 def render_report(report: dict[str, Any], console: Console) -> None:
     m = report["metrics"]
     v = report["validity"]
@@ -102,6 +118,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         console.print("client: " + " · ".join(health))
     for p in (report.get("load") or {}).get("processes") or []:  # a dealt run's processes
         console.print(process_line(p))
+    for s in (report.get("load") or {}).get("shards") or []:  # a run dealt over workers
+        console.print(shard_line(s))
     render_verdict(v, console)
     for note in v.get("notes") or []:
         console.print(f"[yellow]note:[/] {note}")

@@ -464,6 +464,11 @@ def _submit_and_follow(
             )
 
         state = _Follower(http, str(job_id), on_progress).follow()
+        while spec.shards > 1:  # shard 0's job ended: the run ends with its last shard
+            run = _check(http.get(f"/runs/{run_id}"), "run").get("run") or {}
+            if run.get("status") not in ("queued", "running"):
+                break
+            time.sleep(POLL_S)
     report = _report_of(_check(http.get(f"/runs/{run_id}"), "report"))
     if ns.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")

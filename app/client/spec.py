@@ -56,6 +56,7 @@ SECRET_HEADER_WORDS = ("authorization", "api-key", "apikey", "api_key", "token",
 MAX_HEADERS = 64
 MAX_URL_CHARS = 2048
 MAX_PROCESSES = 1024
+MAX_SHARDS = 256
 MAX_API_KEY_CHARS = 8192
 # one request may stream for a day at most; a run lasts 30 days at most (its deadline in ns
 # must stay a finite integer)
@@ -195,6 +196,10 @@ class RunSpec(BaseModel):
         1,
         description="load processes on this host: a count (1 to 1024) or auto (the cores "
         "this machine can spare: its usable cores less one, at least 1)",
+    )
+    # workers (docs/scale.md): one schedule dealt over K leases started at one instant
+    shards: int = Field(
+        1, description=f"workers one run is dealt over, each a lease (1 to {MAX_SHARDS})"
     )
     request_timeout_s: float = Field(
         600.0, gt=0, le=MAX_REQUEST_TIMEOUT_S, description="one request's limit, s (<= 1 day)"
@@ -356,6 +361,20 @@ class RunSpec(BaseModel):
             raise ValueError(f"processes: from 1 to {MAX_PROCESSES} (or auto), not {n}")
         return n
 
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _shards(cls, v: object) -> object:
+        why = f"shards: a whole number from 1 to {MAX_SHARDS}"
+        if isinstance(v, bool) or not isinstance(v, int | str):
+            raise ValueError(why)
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(why) from None
+        if not 1 <= n <= MAX_SHARDS:
+            raise ValueError(f"{why}, not {n}")
+        return n
+
     @field_validator("metrics_url")
     @classmethod
     def _metrics_url_text(cls, v: str | None) -> str | None:
@@ -394,6 +413,15 @@ class RunSpec(BaseModel):
             raise ValueError(
                 f"{which}: runs in one load process only (processes is {self.processes})"
             )
+        if self.shards != 1 and (self.reset_prefix_cache or self.server_profile):
+            which = "reset_prefix_cache" if self.reset_prefix_cache else "server_profile"
+            raise ValueError(f"{which}: runs on one worker only (shards is {self.shards})")
+        least = min(self.num_prompts or self.shards, self.max_concurrency or self.shards)
+        if self.shards > least:  # a shard with no share would hold the others' start
+            raise ValueError(
+                f"shards: {self.shards} is more than the run's requests or concurrency "
+                f"({least}): every shard needs a share"
+            )
         return self
 
     @model_validator(mode="after")
@@ -403,6 +431,11 @@ class RunSpec(BaseModel):
             raise ValueError(
                 f"processes: the dataset {self.dataset!r} is replayed by one load process "
                 f"(processes is {self.processes})"
+            )
+        if self.shards != 1 and getattr(dataset_type(self.dataset), "conversation", False):
+            raise ValueError(
+                f"shards: the dataset {self.dataset!r} is replayed by one load process "
+                f"(shards is {self.shards})"
             )
         return self
 

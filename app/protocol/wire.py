@@ -151,6 +151,7 @@ class LeasedJob(_Model):
     lease_id: str
     lease_expires_at: datetime
     resume: SweepResume | None = None  # sweeps, attempt >= 2: what earlier attempts did
+    shard: int | None = None  # a run dealt over workers: this lease's shard (of spec.shards)
 
 
 class LeaseResponse(_Model):
@@ -179,6 +180,26 @@ class JobProgress(_Model):
 class HeartbeatRequest(_Model):
     lease_id: str
     progress: JobProgress | None = None
+
+
+class ShardReady(_Model):
+    """A shard's worker is ready (its share built): POST /jobs/{job_id}/shard-ready, again
+    until the answer has ``start_ns``."""
+
+    lease_id: str
+
+
+class ShardStart(_Model):
+    """The common start of a run dealt over workers: ``start_ns`` on the server's wall clock
+    once every shard is leased and ready (None: still waiting); the clock stamps make the
+    call a four-timestamp exchange as a heartbeat's (``clock_sync``)."""
+
+    start_ns: Int64 | None = None
+    leased: int
+    ready: int
+    shards: int
+    clock_t2_ns: Int64 | None = None
+    clock_t3_ns: Int64 | None = None
 
 
 class HeartbeatResponse(_Model):

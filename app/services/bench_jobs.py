@@ -39,6 +39,7 @@ from app.services.job_rules import (
 )
 from app.services.secretbox import SecretBox
 from app.services.server_metrics import store_wire
+from app.services.shard_jobs import complete_shard, create_shard_jobs, finish_if_done
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
 from app.storage import workers as worker_repo
@@ -66,6 +67,16 @@ def create_bench_run(
 ) -> tuple[str, str]:
     """A queued run and its bench job, in the caller's transaction: (run_id, job_id)."""
     run_id = repo.create_run(session, spec, source="bench", name=name, status=RunStatus.QUEUED)
+    if spec.shards > 1:  # K leases of one run (app.services.shard_jobs)
+        first = create_shard_jobs(
+            session,
+            spec,
+            bench_job_spec(spec, box),
+            requirements=requirements.model_dump(mode="json"),
+            run_id=run_id,
+            max_attempts=max_attempts,
+        )
+        return run_id, first
     job = job_repo.create_job(
         session,
         kind="bench",
@@ -117,6 +128,9 @@ class SingleRunKind:
     def recomplete(
         self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
     ) -> None:
+        if job.shard_idx is not None and job.run_id is not None:  # a shard: the run's end
+            finish_if_done(sessions, job.run_id)
+            return
         run = repo.find_run(session, job.run_id) if job.run_id else None
         if run is not None and run.status in ACTIVE_RUN:  # the first try failed mid-way
             outcome = self._outcome(session, job, req)
@@ -127,6 +141,8 @@ class SingleRunKind:
         self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
     ) -> CompleteResponse:
         outcome = self._outcome(session, job, req)
+        if job.shard_idx is not None:  # one shard of a run dealt over workers
+            return complete_shard(session, sessions, job, req, outcome)
         now = utcnow()
         changed = job_repo.transition(
             session,

@@ -35,7 +35,7 @@ from app.protocol.wire import (
     ResultBatch,
     WorkerCapabilities,
 )
-from app.services import live_series
+from app.services import live_series, shard_jobs
 from app.services import workers as worker_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
@@ -116,6 +116,7 @@ def lease(
         lease_id=lease_id,
         lease_expires_at=expires,
         resume=resume,
+        shard=chosen.shard_idx,
     )
 
 
@@ -196,6 +197,8 @@ def ingest_batch(
     if run_id is None:
         raise Conflict(f"job {job_id!r} has no run to store results in")
     records = batch_records(job, batch)
+    for r in records:  # a run dealt over workers: the shard is the lease's, not the worker's word
+        r.shard = job.shard_idx
     indices = [r.index for r in records]
     if not job_repo.add_batch(session, job_id, batch.batch_no, job.attempt, len(records), indices):
         return BatchAck(batch_no=batch.batch_no, accepted=0, duplicate=True)
@@ -257,6 +260,10 @@ def cancel_run(session: Session, run_id: str) -> CancelResult:
     job = job_repo.job_for_run(session, run_id)
     if job is None:
         raise Conflict(f"run {run_id!r} has no job (status {run.status.value}): nothing to cancel")
+    shards = job_repo.shard_jobs(session, run_id)
+    if shards and any(j.state not in TERMINAL_STATES for j in shards):  # every shard stops
+        state = shard_jobs.cancel_shards(session, run_id, shards)
+        return CancelResult(run_id, shards[0].id, state, state != "cancelled")
     now = utcnow()
     if job.state == "queued" and job_repo.transition(
         session,
@@ -287,6 +294,8 @@ def delete_run(session: Session, run_id: str, *, force: bool = False) -> None:
     if repo.find_run(session, run_id) is None:
         raise NotFound(f"no run with id {run_id!r}")
     job = job_repo.job_for_run(session, run_id)
+    shards = job_repo.shard_jobs(session, run_id)  # a dealt run: any shard still running
+    job = next((j for j in shards if j.state in ACTIVE_STATES), job)
     if job is not None and job.state in ACTIVE_STATES and not force:
         raise Conflict(
             f"run {run_id!r} is {job.state} on a worker: cancel it first, or delete with force=true"
@@ -323,7 +332,13 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
         "worker_id": None,
         "lease_expires_at": None,
         "progress": None,
+        "shard_ready_at": None,  # a shard requeued before the start: ready again once leased
     }
+    if job.shard_idx is not None and job.shard_start_ns is not None:  # a shard lost after
+        # the common start: it cannot restart alone; the run ends once the other shards do
+        state: JobState = "cancelled" if job.cancel_requested else "failed"
+        error = f"worker lost (lease expired on attempt {job.attempt})"
+        return Expiry(job.id, job.run_id, "partial"), ended | {"state": state, "error": error}, None
     resumable = rules.resumes_after_loss(job)
     if resumable and not job.cancel_requested and job.attempt < job.max_attempts:
         error = f"attempt {job.attempt} lost (lease expired); requeued"
@@ -337,7 +352,7 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
             f"worker lost: {stored} of {planned} were stored "
             f"(lease expired on attempt {job.attempt})"
         )
-        state: JobState = "cancelled" if job.cancel_requested else "failed"
+        state = "cancelled" if job.cancel_requested else "failed"
         loss = rules.loss(session, job)
         outcome = Outcome(state, RunStatus.PARTIAL, "worker lost", [note, *loss.notes], loss.lost)
         return (
@@ -367,6 +382,7 @@ def expire_lost_leases(
     cutoff = now or utcnow()
     done: list[Expiry] = []
     to_finalize: list[tuple[str, Outcome]] = []
+    shard_runs: set[str] = set()
     with session_scope(sessions) as s:
         for job in job_repo.expired_leases(s, cutoff):
             expiry, values, outcome = _expiry(s, job)
@@ -382,7 +398,9 @@ def expire_lost_leases(
             if job.worker_id:
                 worker_repo.seen_job_done(s, job.worker_id, job.id)
             to_finalize += rules_of(job).after_loss(s, job, expiry.outcome)
-            if job.run_id is not None:
+            if job.shard_idx is not None and job.run_id is not None:  # the run ends with its
+                shard_runs.add(job.run_id)  # last shard (requeued: it waits to be leased)
+            elif job.run_id is not None:
                 if outcome is None:
                     repo.update_run(s, job.run_id, status=RunStatus.QUEUED)
                 else:
@@ -393,6 +411,11 @@ def expire_lost_leases(
             finalize_outcome(sessions, run_id, outcome, None)
         except Exception:
             log.exception("finalizing run %s after a lost lease failed", run_id)
+    for run_id in shard_runs:
+        try:
+            shard_jobs.finish_if_done(sessions, run_id)
+        except Exception:
+            log.exception("finalizing run %s after a lost shard failed", run_id)
     return done
 
 

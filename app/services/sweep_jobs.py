@@ -79,7 +79,14 @@ def create_sweep_job(
     box: SecretBox,
 ) -> tuple[str, str]:
     """The sweep (status queued) and its one ``sweep`` job, in the caller's transaction:
-    (sweep_id, job_id). The API key travels at the top of the job spec, sealed (``box``)."""
+    (sweep_id, job_id). The API key travels at the top of the job spec, sealed (``box``).
+    A sweep runs its steps on one worker: ``shards`` above 1 is refused (422)."""
+    if spec.shards != 1:
+        raise Invalid(
+            f"shards: a sweep runs its steps on one worker (shards is {spec.shards}); "
+            "sharded sweep steps are not done yet",
+            loc=("body", "shards"),
+        )
     sweep_id = compare_repo.create_sweep(
         session,
         spec=spec.model_dump(mode="json"),

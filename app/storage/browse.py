@@ -40,6 +40,7 @@ SUMMARY_COLUMNS = (
     "session_idx",
     "turn_idx",
     "process_idx",
+    "shard_idx",
     "model",
     "target",
 )

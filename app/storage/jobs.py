@@ -271,3 +271,63 @@ def sent_counts(session: Session, run_id: str) -> tuple[int, int, int]:
 def stored_requests(session: Session, run_id: str) -> int:
     stmt = select(func.count()).select_from(Request).where(Request.run_id == run_id)
     return int(session.scalar(stmt) or 0)
+
+
+# ------------------------------------------------------------------------------- shards
+
+
+def shard_jobs(session: Session, run_id: str) -> list[Job]:
+    """The jobs of a run dealt over workers, by shard ([] for any other run)."""
+    stmt = (
+        select(Job)
+        .where(Job.run_id == run_id, Job.shard_idx.is_not(None))
+        .order_by(Job.shard_idx)
+        .execution_options(populate_existing=True)
+    )
+    return list(session.scalars(stmt))
+
+
+def set_shard_start(session: Session, job_id: str, start_ns: int) -> int | None:
+    """Set a job's ``shard_start_ns`` unless it has one; returns the one it has now. The
+    run's start is set on its first shard's job (one row: concurrent "ready" calls never
+    lock two rows in opposite orders), then copied to each shard's as it learns it."""
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.shard_start_ns.is_(None))
+        .values(shard_start_ns=start_ns, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(stmt)
+    return session.scalar(
+        select(Job.shard_start_ns).where(Job.id == job_id).execution_options(populate_existing=True)
+    )
+
+
+def waiting_shard_runs(session: Session, queued_before: dt.datetime) -> list[str]:
+    """Runs dealt over workers queued before ``queued_before`` whose shards have not all
+    started (no common start yet) while some shard is still queued or active."""
+    stmt = (
+        select(Job.run_id)
+        .where(
+            Job.shard_idx.is_not(None),
+            Job.shard_start_ns.is_(None),
+            Job.state.in_(("queued", *ACTIVE_STATES)),
+            Job.created_at < queued_before,
+        )
+        .distinct()
+    )
+    return [r for r in session.scalars(stmt) if r is not None]
+
+
+def stored_by_shard(session: Session, run_id: str) -> dict[int, tuple[int, int]]:
+    """Shard -> (requests stored, warm-ups included; measured ones ok) of a dealt run."""
+    stmt = (
+        select(
+            Request.shard_idx,
+            func.count(),
+            func.count().filter(Request.status == "ok", Request.warmup.is_(False)),
+        )
+        .where(Request.run_id == run_id, Request.shard_idx.is_not(None))
+        .group_by(Request.shard_idx)
+    )
+    return {int(k or 0): (int(n or 0), int(ok or 0)) for k, n, ok in session.execute(stmt)}

@@ -205,6 +205,8 @@ class Request(Base):
     # a run of several models / targets: the model and base URL it used; None otherwise (0021)
     model: Mapped[str | None] = mapped_column(String(255))
     target: Mapped[str | None] = mapped_column(String(2048))
+    # a run dealt over workers: the shard that sent it (from 0); None otherwise (0022)
+    shard_idx: Mapped[int | None] = mapped_column(Integer)
 
     run: Mapped[Run] = relationship(back_populates="requests")
 
@@ -242,6 +244,11 @@ class Job(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # a run dealt over workers (0022): this lease's shard, when its worker was ready, and
+    # the common start on the server's wall clock (ns), once every shard was ready
+    shard_idx: Mapped[int | None] = mapped_column(Integer)
+    shard_ready_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    shard_start_ns: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         Index("ix_jobs_state_created_at", "state", "created_at"),

@@ -496,6 +496,7 @@ def _request_rows(
                 "session_idx": _opt_int(r.session),
                 "turn_idx": _opt_int(r.turn),
                 "process_idx": _opt_int(r.process),
+                "shard_idx": _opt_int(r.shard),
                 "model": r.model,
                 "target": r.target,
             }
@@ -651,6 +652,7 @@ _RECORD_COLUMNS = (
     "session_idx",
     "turn_idx",
     "process_idx",
+    "shard_idx",
     "model",
     "target",
     "metric_values",
@@ -684,6 +686,7 @@ def _record_from_row(row: tuple[Any, ...]) -> RequestRecord:
         session=v["session_idx"],
         turn=v["turn_idx"],
         process=v["process_idx"],
+        shard=v["shard_idx"],
         model=v["model"],
         target=v["target"],
         agent=AgentLink.from_values(v["metric_values"]),

@@ -128,6 +128,7 @@ FIELDS: tuple[FormField, ...] = (
     FormField("burstiness", "Burstiness", "number", help=_help("burstiness"), group="Load"),
     FormField("max_concurrency", "Max concurrency", "number", help="blank: no cap", group="Load"),
     FormField("processes", "Load processes", help=_help("processes"), group="Load"),
+    FormField("shards", "Shards (workers)", "number", help=_help("shards"), group="Load"),
     FormField("warmup_requests", "Warm-up requests", "number", group="Load"),
     FormField("request_timeout_s", "Request timeout (s)", "number", group="Load"),
     FormField(

@@ -65,6 +65,14 @@ def run_processes(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
+def run_shards(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run dealt over workers (``app.services.shard_jobs``): its per-shard figures as
+    stored in its load statistics; [] for a run of one shard."""
+    stats = run.get("load_stats")
+    rows = stats.get("shards") if isinstance(stats, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
 def run_groups(run: dict[str, Any]) -> dict[str, Any]:
     """A run of several models or targets (``app.analysis.groups``): its tables by model and
     by target as stored in its load statistics, and each target's ``/metrics`` scrape

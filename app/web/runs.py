@@ -14,6 +14,7 @@ from app.analysis.phases import send_lag_ms_of_row
 from app.domain import PHASES, RunStatus
 from app.figures import common as fg
 from app.figures.scriptjson import plotly_json
+from app.services.shard_jobs import waiting_text
 from app.storage import compare_repo, request_table, run_columns
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
@@ -111,13 +112,14 @@ def run_progress(request: Request, run_id: str) -> JSONResponse:
             raise HTTPException(404, f"no run with id {run_id!r}")
         job = job_repo.job_for_run(s, run_id)
         jv = runs_view.job_view(job)
+        waiting = waiting_text(job_repo.shard_jobs(s, run_id))  # "k of K shards leased"
         body = {
             "run_id": run_id,
             "status": str(row.status),
             "job_id": job.id if job else None,
             "state": job.state if job else None,
             "percent": jv.percent if jv else None,
-            "text": jv.text if jv else None,
+            "text": waiting or (jv.text if jv else None),
             "progress": job.progress if job else None,
         }
     return JSONResponse(body)

@@ -21,7 +21,7 @@ from app.web.context import render, sessions_of
 from app.web.interop_run import add_interop
 from app.web.run_agents import add_agents
 from app.web.run_series import add_series
-from app.web.run_turns import add_turns, run_groups, run_processes
+from app.web.run_turns import add_turns, run_groups, run_processes, run_shards
 from app.web.runs_page import load_run, run_context
 
 # what a successful action says on the page it redirects to (``?done=KEY``)
@@ -110,6 +110,7 @@ async def render_run_page(
         add_turns(ctx, sessions_of(request), run_id)  # a multi-turn run's metrics by turn
         add_agents(ctx, sessions_of(request), run_id, query)  # an agent trace's sessions
         ctx["run_processes"] = run_processes(ctx.get("run") or {})  # a dealt run's processes
+        ctx["run_shards"] = run_shards(ctx.get("run") or {})  # a run dealt over workers
         ctx["run_groups"] = run_groups(ctx.get("run") or {})  # several models / targets
         add_series(ctx, sessions_of(request), run_id)  # its series, if any
         run = dict(data.run) | {"note": data.note}

@@ -11,10 +11,12 @@ import logging
 from pydantic import ValidationError
 
 from app.client.execute import execute, series_to_wire
+from app.client.shards.worker_share import ShardFigures, shard_row
 from app.worker.client import describe
 from app.worker.job import JobOutcome, JobRun, spec_from_job
 from app.worker.load_thread import LoadThread
 from app.worker.processes import with_worker_processes
+from app.worker.shard_gate import ShardGate
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,14 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         spec = spec_from_job(job.spec)
     except ValidationError as e:
         return await jr.complete("failed", f"invalid run spec: {e}")
-    spec, jr.load_note = with_worker_processes(spec, jr.opts.processes)
+    shard: tuple[ShardFigures, ShardGate] | None = None
+    if job.shard is not None:  # one shard of a run dealt over workers: one load process
+        figures = ShardFigures(job.shard, spec.shards)
+        stopped = lambda: jr.cancelled or jr.stopping or jr.uploader.lost is not None  # noqa: E731
+        gate = ShardGate(jr.client, job, jr.clock, figures, asyncio.get_running_loop(), stopped)
+        shard = (figures, gate)
+    else:
+        spec, jr.load_note = with_worker_processes(spec, jr.opts.processes)
     jr.load = LoadThread(
         spec,
         run_tag=job.run_id or job.job_id,
@@ -36,6 +45,7 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         realtime=jr.opts.realtime,
         dataset_dirs=jr.opts.dataset_dirs,
         allow_link_local=jr.opts.allow_link_local,
+        shard=shard,
     )
     side = [
         asyncio.create_task(jr.heartbeats(), name=f"heartbeat-{job.job_id}"),
@@ -54,6 +64,10 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         status, error = jr.final_status(done.result, error)
         if done.meta is not None:
             jr.server_series = series_to_wire(done.series) or None
+        if done.meta is not None and shard is not None:  # its row of the "By shard" table
+            est = jr.clock.estimate()
+            row = shard_row(shard[0], done.result) | {"clock": est.as_dict() if est else None}
+            done.meta.load_stats["shard"] = row
         return await jr.complete(status, error, done.meta)
     finally:
         jr.stop_load()

@@ -33,6 +33,8 @@ from app.protocol.wire import (
     RegisterRequest,
     RegisterResponse,
     ResultBatch,
+    ShardReady,
+    ShardStart,
     StepComplete,
     StepCompleted,
     StepCreate,
@@ -171,6 +173,9 @@ class WorkerClient:
 
     async def heartbeat(self, job_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
         return await self._post(f"/jobs/{job_id}/heartbeat", req, HeartbeatResponse)
+
+    async def shard_ready(self, job_id: str, req: ShardReady) -> ShardStart:
+        return await self._post(f"/jobs/{job_id}/shard-ready", req, ShardStart)
 
     async def upload(self, job_id: str, batch: ResultBatch | bytes) -> BatchAck:
         """Send one result batch (a ``ResultBatch`` or its JSON, as spooled)."""

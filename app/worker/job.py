@@ -155,6 +155,7 @@ class JobRun:
         self.scraper: LiveSource | None = None  # the targets' /metrics, while loading
         self.scraper_t0_ns = 0
         self.clock = OffsetTracker()  # this worker's clock offset to the server's
+        self.completing = False  # the completion was sent (answers may still be due)
 
     # ---- callbacks from the load thread (cheap, thread-safe)
 
@@ -241,6 +242,7 @@ class JobRun:
                 return self.give_up()
             req = up.refused_request(req)  # refused while draining: say so, declare fewer
             await asyncio.to_thread(self.spool.write_complete, req)
+        self.completing = True  # a heartbeat's 409 from now on may be this completion's doing
         resp = await up.complete(req, self.deadline)
         if resp is None:
             return self.give_up()
@@ -331,6 +333,8 @@ class JobRun:
             except ServerUnreachable as e:
                 log.info("job %s: heartbeat not sent: %s", job.job_id, e)
             except (LeaseLost, NotFound) as e:
+                if self.completing:  # the job ended by our own completion (its answer is due)
+                    return
                 self.uploader.lose(f"lease lost at heartbeat: {e}")
                 self.stop_load()
                 return

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from app.client import eventloop
 from app.client.load_result import LoadResult, Progress
 from app.client.shards.load import run_load
+from app.client.shards.share import StartGate
+from app.client.shards.worker_share import ShardFigures, run_shard
 from app.client.spec import RunSpec
 from app.domain import RequestRecord
 
@@ -31,6 +33,7 @@ class LoadThread:
         realtime: bool = False,
         dataset_dirs: tuple[str, ...] = (),
         allow_link_local: bool = True,
+        shard: tuple[ShardFigures, StartGate] | None = None,
     ) -> None:
         self.spec = spec
         self.run_tag = run_tag
@@ -40,6 +43,7 @@ class LoadThread:
         self._realtime = realtime
         self._dataset_dirs = dataset_dirs
         self._allow_link_local = allow_link_local
+        self._shard = shard  # a run dealt over workers: this worker's shard (worker_share)
         self._result: concurrent.futures.Future[LoadResult] = concurrent.futures.Future()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,6 +91,22 @@ class LoadThread:
             if self._stop_requested:
                 stop.set()
         try:
+            if self._shard is not None:
+                figures, gate = self._shard
+                return await run_shard(
+                    self.spec,
+                    figures,
+                    gate,
+                    run_tag=self.run_tag,
+                    on_progress=self._on_progress,
+                    stop=stop,
+                    kernel_stamps=self._kernel_stamps,
+                    realtime=self._realtime,
+                    on_record=self._on_record,
+                    dataset_dirs=self._dataset_dirs,
+                    cancelled=self._cancel_requested,
+                    allow_link_local=self._allow_link_local,
+                )
             return await run_load(
                 self.spec,
                 run_tag=self.run_tag,
