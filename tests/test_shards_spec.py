@@ -179,6 +179,30 @@ def test_a_clock_bound_over_5_ms_flags_its_shard() -> None:
     assert [r["planned"] for r in rows] == [2, 2]
 
 
+def test_the_merged_run_has_the_worst_shards_client_health() -> None:
+    """Loop lag, read delay and CPU wait as the worst shard had them (each quantile's
+    largest, the samples of all), the CPU wait in all summed: by hand."""
+
+    def meta(loop: tuple[int, float, float, float], wait_total: float) -> RunMeta:
+        n, p50, p99, mx = loop
+        lag = {"n": n, "p50_ms": p50, "p99_ms": p99, "max_ms": mx}
+        return RunMeta.model_validate(
+            {"load_stats": {"loop_lag_ms": lag, "cpu_wait_ms": {"n": 0, "p50_ms": None,
+             "p99_ms": None, "max_ms": None}, "cpu_wait_total_ms": wait_total}}
+        )  # fmt: skip
+
+    a = ShardEnd(0, "succeeded", None, RunStatus.SUCCEEDED, [], 0,
+                 meta((10, 0.2, 0.9, 1.5), 3.0), 2, 2, "w0")  # fmt: skip
+    b = ShardEnd(1, "succeeded", None, RunStatus.SUCCEEDED, [], 0,
+                 meta((30, 0.1, 12.5, 14.0), 4.5), 2, 2, "w1")  # fmt: skip
+    _, _, _, merged = merge_shards([a, b], {"num_prompts": 4, "shards": 2})
+    assert merged is not None
+    stats = merged.load_stats
+    assert stats["loop_lag_ms"] == {"n": 40, "p50_ms": 0.2, "p99_ms": 12.5, "max_ms": 14.0}
+    assert stats["cpu_wait_total_ms"] == 7.5
+    assert stats["cpu_wait_ms"]["n"] == 0  # no shard had samples: shard 0's kept as it was
+
+
 def test_more_shards_than_requests_or_slots_is_refused() -> None:
     base = {"base_url": "http://127.0.0.1:9", "model": "m", "shards": 4}
     for extra in ({"num_prompts": 3}, {"max_concurrency": 2}):

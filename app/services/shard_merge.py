@@ -6,7 +6,7 @@ count, with one row per shard for the run page's "By shard" table (``load_stats.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -32,6 +32,37 @@ class ShardEnd:
     stored: int  # its requests stored (warm-ups included)
     ok: int  # of which measured and ok
     worker: str | None
+
+
+_HEALTH_KEYS = ("loop_lag_ms", "read_delay_ms", "cpu_wait_ms")
+
+
+def worst_health(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The client's health over every shard, as a run over load processes has it: event-loop
+    lag, read delay and CPU wait as the worst shard had them (the largest p50, p99 and max of
+    any shard, the samples of all), the CPU wait in all summed. A key no shard has is left out."""
+    out: dict[str, Any] = {}
+    for key in _HEALTH_KEYS:
+        have = [d for d in (s.get(key) for s in stats) if isinstance(d, dict) and d.get("n")]
+        if not have:
+            continue
+        out[key] = {
+            "n": sum(int(d["n"]) for d in have),
+            **{q: _largest(d.get(q) for d in have) for q in ("p50_ms", "p99_ms", "max_ms")},
+        }
+    totals = [float(t) for t in (s.get("cpu_wait_total_ms") for s in stats) if _number(t)]
+    if totals:
+        out["cpu_wait_total_ms"] = sum(totals)
+    return out
+
+
+def _number(v: Any) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _largest(values: Any) -> float | None:
+    have = [float(v) for v in values if _number(v)]
+    return max(have) if have else None
 
 
 def planned_shares(spec: dict[str, Any]) -> list[int] | None:
@@ -118,6 +149,7 @@ def merge_shards(
         stats.pop("shard", None)
         stats.pop("clock_sync", None)  # each shard's is in its row
         stats["counts"] = counts
+        stats.update(worst_health([m.load_stats for _, m in metas]))
         stats[SHARDS_KEY] = rows
         validity = [f"shard {k}: {n}" for k, m in metas for n in m.validity]
         meta = base.model_copy(
