@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from app.client import eventloop
 from app.client.load_result import LoadResult, Progress
@@ -91,35 +92,22 @@ class LoadThread:
             if self._stop_requested:
                 stop.set()
         try:
+            common: dict[str, Any] = {
+                "run_tag": self.run_tag,
+                "on_progress": self._on_progress,
+                "stop": stop,
+                "kernel_stamps": self._kernel_stamps,
+                "realtime": self._realtime,
+                "on_record": self._on_record,
+                "dataset_dirs": self._dataset_dirs,
+                "cancelled": self._cancel_requested,
+                "allow_link_local": self._allow_link_local,
+            }
             if self._shard is not None:
                 figures, gate = self._shard
-                return await run_shard(
-                    self.spec,
-                    figures,
-                    gate,
-                    run_tag=self.run_tag,
-                    on_progress=self._on_progress,
-                    stop=stop,
-                    kernel_stamps=self._kernel_stamps,
-                    realtime=self._realtime,
-                    on_record=self._on_record,
-                    dataset_dirs=self._dataset_dirs,
-                    cancelled=self._cancel_requested,
-                    allow_link_local=self._allow_link_local,
-                )
-            return await run_load(
-                self.spec,
-                run_tag=self.run_tag,
-                on_progress=self._on_progress,
-                stop=stop,
-                kernel_stamps=self._kernel_stamps,
-                realtime=self._realtime,
-                on_record=self._on_record,
-                dataset_dirs=self._dataset_dirs,
-                cancelled=self._cancel_requested,
-                allow_link_local=self._allow_link_local,
-                read_server_counters=True,  # execute observes the run
-            )
+                return await run_shard(self.spec, figures, gate, **common)
+            # execute observes the run: the server's counters are read around it
+            return await run_load(self.spec, read_server_counters=True, **common)
         finally:
             with self._lock:
                 self._loop = None
