@@ -14,9 +14,11 @@ concurrency slot) and ``t0`` is when a request's first byte leaves the client.
   (``MSG_ERRQUEUE``). The client sends a request's first segment (up to the MSS) in a send
   of its own, so the first stamp is the first byte's.
 * ``ConnPool``: idle keep-alive connections (the most recently used first) and the run's
-  connection counters. Before an idle connection is reused, a non-blocking ``MSG_PEEK``
-  tells whether the server closed it meanwhile; such a connection is dropped and the
-  request opens a new one.
+  connection counters. A connection stays registered with the event loop for reading from
+  its first request to its close (``Conn.watch``): no selector registration per request.
+  While it is idle, a readable event (the server closed it, or sent bytes nobody asked for)
+  marks it dead; a connection never watched gets a non-blocking ``MSG_PEEK`` before reuse
+  instead. Either way such a connection is dropped and the request opens a new one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import errno
 import socket
 import struct
 import sys
+from asyncio import AbstractEventLoop
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from ssl import MemoryBIO, SSLObject
 
@@ -53,6 +57,7 @@ _SCM_TIMESTAMPING = struct.Struct("@qqqqqq")  # struct scm_timestamping: 3 times
 _EXTENDED_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err
 ERRQUEUE_ANCBUF = 512
 MSG_ERRQUEUE: int = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+_PEEK_NOWAIT = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: no enum work per call
 DEFAULT_MSS = 1448
 
 CONNECTION_MODES = ("keep-alive", "new")
@@ -81,9 +86,11 @@ def enable_tx_stamps(sock: socket.socket) -> bool:
     return False
 
 
-def read_tx_stamps(sock: socket.socket, out: list[tuple[int, int]]) -> bool:
+def read_tx_stamps(sock: socket.socket, out: list[tuple[int, int]], until: int = -1) -> bool:
     """Append ``(byte key, CLOCK_REALTIME ns)`` of every transmit stamp waiting on the error
-    queue to ``out``; False when the socket has failed (the queue held a real error)."""
+    queue to ``out``; False when the socket has failed (the queue held a real error).
+    ``until`` >= 0: stop once a stamp keyed at or past it was read (the caller's last byte
+    is stamped: no further read to learn that the queue is empty)."""
     while True:
         try:
             _data, anc, _flags, _addr = sock.recvmsg(0, ERRQUEUE_ANCBUF, MSG_ERRQUEUE)
@@ -106,6 +113,8 @@ def read_tx_stamps(sock: socket.socket, out: list[tuple[int, int]]) -> bool:
                     return False
         if stamp > 0 and key >= 0:
             out.append((key, stamp))
+            if 0 <= until <= key:
+                return True
         if not anc:
             return True
 
@@ -152,8 +161,43 @@ class Conn:
     in_bio: MemoryBIO | None = None
     out_bio: MemoryBIO | None = None
     key: object = None  # where it is connected (the pool keeps idle ones by it)
+    loop: AbstractEventLoop | None = None  # where it is registered for reading (``watch``)
+    reader: Callable[[], None] | None = None  # its request's read callback; None: idle
+    dead: bool = False  # readable while idle: the server closed it or sent stray bytes
+
+    def watch(self, loop: AbstractEventLoop, reader: Callable[[], None]) -> None:
+        """Route the socket's read events to ``reader`` (its request's callback). The
+        first call registers the socket with ``loop``; it stays registered until ``close``,
+        so a kept-alive connection costs no selector call per request."""
+        self.reader = reader
+        if self.loop is None:
+            self.loop = loop
+            loop.add_reader(self.sock.fileno(), self._readable)
+
+    def unwatch(self) -> None:
+        """Its request is done with it: read events go to the idle check now."""
+        self.reader = None
+
+    def _readable(self) -> None:
+        reader = self.reader
+        if reader is not None:
+            reader()
+            return
+        if self.tx:  # a transmit stamp arrived on the error queue: keep it for its request
+            read_tx_stamps(self.sock, self.tx_stamps)
+        if self.closed_by_peer():
+            self.dead = True
+            self._unregister()
+
+    def _unregister(self) -> None:
+        loop, self.loop = self.loop, None
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(self.sock.fileno())
 
     def close(self) -> None:
+        self.reader = None
+        self._unregister()
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -161,12 +205,19 @@ class Conn:
         """True when the idle connection can't be reused: the server closed it (EOF), reset
         it, or sent bytes nobody asked for (TLS: e.g. its close_notify alert)."""
         try:
-            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            self.sock.recv(1, _PEEK_NOWAIT)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
             return True
         return True  # EOF, or bytes nobody asked for
+
+    def reusable(self) -> bool:
+        """Not found closed: a watched connection was checked by its idle read events, one
+        never watched is checked now."""
+        if self.dead:
+            return False
+        return self.loop is not None or not self.closed_by_peer()
 
 
 @dataclass(slots=True)
@@ -220,7 +271,7 @@ class ConnPool:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if conn.closed_by_peer():
+            if not conn.reusable():
                 self.stats.closed_idle += 1
                 self.discard(conn)
                 continue

@@ -270,8 +270,9 @@ class StreamRequest:
         loop = self._loop
         if loop is None:
             return
-        if self._reader_fd >= 0:
-            loop.remove_reader(self._reader_fd)
+        if self._reader_fd >= 0:  # the connection stays registered (``Conn.watch``)
+            if self._conn is not None:
+                self._conn.unwatch()
             self._reader_fd = -1
         if self._writer_fd >= 0:
             loop.remove_writer(self._writer_fd)
@@ -361,7 +362,9 @@ class StreamRequest:
         self._conn = None
         r = self.raw
         if conn.tx:
-            read_tx_stamps(conn.sock, conn.tx_stamps)
+            stamps = conn.tx_stamps
+            if not (stamps and stamps[-1][0] >= self._app_end - 1 >= 0 and r.sent_any):
+                read_tx_stamps(conn.sock, stamps)  # its last byte's stamp is not here yet
             self._resolve_send_stamps(conn)
         pool = self._pool
         if r.keep_alive and pool is not None:
@@ -399,9 +402,11 @@ class StreamRequest:
 
     def reserve(self) -> None:
         """Take the kept-alive connection ``start`` will use now, ahead of the send: the
-        pool's check that the server has not closed it (a ``recv`` peek: ~50 µs on
-        loopback, the kernel's pending work on the socket included) then happens before the
-        request is due. ``unreserve`` gives it back when the request is not started."""
+        pool's check that the server has not closed it (for a connection never registered
+        with the loop, a ``recv`` peek: ~50 µs on loopback, the kernel's pending work on the
+        socket included) then happens before the request is due; one found closed while
+        reserved is dropped at the start. ``unreserve`` gives it back when the request is
+        not started."""
         if self._keep_alive and self._pool is not None and self._reserved is None:
             self._reserved = self._pool.take(self._addr)
 
@@ -416,6 +421,10 @@ class StreamRequest:
         r = self.raw
         r.io_start_ns = r.t0_ns = time.monotonic_ns()
         conn, self._reserved = self._reserved, None
+        if conn is not None and conn.dead and self._pool is not None:  # closed since taken
+            self._pool.stats.closed_idle += 1
+            self._pool.discard(conn)
+            conn = None
         if conn is None and self._keep_alive and self._pool is not None:
             conn = self._pool.take(self._addr)
         if conn is None:
@@ -584,14 +593,14 @@ class StreamRequest:
                 loop.add_writer(fd, self._on_writable)
             return
         self.raw.sent_end_ns = time.monotonic_ns()
-        if conn.tx:
-            read_tx_stamps(sock, conn.tx_stamps)
+        if conn.tx:  # loopback stamps at once; a NIC's later stamp wakes the reader
+            read_tx_stamps(sock, conn.tx_stamps, self._app_end - 1)
         if self._writer_fd >= 0:
             loop.remove_writer(self._writer_fd)
             self._writer_fd = -1
         if self._reader_fd < 0:
             self._reader_fd = fd
-            loop.add_reader(fd, self._on_readable)
+            conn.watch(loop, self._on_readable)
 
     # ---- TLS over the raw socket (memory BIOs)
 
@@ -680,7 +689,7 @@ class StreamRequest:
             self._writer_fd = -1
         if self._reader_fd < 0:
             self._reader_fd = fd
-            loop.add_reader(fd, self._on_readable_tls)
+            conn.watch(loop, self._on_readable_tls)
 
     # ---- the read callbacks (keep them small: no decoding here)
 
