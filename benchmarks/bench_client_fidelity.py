@@ -90,6 +90,15 @@ def cpus(arg: str | None) -> set[int] | None:
     return {int(c) for c in arg.split(",")} if arg else None
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from ``/proc`` (0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rerank_dataset(d: Path, lines: int, documents: int) -> str:
     """A JSONL file of ``lines`` queries with ``documents`` short documents each."""
     path = d / "pairs.jsonl"
@@ -185,15 +194,17 @@ def main() -> int:
             **surface,
         )
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        sim_cpu0 = process_cpu_s(sim.pid)
         res = run_load_sync(
             spec, run_tag=tag, kernel_stamps=not args.userspace, realtime=args.realtime
         )
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        sim_cpu_s = process_cpu_s(sim.pid) - sim_cpu0
         truth = sim.ground_truth()
         gt = truth["requests"]
     client_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     if answers:
-        report = answers_report(args, spec, res, truth, tag, client_cpu_s)
+        report = answers_report(args, spec, res, truth, tag, client_cpu_s, sim_cpu_s)
         print(json.dumps(report, indent=None if args.json else 2))
         return 0
     tokens = sum(r.output_tokens or 0 for r in res.records if r.status is RequestStatus.OK)
@@ -293,6 +304,7 @@ def answers_report(
     truth: dict[str, Any],
     tag: str,
     client_cpu_s: float,
+    sim_cpu_s: float,
 ) -> dict[str, Any]:
     """The figures of a surface that answers once (embeddings, rerank)."""
     errors, compared = answer_errors(res, truth["requests"], tag)
@@ -318,6 +330,8 @@ def answers_report(
         "request_throughput_req_s": len(ok) / window_s if window_s else None,
         "items_per_s": sum(int(r.event_tokens.sum()) for r in ok) / window_s if window_s else None,
         "client_cpu_us_per_request": client_cpu_s * 1e6 / len(ok) if ok else None,
+        # the simulator's CPU over the same span: which side of the loopback is the limit
+        "server_cpu_us_per_request": sim_cpu_s * 1e6 / len(ok) if ok else None,
         "connections_client": res.connections,
         "send_lag_ms": {"p99": res.send_lag.p99_ms, "max": res.send_lag.max_ms},
         "loop_lag_ms": {"p99": res.loop_lag.p99_ms, "max": res.loop_lag.max_ms},

@@ -142,7 +142,8 @@ def test_a_reserved_connection_closed_before_its_send_is_replaced() -> None:
     that connection meanwhile: the request opens a new one and is measured, with no retry."""
     from app.client.clocks import ClockMap
     from app.client.http_request import parse_target, request_headers
-    from app.client.http_stream import StreamRequest, resolve
+    from app.client.http_stream import StreamRequest
+    from app.client.sockets import resolve
 
     cfg = SimConfig(ttft_ms=1, itl_ms=1, seed=5, idle_timeout_s=0.05)
     with start_simulator_process(cfg) as sim:

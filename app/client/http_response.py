@@ -1,4 +1,5 @@
 """A response's head and end markers, read by the read callback (``app.client.http_stream``):
+``read_head`` (the final head of a capture: status, framing, whether the server closes),
 ``parse_head`` (status and headers of one head), ``done_at`` (a complete ``data: [DONE]``
 event at the capture's tail), ``LAST_CHUNK`` (a chunked body's terminal chunk).
 """
@@ -6,6 +7,10 @@ event at the capture's tail), ``LAST_CHUNK`` (a chunked body's terminal chunk).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+from app.client.http_request import is_json_type
+from app.client.raw_stream import MODE_CHUNKED, MODE_CLOSE, MODE_LENGTH
 
 LAST_CHUNK = b"\r\n0\r\n\r\n"
 HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -62,3 +67,55 @@ def parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
         else:
             headers[key] = v
     return status, headers
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A response's final head (after any 1xx heads)."""
+
+    status: int
+    body_start: int  # the offset just past the head
+    content_type: str | None
+    json: bool  # a JSON answer (one event)
+    server_close: bool  # the server closes the connection after this response
+    mode: int  # MODE_LENGTH, MODE_CHUNKED or MODE_CLOSE (read until the server closes)
+    body_end: int  # MODE_LENGTH: the offset just past the body; else -1
+
+
+def read_head(buf: bytearray, pos: int) -> Head | int | str:
+    """The final response head in ``buf`` from ``pos`` on: a ``Head``; or, while it is not
+    complete, the offset to look from next time (past the 1xx heads already read); or a
+    protocol error's text."""
+    while True:
+        m = HEAD_END.search(buf, pos)
+        if m is None:
+            return "head too large" if len(buf) - pos > MAX_HEAD_BYTES else pos
+        try:
+            status, headers = parse_head(bytes(buf[pos : m.start()]))
+        except ValueError as e:
+            return str(e)
+        head_pos = pos
+        pos = m.end()
+        if 100 <= status < 200:
+            continue
+        ctype_raw = headers.get(b"content-type")
+        ctype = ctype_raw.decode("latin-1") if ctype_raw is not None else None
+        conn_hdr = headers.get(b"connection", b"").lower()
+        http10 = bytes(buf[head_pos : head_pos + 8]) == b"HTTP/1.0"
+        close = b"close" in conn_hdr or (http10 and b"keep-alive" not in conn_hdr)
+        te = headers.get(b"transfer-encoding", b"").lower()
+        cl = headers.get(b"content-length")
+        mode, body_end = MODE_CLOSE, -1
+        if status in (204, 304):
+            mode, body_end = MODE_LENGTH, pos
+        elif b"chunked" in te:
+            mode = MODE_CHUNKED
+        elif cl is not None:
+            try:
+                length = int(cl)
+            except ValueError:
+                length = -1
+            if length < 0:
+                return "bad Content-Length (not shown)"
+            mode, body_end = MODE_LENGTH, pos + length
+        return Head(status, pos, ctype, is_json_type(ctype), close, mode, body_end)

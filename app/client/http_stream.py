@@ -76,7 +76,7 @@ from app.client.connpool import (
 )
 from app.client.eventloop import StampingSelector, stamping_selector
 from app.client.http_request import Target, build_request, default_ssl_context, is_json_type
-from app.client.http_response import HEAD_END, LAST_CHUNK, MAX_HEAD_BYTES, done_at, parse_head
+from app.client.http_response import LAST_CHUNK, done_at, read_head
 from app.client.limits import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -96,6 +96,8 @@ from app.client.raw_stream import (
     MODE_LENGTH,
     RawStream,
 )
+from app.client.sockets import os_error
+from app.client.tls_io import TlsIO
 from app.domain import ClockSource, RequestStatus
 
 _SOL_SOCKET = socket.SOL_SOCKET
@@ -119,7 +121,7 @@ def _read_buffer(size: int) -> list[memoryview]:
 DONE_GRACE_S = 0.5  # how long after "[DONE]" the body's own end may take
 
 
-class StreamRequest:
+class StreamRequest(TlsIO):
     """One streaming request. ``await run()`` returns its ``RawStream``; ``abort()`` ends it.
 
     ``addr`` is a resolved socket address (resolve once per run: DNS is not part of TTFT).
@@ -141,8 +143,6 @@ class StreamRequest:
     __slots__ = (
         "_addr",
         "_anc",
-        "_app_end",
-        "_app_start",
         "_budget",
         "_clock",
         "_conn",
@@ -153,7 +153,6 @@ class StreamRequest:
         "_done_timer",
         "_family",
         "_finished",
-        "_hs_done",
         "_keep_alive",
         "_kernel",
         "_loop",
@@ -161,7 +160,6 @@ class StreamRequest:
         "_on_end",
         "_pool",
         "_rbuf",
-        "_reader_fd",
         "_req_bytes",
         "_reserved",
         "_sel",
@@ -170,9 +168,7 @@ class StreamRequest:
         "_target",
         "_timeout_s",
         "_timer",
-        "_tls_out",
         "_tx",
-        "_writer_fd",
         "raw",
     )  # fmt: skip
 
@@ -450,12 +446,12 @@ class StreamRequest:
                 out_bio = ssl.MemoryBIO()
                 ssl_obj = self._ssl_ctx.wrap_bio(in_bio, out_bio, server_hostname=self._target.host)
             except (ssl.SSLError, ValueError) as e:
-                self._finish(RequestStatus.ERROR, _os_error("tls setup", e), time.monotonic_ns())
+                self._finish(RequestStatus.ERROR, os_error("tls setup", e), time.monotonic_ns())
                 return
         try:
             sock = socket.socket(self._family, socket.SOCK_STREAM)
         except OSError as e:
-            self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
+            self._finish(RequestStatus.ERROR, os_error("connect/send", e), time.monotonic_ns())
             return
         pool = self._pool
         conn = Conn(pool.new_id() if pool else 1, sock, self._family, key=self._addr)
@@ -486,7 +482,7 @@ class StreamRequest:
 
     def _connect_failed(self, err: int) -> None:
         e = OSError(err, os.strerror(err))  # OSError picks the subclass from errno
-        self._finish(RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns())
+        self._finish(RequestStatus.ERROR, os_error("connect/send", e), time.monotonic_ns())
 
     def _connected(self) -> None:
         conn = self._conn
@@ -577,7 +573,7 @@ class StreamRequest:
             except OSError as e:
                 if not (is_stale_error(e.errno or 0) and self._retry()):
                     self._finish(
-                        RequestStatus.ERROR, _os_error("connect/send", e), time.monotonic_ns()
+                        RequestStatus.ERROR, os_error("connect/send", e), time.monotonic_ns()
                     )
                 return
             if n:
@@ -601,95 +597,6 @@ class StreamRequest:
         if self._reader_fd < 0:
             self._reader_fd = fd
             conn.watch(loop, self._on_readable)
-
-    # ---- TLS over the raw socket (memory BIOs)
-
-    def _tls_advance(self) -> None:
-        """Drive the handshake as far as the received bytes allow; once it is done, hand
-        the request to TLS. Then send what TLS produced and make sure we read."""
-        conn = self._conn
-        assert conn is not None and conn.ssl is not None
-        if not self._hs_done:
-            try:
-                conn.ssl.do_handshake()
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                pass  # more bytes from the server needed (memory BIOs never block writes)
-            except (ssl.SSLError, ValueError) as e:  # ValueError: host name checks
-                self._tls_flush(best_effort=True)  # the alert, if any, tells the server why
-                self._finish(
-                    RequestStatus.ERROR, _os_error("tls handshake", e), time.monotonic_ns()
-                )
-                return
-            else:
-                self._hs_done = True
-                self.raw.tls_end_ns = time.monotonic_ns()
-                self._tls_write_request()
-                return
-        self._tls_flush()
-
-    def _tls_write_request(self) -> None:
-        """Encrypt the request after whatever handshake bytes wait to be sent; remember
-        where its ciphertext starts and ends in the connection's byte stream."""
-        conn = self._conn
-        assert conn is not None and conn.ssl is not None and conn.out_bio is not None
-        self._app_start = conn.sent + len(self._tls_out) + conn.out_bio.pending
-        self.raw.t0_ns = time.monotonic_ns()
-        req = memoryview(self._req_bytes)
-        off = 0
-        while off < len(req):  # a memory BIO takes it all; the loop is for form
-            off += conn.ssl.write(req[off:])
-        self._app_end = conn.sent + len(self._tls_out) + conn.out_bio.pending
-        self._tls_flush()
-
-    def _tls_flush(self, *, best_effort: bool = False) -> None:
-        """Send the ciphertext TLS produced; what the socket does not take waits for
-        writability. Also makes sure the socket is being read."""
-        conn = self._conn
-        loop = self._loop
-        assert conn is not None and loop is not None and conn.out_bio is not None
-        sock = conn.sock
-        out = self._tls_out
-        if conn.out_bio.pending:
-            out += conn.out_bio.read()
-        while out:
-            limit = len(out)
-            if conn.tx and conn.sent <= self._app_start < conn.sent + limit:
-                limit = min(limit, self._app_start - conn.sent + conn.mss)
-            try:
-                n = sock.send(out if limit == len(out) else out[:limit])
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError as e:
-                if best_effort:
-                    return
-                if self._hs_done and is_stale_error(e.errno or 0) and self._retry():
-                    return
-                phase = "tls send" if self._hs_done else "tls handshake"
-                self._finish(RequestStatus.ERROR, _os_error(phase, e), time.monotonic_ns())
-                return
-            del out[:n]
-            if self._hs_done and n and conn.sent + n > self._app_start:
-                self.raw.sent_any = True
-            conn.sent += n
-            if n < limit:
-                break
-        if best_effort:
-            return
-        if self._hs_done and not self.raw.sent_end_ns and conn.sent >= self._app_end > 0:
-            self.raw.sent_end_ns = time.monotonic_ns()
-        if conn.tx:
-            read_tx_stamps(sock, conn.tx_stamps)
-        fd = sock.fileno()
-        if out:
-            if self._writer_fd < 0:
-                self._writer_fd = fd
-                loop.add_writer(fd, self._on_writable)
-        elif self._writer_fd >= 0:
-            loop.remove_writer(self._writer_fd)
-            self._writer_fd = -1
-        if self._reader_fd < 0:
-            self._reader_fd = fd
-            conn.watch(loop, self._on_readable_tls)
 
     # ---- the read callbacks (keep them small: no decoding here)
 
@@ -719,7 +626,7 @@ class StreamRequest:
             return
         except OSError as e:
             if not (is_stale_error(e.errno or 0) and self._retry()):
-                self._finish(RequestStatus.ERROR, _os_error("read", e), t_user)
+                self._finish(RequestStatus.ERROR, os_error("read", e), t_user)
             return
         r = self.raw
         stamp = self._stamp(anc, t_user)
@@ -735,93 +642,6 @@ class StreamRequest:
         old = len(buf)
         buf += rbuf[0][:n]
         self._took(old, n, stamp, t_user)
-
-    def _on_readable_tls(self) -> None:
-        """``_on_readable`` for TLS: the read's stamp goes to the plaintext it made
-        available (none while handshaking, or when it only completed part of a record)."""
-        t_user = time.monotonic_ns()
-        rbuf = self._rbuf
-        conn = self._conn
-        assert conn is not None
-        try:
-            n, anc, _flags, _addr = conn.sock.recvmsg_into(rbuf, self._anc)
-        except (BlockingIOError, InterruptedError):
-            if conn.tx:
-                read_tx_stamps(conn.sock, conn.tx_stamps)
-            return
-        except OSError as e:
-            if self._hs_done and is_stale_error(e.errno or 0) and self._retry():
-                return
-            phase = "read" if self._hs_done else "tls handshake"
-            self._finish(RequestStatus.ERROR, _os_error(phase, e), t_user)
-            return
-        r = self.raw
-        stamp = self._stamp(anc, t_user)
-        if anc:
-            r.kernel_reads += 1
-        elif n:
-            r.user_reads += 1
-        else:  # TCP EOF without the server's close_notify (that one ends the read below)
-            if not self._retry():
-                self._tls_eof(t_user)
-            return
-        sslobj = conn.ssl
-        assert sslobj is not None and conn.in_bio is not None
-        conn.in_bio.write(rbuf[0][:n])
-        if not self._hs_done:
-            self._tls_advance()
-            if not self._hs_done or self._finished:
-                return
-        parts: list[bytes] = []
-        closed = False
-        while True:
-            try:
-                data = sslobj.read(65536)
-            except ssl.SSLWantReadError:
-                break
-            except ssl.SSLZeroReturnError:  # close_notify: the server ended the session
-                closed = True
-                break
-            except ssl.SSLError as e:
-                self._tls_error("tls read failed", e, t_user)
-                return
-            if not data:  # close_notify
-                closed = True
-                break
-            parts.append(data)
-        if parts:
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
-            buf = r.buf
-            old = len(buf)
-            buf += data
-            self._took(old, len(data), stamp, t_user)
-        if self._finished:
-            return
-        if closed:
-            if not r.read_end and self._retry():
-                return
-            self._on_eof(stamp)
-        elif conn.out_bio is not None and conn.out_bio.pending:  # e.g. a key update
-            self._tls_flush()
-
-    def _tls_eof(self, t_user: int) -> None:
-        if not self._hs_done:
-            self._finish(
-                RequestStatus.ERROR,
-                "tls handshake failed: the server closed the connection",
-                t_user,
-            )
-            return
-        self.raw.count_events = True
-        self._finish(
-            RequestStatus.ERROR,
-            "tls: the server closed the connection without close_notify (truncated)",
-            t_user,
-        )
-
-    def _tls_error(self, what: str, e: BaseException, t_ns: int) -> None:
-        self.raw.count_events = True
-        self._finish(RequestStatus.ERROR, f"{what}: {e.__class__.__name__}: {e}", t_ns)
 
     def _took(self, old: int, n: int, stamp: int, t_user: int) -> None:
         """Record a read of ``n`` bytes appended at ``old``; detect the end of the response."""
@@ -881,63 +701,26 @@ class StreamRequest:
         self._end(END_DONE, self._done_stamp)
 
     def _on_head(self, stamp: int) -> None:
-        """Parse the final response head once it is complete (1xx heads are skipped)."""
+        """Read the final response head once it is complete (``read_head``)."""
         r = self.raw
-        buf = r.buf
-        pos = r.body_start if r.body_start > 0 else 0  # after a 1xx head
-        while True:
-            m = HEAD_END.search(buf, pos)
-            if m is None:
-                if len(buf) - pos > MAX_HEAD_BYTES:
-                    self._finish(RequestStatus.ERROR, "HTTP protocol error: head too large", stamp)
-                return
-            try:
-                status, headers = parse_head(bytes(buf[pos : m.start()]))
-            except ValueError as e:
-                self._finish(RequestStatus.ERROR, f"HTTP protocol error: {e}", stamp)
-                return
-            head_pos = pos
-            pos = m.end()
-            if 100 <= status < 200:
-                r.body_start = pos
-                continue
-            r.http_status = status
-            r.body_start = pos
-            r.head_ns = stamp
-            ctype = headers.get(b"content-type")
-            r.content_type = ctype.decode("latin-1") if ctype is not None else None
-            # of an error answer only its message is kept; a JSON answer is one event
-            if status != 200:
-                self._max_bytes = min(self._max_bytes, pos + ERROR_BODY_BYTES)
-            elif is_json_type(r.content_type):
-                self._max_bytes = min(self._max_bytes, pos + r.max_event_bytes)
-            conn_hdr = headers.get(b"connection", b"").lower()
-            http10 = bytes(buf[head_pos : head_pos + 8]) == b"HTTP/1.0"
-            if b"close" in conn_hdr or (http10 and b"keep-alive" not in conn_hdr):
-                r.server_close = True
-            te = headers.get(b"transfer-encoding", b"").lower()
-            cl = headers.get(b"content-length")
-            if status in (204, 304):
-                r.mode, r.body_end = MODE_LENGTH, pos
-            elif b"chunked" in te:
-                r.mode = MODE_CHUNKED
-            elif cl is not None:
-                try:
-                    length = int(cl)
-                    if length < 0:
-                        raise ValueError
-                except ValueError:
-                    self._finish(
-                        RequestStatus.ERROR,
-                        "HTTP protocol error: bad Content-Length (not shown)",
-                        stamp,
-                    )
-                    return
-                r.mode, r.body_end = MODE_LENGTH, pos + length
-            else:
-                r.mode = MODE_CLOSE
-                r.read_to_close = True
+        head = read_head(r.buf, r.body_start if r.body_start > 0 else 0)
+        if isinstance(head, int):  # not complete: look from past the 1xx heads next time
+            r.body_start = head if head > 0 else r.body_start
             return
+        if isinstance(head, str):
+            self._finish(RequestStatus.ERROR, f"HTTP protocol error: {head}", stamp)
+            return
+        pos = head.body_start
+        r.http_status, r.body_start, r.head_ns = head.status, pos, stamp
+        r.content_type = head.content_type
+        # of an error answer only its message is kept; a JSON answer is one event
+        if head.status != 200:
+            self._max_bytes = min(self._max_bytes, pos + ERROR_BODY_BYTES)
+        elif head.json:
+            self._max_bytes = min(self._max_bytes, pos + r.max_event_bytes)
+        r.server_close = r.server_close or head.server_close
+        r.mode, r.body_end = head.mode, head.body_end
+        r.read_to_close = head.mode == MODE_CLOSE
 
     def _on_eof(self, stamp: int) -> None:
         r = self.raw
@@ -951,47 +734,3 @@ class StreamRequest:
             r.end_kind = END_EOF
             r.end_stamp = stamp
             self._finish(RequestStatus.OK, None, stamp)
-
-
-def _os_error(phase: str, e: BaseException) -> str:
-    if isinstance(e, ConnectionRefusedError):
-        return f"connection refused ({phase})"
-    if isinstance(e, ConnectionResetError):
-        return f"connection reset by peer ({phase})"
-    return f"{phase} failed: {e.__class__.__name__}: {e}"
-
-
-def reserve_fds(n: int) -> None:
-    """Grow the process's file-descriptor table now so it holds ``n`` more sockets.
-
-    The kernel grows it by doubling when a new fd does not fit; in a process with threads
-    (asyncio's resolver pool) that waits for an RCU grace period inside ``socket()``:
-    10-20 ms, once per doubling, in the middle of a burst of request starts.
-    """
-    try:
-        import fcntl
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        fd = os.open(os.devnull, os.O_RDONLY)
-    except (ImportError, OSError, ValueError):
-        return
-    try:
-        want = min(soft - 1, fd + n + 32) if soft > 0 else fd + n + 32
-        if want > fd:
-            high = fcntl.fcntl(fd, fcntl.F_DUPFD, want)  # lowest free fd >= want: no clobbering
-            os.close(high)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-async def resolve(target: Target) -> tuple[int, tuple[Any, ...]]:
-    """Resolve the target once: ``(family, sockaddr)``."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-    if not infos:
-        raise OSError(f"cannot resolve {target.host}")
-    family, _type, _proto, _canon, sockaddr = infos[0]
-    return int(family), tuple(sockaddr)

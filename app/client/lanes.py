@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from app.client.http_request import Target, parse_target, request_head, request_headers
-from app.client.http_stream import resolve
 from app.client.routing import Route, Router
+from app.client.sockets import resolve
 from app.client.spec import RunSpec
 
 

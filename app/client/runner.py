@@ -46,7 +46,7 @@ from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
 from app.client.endpoints.base import ClassifyFn, surface_headers
 from app.client.http_request import Target, finish_request, parse_target
-from app.client.http_stream import StreamRequest, reserve_fds
+from app.client.http_stream import StreamRequest
 from app.client.lanes import build_lanes, resolve_lanes, route_head, router_of
 from app.client.limits import BufferBudget
 from app.client.load_result import LagStats, LoadResult, Progress, connection_notes
@@ -63,6 +63,7 @@ from app.client.sessions import (
 )
 from app.client.shapes import schedule_for
 from app.client.shards.share import ShareRun
+from app.client.sockets import reserve_fds
 from app.client.spec import RunSpec
 from app.client.target_keys import resolve_api_key
 from app.client.tokenizer import BuiltinTokenizer, HFTokenizer, load_tokenizer
