@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import math
 import signal
 import threading
 import time
@@ -38,10 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from app.analysis.phases import record_send_lags
 from app.client import eventloop
 from app.client.agent_sessions import drive_agents
-from app.client.clocks import ClockMap, kernel_stamps_supported
+from app.client.clocks import ClockMap
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt, Workload
 from app.client.endpoints.base import ClassifyFn, surface_headers
@@ -49,10 +47,11 @@ from app.client.http_request import Target, finish_request, parse_target
 from app.client.http_stream import StreamRequest
 from app.client.lanes import build_lanes, resolve_lanes, route_head, router_of
 from app.client.limits import BufferBudget
-from app.client.load_result import LagStats, LoadResult, Progress, connection_notes
+from app.client.load_result import LagStats, LoadResult, Progress
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.routing import NO_ROUTE, Route
+from app.client.run_result import MONITOR_PERIOD_S, load_result
 from app.client.sched import NORMAL, CpuWait, Scheduling, realtime_priority
 from app.client.server_controls import ServerControls
 from app.client.sessions import (
@@ -72,13 +71,11 @@ from app.domain import AgentLink, ClockSource, RequestRecord, RequestStatus
 
 __all__ = ["LagStats", "LoadResult", "Progress", "run_built", "run_load", "run_load_sync"]
 
-MONITOR_PERIOD_S = 0.005
 SPIN_NS = 1_200_000  # ``wait_until``: the last stretch of a wait, in zero-timeout loop rounds
 HOLD_BACKLOG_MAX = 64  # streams waiting for post-processing beyond which it never pauses
 POSTPROCESS_SLICE_NS = 100_000  # post-processing work between two I/O rounds (~1-2 pieces)
 BURST_STARTS = 4  # request starts between two I/O rounds during a burst
 CLOCK_RESAMPLE_S = 1.0
-CPU_WAIT_NOTE_MS = 1.0  # a longer wait for a CPU within one monitor tick is noted in the run
 PROGRESS_PERIOD_S = 0.5
 
 
@@ -797,131 +794,11 @@ async def _run(
     r.clock.resample()
     if on_progress is not None:
         on_progress(r.progress())
-    result = _result(r, end_ns)
+    result = load_result(r, end_ns)
     if controls is not None:
         result.server_controls = controls.record
         result.notes.extend(controls.notes)
     return result
-
-
-def _result(r: _Run, end_ns: int) -> LoadResult:
-    spec = r.spec
-    records = sorted(r.records, key=lambda rec: rec.index)
-    measured = [rec for rec in records if not rec.warmup]
-    statuses = [rec.status for rec in measured]
-    counts = {
-        "planned": r.planned,
-        "warmup": sum(1 for rec in records if rec.warmup),
-        "sent": r.sent_measured,
-        "unsent": r.planned - r.sent_measured,
-        "ok": statuses.count(RequestStatus.OK),
-        "error": statuses.count(RequestStatus.ERROR),
-        "timeout": statuses.count(RequestStatus.TIMEOUT),
-        "cancelled": statuses.count(RequestStatus.CANCELLED),
-    }
-    notes: list[str] = []
-    if r.kernel_streams and not r.user_streams:
-        clock = ClockSource.KERNEL
-    elif r.kernel_streams == 0 and r.user_streams == 0:
-        would = r.kernel_stamps and kernel_stamps_supported()
-        clock = ClockSource.KERNEL if would else ClockSource.USERSPACE
-    else:
-        clock = ClockSource.USERSPACE
-        if r.kernel_streams:
-            notes.append(
-                f"mixed receive stamps: {r.kernel_streams} streams kernel, "
-                f"{r.user_streams} user-space; reported as user-space"
-            )
-    st = sorted(r.send_times)
-    rate: float | None = None
-    if len(st) >= 2 and st[-1] > st[0]:
-        rate = (len(st) - 1) / ((st[-1] - st[0]) / 1e9)
-    elif len(st) >= 2:
-        rate = math.inf
-    # the initial burst's start is reported apart: it offers no schedule to fall behind
-    lags = record_send_lags(measured)
-    send_lag = LagStats.of_ns(lags.counted())
-    burst_lag = lags.in_burst()
-    loop_lag = LagStats.of_ns(r.loop_lag)
-    read_delay = LagStats.of_ns(
-        np.concatenate(r.read_delay) if r.read_delay else np.zeros(0, np.int64)
-    )
-    bound = spec.client_lag_bound_ms
-    reasons: list[str] = []
-    if send_lag.p99_ms is not None and send_lag.p99_ms > bound:
-        reasons.append(f"send lag p99 {send_lag.p99_ms:.2f} ms > {bound:g} ms")
-    if loop_lag.p99_ms is not None and loop_lag.p99_ms > bound:
-        reasons.append(f"event-loop lag p99 {loop_lag.p99_ms:.2f} ms > {bound:g} ms")
-    if burst_lag.size > 1:
-        notes.append(
-            f"starting the initial burst of {burst_lag.size} requests took "
-            f"{burst_lag.max() / 1e6:.1f} ms (TTFT counts from each request's own start)"
-        )
-    if r.fd_capped:
-        reasons.append(
-            f"concurrency capped at {r.slots} (asked {spec.max_concurrency}): the process may "
-            "not open more sockets (RLIMIT_NOFILE)"
-        )
-    if r.pool_waits:
-        reasons.append(
-            f"{r.pool_waits} requests waited for a free connection (the client allows "
-            f"{r.slots} open at once)"
-        )
-    notes.extend(connection_notes(r.pool.stats.to_dict()))
-    if r.kernel_sends and not r.user_sends:
-        send_clock = ClockSource.KERNEL
-    else:
-        send_clock = ClockSource.USERSPACE
-        if r.kernel_sends:
-            notes.append(
-                f"mixed send stamps: {r.kernel_sends} requests kernel transmit stamps, "
-                f"{r.user_sends} the clock before the send; reported as user-space"
-            )
-    cpu_wait = LagStats.of_ns(r.cpu_wait_ticks)
-    cpu_wait_total: float | None = None
-    if r.cpu_wait_first is not None and r.cpu_wait_last is not None:
-        cpu_wait_total = (r.cpu_wait_last - r.cpu_wait_first) / 1e6
-    if cpu_wait.max_ms is not None and cpu_wait.max_ms >= CPU_WAIT_NOTE_MS:
-        effect = (
-            "kernel receive stamps are unaffected, but reads in those moments coalesce"
-            if clock is ClockSource.KERNEL
-            else "user-space receive stamps taken then are late by up to that much"
-        )
-        notes.append(
-            f"the load thread waited {cpu_wait_total or 0.0:.1f} ms in all for a CPU that other "
-            f"tasks held (longest {cpu_wait.max_ms:.1f} ms within one "
-            f"{MONITOR_PERIOD_S * 1e3:g} ms tick): {effect}; a quieter CPU or real-time "
-            "priority (--realtime) avoids it"
-        )
-    drift = r.clock.max_drift_ns
-    if clock is ClockSource.KERNEL and drift > 1_000_000:
-        notes.append(f"realtime/monotonic offset moved by {drift / 1e6:.2f} ms during the run")
-    return LoadResult(
-        records=records,
-        start_mono_ns=r.start_ns,
-        start_wall=r.start_wall,
-        measure_start_ns=r.measure_start_ns,
-        end_ns=end_ns,
-        clock_source=clock,
-        achieved_send_rate=rate,
-        send_lag=send_lag,
-        loop_lag=loop_lag,
-        read_delay=read_delay,
-        cpu_wait=cpu_wait,
-        client_limited=bool(reasons),
-        client_limited_reasons=reasons,
-        counts=counts,
-        max_in_flight=r.max_in_flight,
-        stopped=r.halted,
-        clock_offset_ns=r.clock.initial_offset_ns,
-        clock_drift_max_ns=drift,
-        tokenizer=r.tok.name,
-        notes=notes,
-        scheduling=r.scheduling,
-        cpu_wait_total_ms=cpu_wait_total,
-        send_clock_source=send_clock,
-        connections=r.pool.stats.to_dict(),
-    )
 
 
 def run_load_sync(
