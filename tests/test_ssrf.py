@@ -190,3 +190,62 @@ def test_a_worker_fails_only_the_requests_to_a_link_local_target() -> None:
     assert len(link_local) == len(other) == 2
     assert all("link-local" in (r.error or "") for r in link_local)
     assert all("link-local" not in (r.error or "") for r in other)
+
+
+def test_a_worker_sends_a_link_local_target_no_identity_get_and_no_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a worker that refuses link-local targets, such a target of a run is not asked for
+    its models or identity and its /metrics is not scraped (every HTTP request the identity
+    reads and the scrapers make is seen here); the other target is asked and scraped, and
+    the run says why the refused one was not."""
+    import asyncio
+
+    import httpx
+
+    from app.client.execute import execute
+    from app.client.runner import run_load
+    from app.targets.sim_config import SimConfig
+    from app.targets.simulator import start_simulator_process
+
+    asked: list[str] = []
+    real_send = httpx.Client.send
+
+    def send(self: httpx.Client, request: httpx.Request, **kw: Any) -> httpx.Response:
+        asked.append(str(request.url))
+        return real_send(self, request, **kw)
+
+    monkeypatch.setattr(httpx.Client, "send", send)
+    refused = "http://169.254.1.1:9"
+    with start_simulator_process(SimConfig(ttft_ms=1, itl_ms=1, seed=2)) as sim:
+        for bases in ([refused], [sim.base_url, refused]):
+            asked.clear()
+            one = len(bases) == 1
+            spec = RunSpec(
+                **({"base_url": refused} if one else {"base_urls": bases}),
+                model="tokentrace-sim", num_prompts=4, input_len=4, output_len=2,
+                scrape_metrics=True, request_timeout_s=2,
+            )  # fmt: skip
+
+            async def go(spec: RunSpec = spec) -> Any:
+                return await execute(
+                    spec,
+                    lambda: run_load(spec, run_tag="llx", allow_link_local=False),
+                    allow_link_local=False,
+                )
+
+            done = asyncio.run(go())
+            assert done.result is not None and done.meta is not None
+            assert not [u for u in asked if "169.254" in u], asked
+            stats = done.meta.load_stats
+            if one:
+                assert asked == []
+                assert "link-local" in stats["server_metrics"]["status"]
+                assert done.result.counts["error"] == 4
+            else:
+                assert f"{sim.base_url}/v1/models" in asked
+                assert f"{sim.base_url}/metrics" in asked
+                ident = stats["server_identity"]["targets"][refused]
+                assert "link-local" in ident["not_asked"]
+            notes = " ".join(done.meta.validity)
+            assert "not asked: it resolves to a link-local address" in notes

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import platform
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +28,14 @@ from app.analysis.server_timing import server_timing
 from app.analysis.trust import DEFAULT_MAX_ERROR_RATE, failure_note, run_status, tally
 from app.analysis.turns import turn_table
 from app.client import target_identity
+from app.client.lanes import REFUSED_LINK_LOCAL, link_local_urls
 from app.client.load_result import LagStats, LoadResult
 from app.client.metrics_scraper import LiveSource, MetricsScraper, to_run_axis
 from app.client.server_controls import STATS_KEY as SERVER_CONTROLS_KEY
 from app.client.server_controls import metrics_url
 from app.client.spec import RunSpec
 from app.client.target_keys import key_may_reach, resolve_api_key
-from app.client.target_scrapes import TargetsLive, start_scrapers, stop_scrapers
+from app.client.target_scrapes import TargetsLive, scrape_urls, start_scrapers, stop_scrapers
 from app.domain import RequestRecord, RequestStatus, RunStatus
 from app.protocol.prometheus import Series, wanted
 from app.protocol.wire import RunMeta, ServerMetricSeries
@@ -68,6 +69,7 @@ async def execute(
     load: Callable[[], Awaitable[LoadResult]],
     *,
     on_scraper: Callable[[LiveSource], None] | None = None,
+    allow_link_local: bool = True,
 ) -> Executed:
     """Run ``load()`` with the served-models check and the /metrics scraper around it
     (``on_scraper`` is handed the scraper once started, a run of several targets' all
@@ -75,13 +77,22 @@ async def execute(
 
     An ``Exception`` from the load is returned (``Executed.error``); anything else (a
     cancellation, Ctrl-C) stops the scraper and propagates. A key of this machine's that may
-    not go to the target (``target_keys``) is returned as the error before anything is sent."""
+    not go to the target (``target_keys``) is returned as the error before anything is sent.
+    ``allow_link_local=False`` (a worker's default): a target or /metrics URL resolving to a
+    link-local address is neither asked its identity nor scraped (the load refuses it too:
+    ``lanes.resolve_lanes``)."""
     try:
         keyed = resolve_api_key(spec)
     except ValueError as e:
         return Executed(spec, None, e, None, [])
-    identities = await asyncio.to_thread(target_identity.fetch, keyed)  # each target's
-    scraper = start_scraper(keyed)
+    refused: set[str] = set()
+    if not allow_link_local:
+        refused = await link_local_urls([*keyed.targets(), *scrape_targets(keyed)])
+    why = f"it {REFUSED_LINK_LOCAL}"
+    identities = await asyncio.to_thread(  # each target's
+        target_identity.fetch, keyed, {b: why for b in keyed.targets() if b in refused}
+    )
+    scraper = start_scraper(keyed, refused)
     if scraper is not None and on_scraper is not None:  # several: all targets', summed
         on_scraper(TargetsLive(scraper) if isinstance(scraper, list) else scraper)
     try:
@@ -93,6 +104,9 @@ async def execute(
         await asyncio.to_thread(finish_scrape, scraper, None)
         raise
     scraped = await asyncio.to_thread(finish_scrape, scraper, result.start_mono_ns)
+    not_scraped = [u for u in scrape_targets(keyed) if u in refused]
+    if not_scraped and scraper is None:
+        scraped = ScrapeOutcome({"status": f"not scraped: {not_scraped[0]} {why}"})
     meta = run_meta(result, spec.max_error_rate)
     if not spec.stream:
         meta.load_stats["stream"] = False
@@ -311,12 +325,21 @@ class ScrapeOutcome:
 Scrapers = MetricsScraper | list[tuple[str, MetricsScraper]]
 
 
-def start_scraper(spec: RunSpec) -> Scrapers | None:
-    """The run's scraper; a run of several targets: one per target (``target_scrapes``)."""
+def scrape_targets(spec: RunSpec) -> list[str]:
+    """The /metrics URLs the run scrapes."""
     if spec.base_urls:
-        return start_scrapers(spec) or None
+        return list(scrape_urls(spec).values())
     url = metrics_url(spec)
-    if url is None:
+    return [] if url is None else [url]
+
+
+def start_scraper(spec: RunSpec, refused: Collection[str] = ()) -> Scrapers | None:
+    """The run's scraper; a run of several targets: one per target (``target_scrapes``).
+    A URL in ``refused`` is not scraped."""
+    if spec.base_urls:
+        return start_scrapers(spec, refused) or None
+    url = metrics_url(spec)
+    if url is None or url in refused:
         return None
     keyed = spec.api_key and key_may_reach(spec, url)
     headers = {"Authorization": f"Bearer {spec.api_key}"} if keyed else None

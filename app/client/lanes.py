@@ -5,9 +5,12 @@ routes by session)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from app.client.http_request import Target, parse_target, request_head, request_headers
 from app.client.routing import Route, Router
@@ -54,6 +57,28 @@ def link_local(host: object) -> bool:
     return ip.is_link_local
 
 
+REFUSED_LINK_LOCAL = "resolves to a link-local address, which this worker refuses"
+
+
+async def link_local_urls(urls: Iterable[str]) -> set[str]:
+    """The URLs whose host resolves to a link-local address (any of its addresses: an HTTP
+    client may try each): a worker that refuses such targets sends them nothing, not even
+    the identity GETs or the /metrics scrape. A name that does not resolve is not one."""
+    loop = asyncio.get_running_loop()
+    out: set[str] = set()
+    for url in dict.fromkeys(urls):
+        host = urlsplit(url).hostname
+        if not host:
+            continue
+        try:
+            infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        if any(link_local(info[4][0]) for info in infos):
+            out.add(url)
+    return out
+
+
 async def resolve_lanes(lanes: Sequence[Lane], allow_link_local: bool) -> None:
     """Each lane's address, or why it has none (every request to it then fails saying so)."""
     field = "base_url" if len(lanes) == 1 else "base_urls"
@@ -65,8 +90,7 @@ async def resolve_lanes(lanes: Sequence[Lane], allow_link_local: bool) -> None:
             continue
         if not allow_link_local and link_local(lane.addr[1][0]):
             lane.resolve_error = (
-                f"{field}: {lane.target.host} resolves to a link-local address, which this "
-                "worker refuses (--allow-link-local-targets)"
+                f"{field}: {lane.target.host} {REFUSED_LINK_LOCAL} (--allow-link-local-targets)"
             )
             lane.addr = None
 

@@ -11,6 +11,7 @@ one model) missing from a target's list is a validity note naming that target.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,26 @@ def fetch_one(spec: RunSpec, base: str) -> TargetIdentity:
     return TargetIdentity(base, served, ident)
 
 
-def fetch(spec: RunSpec) -> list[TargetIdentity]:
-    """Each target's, in the run's order (blocking: call it in a thread)."""
+def not_asked(base: str, why: str) -> TargetIdentity:
+    """A target that was sent nothing (``why``): its models unlisted, its identity unknown."""
+    url = served_models.models_url(base)
+    return TargetIdentity(base, ServedModels(url, None, f"not asked: {why}"), {"not_asked": why})
+
+
+def fetch(spec: RunSpec, refused: Mapping[str, str] | None = None) -> list[TargetIdentity]:
+    """Each target's, in the run's order (blocking: call it in a thread). A target in
+    ``refused`` (base URL -> why) is not asked."""
+    refused = refused or {}
+
+    def one(base: str) -> TargetIdentity:
+        why = refused.get(base)
+        return not_asked(base, why) if why is not None else fetch_one(spec, base)
+
     targets = spec.targets()
     if len(targets) == 1:
-        return [fetch_one(spec, targets[0])]
+        return [one(targets[0])]
     with ThreadPoolExecutor(min(MAX_THREADS, len(targets)), "identity") as pool:
-        return list(pool.map(lambda base: fetch_one(spec, base), targets))
+        return list(pool.map(one, targets))
 
 
 def models_of(spec: RunSpec) -> list[str]:

@@ -7,6 +7,7 @@ target's own (``targets``). A worker's live panel follows them together (``Targe
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from app.client.metrics_scraper import MetricsScraper, ScrapeResult
 from app.client.server_identity import control_base
@@ -45,13 +46,22 @@ class TargetsLive:
         return max(t for t, _ in got), out
 
 
-def start_scrapers(spec: RunSpec) -> list[tuple[str, MetricsScraper]]:
-    """(base URL, its started scraper) per target; [] when scraping is off."""
+def scrape_urls(spec: RunSpec) -> dict[str, str]:
+    """Each target's /metrics URL (base URL -> it); {} when scraping is off."""
     if not spec.scrape_metrics:
-        return []
+        return {}
+    return {base: f"{control_base(base)}/metrics" for base in spec.targets()}
+
+
+def start_scrapers(
+    spec: RunSpec, refused: Collection[str] = ()
+) -> list[tuple[str, MetricsScraper]]:
+    """(base URL, its started scraper) per target but those whose URL is ``refused``; []
+    when scraping is off."""
     out: list[tuple[str, MetricsScraper]] = []
-    for base in spec.targets():
-        url = f"{control_base(base)}/metrics"
+    for base, url in scrape_urls(spec).items():
+        if url in refused:
+            continue
         keyed = spec.api_key and key_may_reach(spec, url)
         headers = {"Authorization": f"Bearer {spec.api_key}"} if keyed else None
         scraper = MetricsScraper(url, wanted(spec.metrics_series), headers=headers)

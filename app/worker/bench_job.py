@@ -53,7 +53,12 @@ async def run_bench(jr: JobRun) -> JobOutcome:
         asyncio.create_task(jr.watch_stop(), name=f"watch-{job.job_id}"),
     ]
     try:
-        done = await execute(spec, jr.load_result, on_scraper=jr.on_scraper)
+        done = await execute(
+            spec,
+            jr.load_result,
+            on_scraper=jr.on_scraper,
+            allow_link_local=jr.opts.allow_link_local,
+        )
         error = None
         if done.error is not None:
             error = f"the load failed: {describe(done.error)}"

@@ -262,7 +262,12 @@ class SweepRun:
             dataset_dirs=jr.opts.dataset_dirs,
             allow_link_local=jr.opts.allow_link_local,
         )
-        done = await execute(spec, jr.load_result, on_scraper=jr.on_scraper)
+        done = await execute(
+            spec,
+            jr.load_result,
+            on_scraper=jr.on_scraper,
+            allow_link_local=jr.opts.allow_link_local,
+        )
         error: str | None = None
         if done.error is not None:
             error = f"the load failed: {describe(done.error)}"
