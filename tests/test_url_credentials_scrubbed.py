@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from app.client.spec import without_credentials
+from app.client.url_checks import without_credentials
 from app.importers.common import ImportedRun
 from app.storage.db import downgrade_database, make_engine, upgrade_database
 from tests.api_support import SPEC, api_client

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.client.spec import without_credentials
+from app.client.url_checks import without_credentials
 from app.protocol.nul import NUL, NUL_REFUSED
 from app.services import auth, web_sessions
 from app.settings import Settings

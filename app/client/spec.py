@@ -15,9 +15,20 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.analysis.metric_defs import slo_metrics
-from app.client.datasets import DATASETS, dataset_type, parse_options
+from app.client.datasets import (
+    DATASET_HELP,
+    DATASET_OPTIONS_HELP,
+    dataset_type,
+    parse_options,
+)
 from app.client.datasets.base import MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS, WorkloadParams
-from app.client.endpoints import ENDPOINTS, endpoint_type, parse_endpoint_options
+from app.client.endpoints import (
+    ENDPOINT_HELP,
+    ENDPOINT_OPTIONS_HELP,
+    ENDPOINTS,
+    endpoint_type,
+    parse_endpoint_options,
+)
 from app.client.endpoints.base import BodyParams, EndpointType, SpecFacts
 from app.client.limits import ClientLimits
 from app.client.routing import (
@@ -28,6 +39,7 @@ from app.client.routing import (
     check_mix,
     split_several,
 )
+from app.client.url_checks import check_api_key, checked_url
 from app.domain import MAX_JSON_DEPTH, json_depth
 
 SLOMetric = str  # an SLO name of the metric registry (``metric_defs.slo_metrics``)
@@ -54,91 +66,18 @@ RESERVED_HEADERS = frozenset(
 SECRET_HEADER_WORDS = ("authorization", "api-key", "apikey", "api_key", "token", "secret",
                        "cookie", "password", "auth")  # fmt: skip
 MAX_HEADERS = 64
-MAX_URL_CHARS = 2048
 MAX_PROCESSES = 1024
 MAX_SHARDS = 256
-MAX_API_KEY_CHARS = 8192
 # one request may stream for a day at most; a run lasts 30 days at most (its deadline in ns
 # must stay a finite integer)
 MAX_REQUEST_TIMEOUT_S = 86_400.0
 MAX_RUN_DURATION_S = 30 * 86_400.0
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-DATASET_HELP = "a dataset type: " + "; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items())
-DATASET_OPTIONS_HELP = (
-    "the dataset type's own fields, by name ("
-    + "; ".join(
-        f"{k}: {', '.join(d.options.model_fields)}"
-        for k, d in DATASETS.items()
-        if d.options.model_fields
-    )
-    + "); another type's or an unknown field is refused (422 naming "
-    "dataset_options.<field>); see docs/workloads.md"
-)
-
-ENDPOINT_HELP = "an API surface: " + "; ".join(f"{k}: {e.summary}" for k, e in ENDPOINTS.items())
-ENDPOINT_OPTIONS_HELP = (
-    "the endpoint's own fields, by name ("
-    + "; ".join(
-        f"{k}: {', '.join(e.options.model_fields)}"
-        for k, e in ENDPOINTS.items()
-        if e.options.model_fields
-    )
-    + "); another endpoint's or an unknown field is refused (422 naming "
-    "endpoint_options.<field>); see docs/endpoints.md"
-)
 # the goodput SLOs of a surface that generates no tokens (one answer: its latency only)
 ANSWER_SLOS = frozenset({"e2el"})
 
 DEFAULT_NUM_PROMPTS = 100  # a dataset type that is not timed; a trace: its every line
 TARGETS_SUFFIX = "_TARGETS"  # TOKENTRACE_TARGET_KEY_<NAME>_TARGETS: where <NAME> may go
-
-
-def checked_url(field: str, v: str) -> str:
-    """``v`` if it is an http(s) URL with a host, no credentials and no control or space
-    characters (a CR/LF would split the request line or a header); else a ValueError
-    naming ``field``."""
-    if len(v) > MAX_URL_CHARS:
-        raise ValueError(f"{field}: at most {MAX_URL_CHARS} characters")
-    bad = next((c for c in v if c.isspace() or not c.isprintable()), None)
-    if bad is not None:
-        raise ValueError(
-            f"{field}: contains the character U+{ord(bad):04X}; control and space characters "
-            "(CR, LF, NUL, tab ...) are refused"
-        )
-    if not (v.startswith("http://") or v.startswith("https://")):
-        raise ValueError(f"{field} must start with http:// or https://")
-    parts = urlsplit(v)
-    if "@" in parts.netloc:
-        raise ValueError(
-            f"{field}: credentials in the URL (user:password@host) are refused: the URL is "
-            "stored and listed with the run; give the key as api_key or api_key_env"
-        )
-    try:
-        parts.port  # noqa: B018 -- raises on a port that is not a number in 0..65535
-    except ValueError:
-        raise ValueError(f"{field}: the port is not a number from 0 to 65535") from None
-    if not parts.hostname:
-        raise ValueError(f"{field}: the URL has no host")
-    return v
-
-
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/?#]*@")  # user:password@ of a URL's authority
-
-
-def without_credentials(url: str) -> str:
-    """``url`` less any ``user:password@`` (for a URL from elsewhere, e.g. an imported
-    file, that is stored and listed)."""
-    return _URL_CREDENTIALS.sub("", url, count=1)
-
-
-def check_api_key(field: str, v: str) -> None:
-    """A ValueError naming ``field`` (never the key) unless ``v`` can go in an
-    ``Authorization: Bearer`` header as it is: visible ASCII, no space or control character."""
-    if len(v) > MAX_API_KEY_CHARS or not all("!" <= c <= "~" for c in v):
-        raise ValueError(
-            f"{field}: a key must be visible ASCII characters (no space, CR, LF, NUL or other "
-            f"control character), at most {MAX_API_KEY_CHARS}"
-        )
 
 
 class RunSpec(BaseModel):

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from app.client.spec import TARGETS_SUFFIX, RunSpec, check_api_key
+from app.client.spec import TARGETS_SUFFIX, RunSpec
+from app.client.url_checks import check_api_key
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_RULES = 256

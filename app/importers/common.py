@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.client.spec import without_credentials
+from app.client.url_checks import without_credentials
 from app.domain import EventKind, RequestRecord, RequestStatus
 from app.importers.csv_log import MAX_COUNT, ImportFormatError
 from app.protocol.nul import NUL, NUL_REFUSED, refusal

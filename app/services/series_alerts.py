@@ -10,7 +10,7 @@ track), and/or its change points. It judges only runs that settle after it was m
 match the series' key and can be trusted.
 
 **The webhook** must be an http(s) URL that passes the checks a run's ``base_url`` does
-(``app.client.spec.checked_url``; ``app.services.targets``: not this dashboard, not a
+(``app.client.url_checks.checked_url``; ``app.services.targets``: not this dashboard, not a
 link-local address, in the operator's allow-list), checked when the rule is made and again,
 with the host's resolved addresses, before each delivery. It is stored sealed
 (``SecretBox``: a Slack webhook URL is a secret) and shown as scheme, host and port.
@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analysis import series as sa
 from app.analysis.metric_defs import format_value
-from app.client.spec import checked_url
+from app.client.url_checks import checked_url
 from app.services import series as series_svc
 from app.services import targets
 from app.services.errors import Invalid, NotFound

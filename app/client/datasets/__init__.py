@@ -33,6 +33,20 @@ DATASETS: dict[str, DatasetType] = {
 }  # fmt: skip
 
 
+# the run spec's field descriptions (the API schema and the CLI's help)
+DATASET_HELP = "a dataset type: " + "; ".join(f"{k}: {d.summary}" for k, d in DATASETS.items())
+DATASET_OPTIONS_HELP = (
+    "the dataset type's own fields, by name ("
+    + "; ".join(
+        f"{k}: {', '.join(d.options.model_fields)}"
+        for k, d in DATASETS.items()
+        if d.options.model_fields
+    )
+    + "); another type's or an unknown field is refused (422 naming "
+    "dataset_options.<field>); see docs/workloads.md"
+)
+
+
 def dataset_type(name: str) -> DatasetType:
     """The registered type ``name`` (a ``ValueError`` lists the known ones)."""
     try:

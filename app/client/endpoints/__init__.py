@@ -36,6 +36,20 @@ PATH_ALIASES: dict[str, str] = {
 }
 
 
+# the run spec's field descriptions (the API schema and the CLI's help)
+ENDPOINT_HELP = "an API surface: " + "; ".join(f"{k}: {e.summary}" for k, e in ENDPOINTS.items())
+ENDPOINT_OPTIONS_HELP = (
+    "the endpoint's own fields, by name ("
+    + "; ".join(
+        f"{k}: {', '.join(e.options.model_fields)}"
+        for k, e in ENDPOINTS.items()
+        if e.options.model_fields
+    )
+    + "); another endpoint's or an unknown field is refused (422 naming "
+    "endpoint_options.<field>); see docs/endpoints.md"
+)
+
+
 def endpoint_type(name: str) -> EndpointType:
     """The registered surface ``name`` (a ``ValueError`` lists the known ones)."""
     try:
