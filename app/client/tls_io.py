@@ -5,57 +5,24 @@ Each TCP read is stamped as a plain one is, fed to the TLS object, and the plain
 available (possibly none) is recorded with that read's stamp; the request's ciphertext
 offsets in the connection's byte stream key its transmit stamps. ``TlsIO`` holds the TLS
 half of ``StreamRequest``: the handshake, the encrypted request, the flush of ciphertext and
-the TLS read callback. It keeps no state of its own (``StreamRequest`` has the slots).
+the TLS read callback (its state: ``app.client.stream_state``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import time
-from collections.abc import Callable
 
-from app.client.connpool import Conn, is_stale_error, read_tx_stamps
-from app.client.raw_stream import RawStream
+from app.client.connpool import is_stale_error, read_tx_stamps
 from app.client.sockets import os_error
+from app.client.stream_state import StreamState
 from app.domain import RequestStatus
 
 
-class TlsIO:
-    """The TLS methods of ``StreamRequest`` (a mixin: the attributes below are its)."""
+class TlsIO(StreamState):
+    """The TLS methods of ``StreamRequest``."""
 
-    # what these methods set (``StreamRequest`` uses them too); the rest is read only
-    __slots__ = ("_app_end", "_app_start", "_hs_done", "_reader_fd", "_tls_out", "_writer_fd")
-
-    _app_end: int
-    _app_start: int
-    _hs_done: bool
-    _reader_fd: int
-    _tls_out: bytearray
-    _writer_fd: int
-    _conn: Conn | None
-    _loop: asyncio.AbstractEventLoop | None
-    _req_bytes: bytes
-    _rbuf: list[memoryview]
-    _anc: int
-    _finished: bool
-    raw: RawStream
-    _on_writable: Callable[[], None]
-
-    def _finish(self, status: RequestStatus, error: str | None, t_ns: int) -> None:
-        raise NotImplementedError
-
-    def _retry(self) -> bool:
-        raise NotImplementedError
-
-    def _stamp(self, anc: list[tuple[int, int, bytes]], t_user: int) -> int:
-        raise NotImplementedError
-
-    def _took(self, old: int, n: int, stamp: int, t_user: int) -> None:
-        raise NotImplementedError
-
-    def _on_eof(self, stamp: int) -> None:
-        raise NotImplementedError
+    __slots__ = ()
 
     def _tls_advance(self) -> None:
         """Drive the handshake as far as the received bytes allow; once it is done, hand
