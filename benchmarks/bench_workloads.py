@@ -85,9 +85,7 @@ def main() -> int:
                 scrape_metrics=False,
             )
             c0 = time.process_time()
-            res = run_load_sync(
-                spec, run_tag="wl", handle_sigint=False, realtime=args.realtime
-            )
+            res = run_load_sync(spec, run_tag="wl", handle_sigint=False, realtime=args.realtime)
             cpu_s = time.process_time() - c0
         finally:
             sim.stop()

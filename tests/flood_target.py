@@ -56,9 +56,7 @@ def _repeat(unit: bytes, size: int = BLOCK) -> bytes:
 _ENDLESS = chunk(_repeat(CONTENT))
 _TINY = chunk(_repeat(TINY))
 _BIG = chunk(
-    b'data: {"choices":[{"index":0,"delta":{"content":"'
-    + b"x" * (BIG_EVENT - 60)
-    + b'"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"' + b"x" * (BIG_EVENT - 60) + b'"}}]}\n\n'
 )
 _METRICS_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n\r\n"
 _METRIC_LINE = b'vllm:num_requests_running{model_name="m",x="flood"} 1\n'

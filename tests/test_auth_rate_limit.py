@@ -57,8 +57,8 @@ def test_memory_is_bounded_whatever_the_callers() -> None:
 
 
 def test_an_ipv6_host_counts_as_its_64() -> None:
-    assert client_key("2001:db8:1:2::1") == client_key("2001:db8:1:2:ffff::9") == (
-        "2001:db8:1:2::/64"
+    assert (
+        client_key("2001:db8:1:2::1") == client_key("2001:db8:1:2:ffff::9") == ("2001:db8:1:2::/64")
     )
     assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
     assert client_key("::ffff:192.0.2.7") == "192.0.2.7"

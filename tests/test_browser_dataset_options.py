@@ -139,8 +139,7 @@ def test_a_bad_option_comes_back_beside_its_input_then_the_run_is_queued(
     resp = nav.value
     assert resp is not None and resp.status == 422  # the form comes back refused ...
     assert con.errors == [  # ... which Chromium logs as a failed load: that line only
-        "Failed to load resource: the server responded with a status of "
-        "422 (Unprocessable Entity)"
+        "Failed to load resource: the server responded with a status of 422 (Unprocessable Entity)"
     ], con.errors
     con.errors.clear()
     err = page.locator("#err-opt-prefix_repetition-num_prefixes")

@@ -44,15 +44,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     tmp = tmp_path_factory.mktemp("waits")
     url = f"sqlite:///{tmp / 'waits.db'}"
     sessions = open_database(url)
-    spec: dict[str, Any] = {"num_prompts": 18, "max_concurrency": C,
-                            "request_rate": float("inf"), "input_len": 16, "output_len": 8}
+    spec: dict[str, Any] = {
+        "num_prompts": 18,
+        "max_concurrency": C,
+        "request_rate": float("inf"),
+        "input_len": 16,
+        "output_len": 8,
+    }
     closed = bench(sessions, SimConfig(ttft_ms=15, itl_ms=1, seed=7), "closed", **spec)
     old = bench(sessions, SimConfig(ttft_ms=15, itl_ms=1, seed=8), "old", **spec)
     with session_scope(sessions) as s:  # as a run stored before migration 0008: no phases
         phases = {f"{p}_ns": None for p in PHASES}
-        s.execute(
-            update(Request).where(Request.run_id == old).values(**phases, conn_id=None)
-        )
+        s.execute(update(Request).where(Request.run_id == old).values(**phases, conn_id=None))
         s.execute(delete(RunPageSummary).where(RunPageSummary.run_id == old))
     srv = DashboardServer(url, tmp / "server.log", local_worker=False)
     try:

@@ -272,7 +272,8 @@ def test_another_server_under_test_lets_the_target_differ_and_says_so(field: str
         "with it the target differs: http://h:1 vs http://other:9"
     )
     assert {d["field"]: d["expected"] for d in result.to_dict()["differing"]} == {
-        "target": True, field: True
+        "target": True,
+        field: True,
     }
     # a workload field under test does not excuse another server
     seed = check([_key(), _key(_spec(seed=9, base_url="http://other:9"))])

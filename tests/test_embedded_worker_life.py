@@ -86,9 +86,7 @@ def test_a_killed_servers_worker_dies_and_its_token_is_revoked_at_the_next_start
     srv = live_server(sqlite_url, local_worker=True)
     assert srv.proc is not None
     found: list[int] = []
-    assert _wait(lambda: found.extend(_worker_children(srv.proc.pid)) or found, 30), (
-        srv.log_tail()
-    )
+    assert _wait(lambda: found.extend(_worker_children(srv.proc.pid)) or found, 30), srv.log_tail()
     worker = found[0]
     try:
         cmdline = Path(f"/proc/{worker}/cmdline").read_bytes().decode(errors="replace")
@@ -109,9 +107,7 @@ def test_a_killed_servers_worker_dies_and_its_token_is_revoked_at_the_next_start
             headers={"Authorization": f"Bearer {secret}"},
         )
         assert r.status_code == 401, r.text
-        live = [
-            t for t in _tokens(sqlite_url) if t[0].startswith("local-worker@") and t[1] is None
-        ]
+        live = [t for t in _tokens(sqlite_url) if t[0].startswith("local-worker@") and t[1] is None]
         assert len(live) == 1  # the new server's own
         assert "revoked the embedded worker token" in srv.log_tail()
     finally:

@@ -148,9 +148,7 @@ def _check_everywhere(url: str, sessions: sessionmaker[Session]) -> None:
     # goodput under its SLO: TTST <= 5 ms: one request (4 ms); a spec may name it
     slo = run_svc.run_report(sessions, base, slos_ms={"ttst": 5.0})
     assert slo["metrics"]["good_requests"] == 1
-    assert RunSpec(base_url="http://h:1", model="m", goodput={"ttst": 5.0}).goodput == {
-        "ttst": 5.0
-    }
+    assert RunSpec(base_url="http://h:1", model="m", goodput={"ttst": 5.0}).goodput == {"ttst": 5.0}
     # comparisons: its samples judged beside the others
     pair = compare_svc.compare_runs(sessions, base, [cand])["pairs"][0]
     assert pair["metrics"]["ttst_ms"]["percentiles"][0]["baseline"] == 6.0

@@ -72,7 +72,7 @@ def chat(text: str) -> bytes:
 ROLE = ev({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
 USAGE = ev({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
 DONE = b"data: [DONE]\n\n"
-EVENTS = [ROLE, chat("Hello"), chat(" w\u00f6rld \\ \"q\""), chat(" \U0001f600"), USAGE, DONE]
+EVENTS = [ROLE, chat("Hello"), chat(' w\u00f6rld \\ "q"'), chat(" \U0001f600"), USAGE, DONE]
 LEN_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
 CLOSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
 
@@ -90,7 +90,7 @@ def length_framed(events: list[bytes]) -> bytes:
     return LEN_HEAD % len(body) + body
 
 
-TEXT = "Hello w\u00f6rld \\ \"q\" \U0001f600"
+TEXT = 'Hello w\u00f6rld \\ "q" \U0001f600'
 # response -> the reply a next turn carries (None: the turn failed), read off the events
 # above by hand
 CASES: dict[str, tuple[bytes, str | None]] = {
@@ -214,7 +214,7 @@ def test_history_body_is_request_bodys_bytes(kw: dict[str, Any]) -> None:
         h = History(sys_msgs, tok)
         messages: list[dict[str, Any]] = list(sys_msgs)
         for k, (user, reply) in enumerate(
-            [("hi \"there\"", "ok\n\u00e9"), ("more\t\\", "\U0001f600 end"), ("last", "")]
+            [('hi "there"', "ok\n\u00e9"), ("more\t\\", "\U0001f600 end"), ("last", "")]
         ):
             out_len = 7 + k
             tpl = body_template(sp, out_len)

@@ -43,9 +43,7 @@ def parse(args: list[str]) -> RunSpec:
 
 
 def test_linear_ramp_schedule_by_hand() -> None:
-    s = spec(
-        arrival="constant", ramp_up_strategy="linear", ramp_up_start_rps=1, ramp_up_end_rps=5
-    )
+    s = spec(arrival="constant", ramp_up_strategy="linear", ramp_up_start_rps=1, ramp_up_end_rps=5)
     # rates 1, 2, 3, 4, 5 (i / 4 of the way); the gap before request i is 1 / rate_i
     want = [0, 1 / 2, 1 / 2 + 1 / 3, 1 / 2 + 1 / 3 + 1 / 4, 1 / 2 + 1 / 3 + 1 / 4 + 1 / 5]
     assert schedule_for(s).times_ns.tolist() == [round(t * S) for t in want]
@@ -98,9 +96,7 @@ def test_sampling_parameters_go_into_the_body() -> None:
     s = parse(["--temperature", "0.7", "--top-p", "0.9", "--top-k", "40", "--min-p", "0.05",
                "--repetition-penalty", "1.1", "--frequency-penalty", "0.5",
                "--presence-penalty", "-0.5", "--extra-body", '{"seed": 3}'])  # fmt: skip
-    body = json.loads(
-        body_of(prompt="hi", output_len=4, extra_body=s.sampling_body())
-    )
+    body = json.loads(body_of(prompt="hi", output_len=4, extra_body=s.sampling_body()))
     assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p")} == {
         "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
     }  # fmt: skip

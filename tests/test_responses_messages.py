@@ -266,8 +266,8 @@ def test_a_responses_function_call_is_tool_call_output() -> None:
     (TOOL_CALL, as chat's ``delta.tool_calls``), so the request has a TTFTC."""
     stream = (
         RESPONSES_STREAM[0],
-        {"type": "response.function_call_arguments.delta", "delta": "{\"city\""},
-        {"type": "response.function_call_arguments.delta", "delta": ": \"Oslo\"}"},
+        {"type": "response.function_call_arguments.delta", "delta": '{"city"'},
+        {"type": "response.function_call_arguments.delta", "delta": ': "Oslo"}'},
         RESPONSES_STREAM[-1],
     )
 

@@ -444,7 +444,10 @@ def test_simulator_options_and_their_bounds() -> None:
     ns = build_arg_parser().parse_args(argv)
     cfg = config_from_args(ns)
     assert (cfg.prefix_cache_reset, cfg.profiler, cfg.identity, cfg.max_model_len) == (
-        "sglang", False, False, 2048,
+        "sglang",
+        False,
+        False,
+        2048,
     )
     assert (cfg.spec_decode_draft_len, cfg.spec_decode_acceptance) == (5, 0.25)
     for bad, msg in (

@@ -238,9 +238,7 @@ def test_next_turn_leaves_after_the_response_ended_on_the_wire(
         assert before.end_ns - before.done_ns >= DELAY_S * 1e9 * 0.5
 
 
-def test_a_body_that_never_ends_is_closed_before_the_next_turn(
-    server: Any, tmp_path: Path
-) -> None:
+def test_a_body_that_never_ends_is_closed_before_the_next_turn(server: Any, tmp_path: Path) -> None:
     """The terminator comes ``LATE_S`` after "[DONE]", past ``DONE_GRACE_S``: the turn is
     complete (OK, ended at its "[DONE]"), its connection is closed unfinished, and the next
     turn is due from that moment, not from the "[DONE]" (its send lag is not the grace)."""
