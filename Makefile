@@ -47,6 +47,7 @@ install-hfserve: $(BIN)/python
 
 lint:
 	$(BIN)/ruff check app tests benchmarks
+	$(BIN)/ruff format --check app tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
