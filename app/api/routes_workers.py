@@ -124,7 +124,7 @@ def shard_ready(
     The reply carries the server's receipt and send times, as a heartbeat's."""
     t2 = _receipt_ns(request)
     shard_svc.expire_waits(sessions, settings.shard_wait_s)
-    resp = shard_svc.ready(session, job_id, body, caller)
+    resp = shard_svc.ready(session, job_id, body, caller, settings.shard_wait_s)
     return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
 
 

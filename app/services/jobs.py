@@ -333,6 +333,7 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
         "lease_expires_at": None,
         "progress": None,
         "shard_ready_at": None,  # a shard requeued before the start: ready again once leased
+        "shard_warm_at": None,
     }
     if job.shard_idx is not None and job.shard_start_ns is not None:  # a shard lost after
         # the common start: it cannot restart alone; the run ends once the other shards do
