@@ -100,8 +100,9 @@ def test_two_shards_over_two_processes_each(
     assert all(s["wake_us"]["run"] >= 0 and s["wake_us"]["measure"] >= 0 for s in shards)
     procs = detail["report"]["load"]["processes"]
     assert sorted((p["shard"], p["process"]) for p in procs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert all(any("worker's --processes 2" in n for n in detail["report"]["validity"]["notes"])
-               for _ in (0,))  # fmt: skip
+    notes = detail["report"]["validity"]["notes"]
+    for k in (0, 1):  # each shard's worker says it dealt the share over its processes
+        assert any(n.startswith(f"shard {k}: ") and "worker's --processes 2" in n for n in notes)
     assert 'id="shard-table"' in page and 'id="process-table"' in page
 
 

@@ -232,3 +232,8 @@ def test_the_cli_prints_one_line_per_shard() -> None:
         "shard 1: 7/10 ok, 812.0 tok/s, send lag p99 0.310 ms, clock bound 0.920 ms, "
         "start skew 0.340 ms, 3 lost (worker lost)"
     )
+    more = row | {"lost": 0, "processes": 2, "warmup_end_ms": 171.58, "measure_start_ms": 572.4}
+    assert shard_line(more) == (
+        "shard 1: 7/10 ok, 812.0 tok/s, send lag p99 0.310 ms, clock bound 0.920 ms, "
+        "start skew 0.340 ms, 2 load processes, warm-ups end 171.6 ms, measure start 572.4 ms"
+    )
