@@ -32,6 +32,7 @@ from app.analysis.sweep import LoadKind, StepSummary
 from app.cli.main import main
 from app.client import sweep_plan
 from app.services.jobs import expire_lost_leases
+from app.storage import compare_repo
 from app.storage.models import Job, utcnow
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
@@ -39,7 +40,7 @@ from app.worker.loop import Worker
 from tests.api_support import SPEC, Api, api_client, wire
 from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
 from tests.test_worker import FAST
-from tests.worker_helpers import api, sim_spec, wait_for
+from tests.worker_helpers import api, sim_spec, start_worker_process, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -133,6 +134,69 @@ def test_a_two_shard_sweep_runs_each_step_over_both_workers(
     recv = sorted(int(a["received_ns"]) for a in arrived.values())
     assert recv[11] < recv[12]
     assert 'id="sweep-shards"' in page and 'id="shard-table"' in run_page
+
+
+def test_a_killed_worker_leaves_its_step_partial_and_the_sweep_goes_on(
+    live_server: LiveServerFactory,  # noqa: F811
+    sqlite_url: str,
+    tmp_path: Path,
+) -> None:
+    """Three ``tokentrace worker`` processes, a 2-shard sweep of two rates. A worker running
+    a shard of step 0 is killed: its lease expires, step 0's run ends partial naming the
+    shard, and step 1 runs on the two workers left: all its requests, each once."""
+    server = live_server(sqlite_url, env={"TOKENTRACE_LEASE_TTL_S": "2"})
+    sim = start_simulator_thread(SimConfig(ttft_ms=3, itl_ms=2, output_len=4, seed=7))
+    body = sim_spec(sim.base_url, num_prompts=40, output_len=4, arrival="constant",
+                    shards=2, scrape_metrics=False)  # fmt: skip
+    body |= {"rates": [10.0, 40.0], "min_ratio": 0.01}  # step 0: 4 s, time to kill
+    procs = {
+        f"w{k}": start_worker_process(
+            server.url, server.worker_token, tmp_path / f"w{k}", "--name", f"w{k}"
+        )
+        for k in range(3)
+    }
+    try:
+        with api(server) as c:
+            sweep_id = c.post("/sweeps", json=body).json()["sweep_id"]
+
+            def sweep() -> dict[str, Any]:
+                out: dict[str, Any] = c.get(f"/sweeps/{sweep_id}").json()
+                return out
+
+            first = sweep()["steps"][0]["run_id"]
+
+            def stored(run_id: str) -> list[dict[str, Any]]:
+                got: list[dict[str, Any]] = c.get(
+                    f"/runs/{run_id}/requests", params={"limit": 100}
+                ).json()["items"]
+                return got
+
+            wait_for(lambda: len({r["shard"] for r in stored(first)}) == 2, 30, "both shards")
+            jobs = c.get("/jobs", params={"limit": 10}).json()["items"]
+            names = {w["id"]: w["name"] for w in c.get("/workers").json()["items"]}
+            victim = next(names[j["worker_id"]] for j in jobs if j["run_id"] == first)
+            procs[victim].kill()
+            procs[victim].wait(10)
+            wait_for(lambda: sweep()["status"] not in ("queued", "running"), 60, "the sweep")
+            done = sweep()
+            steps = done["steps"]
+            runs = [c.get(f"/runs/{st['run_id']}").json() for st in steps]
+            rows = [stored(st["run_id"]) for st in steps]
+        seen = len(sim.ground_truth()["requests"])
+    finally:
+        sim.stop()
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
+    assert done["status"] == "succeeded" and len(steps) == 2, done.get("stop_reason")
+    assert [r["run"]["status"] for r in runs] == ["partial", "succeeded"]
+    notes = runs[0]["report"]["validity"]["notes"]
+    assert any(n.startswith("shard ") and " lost (worker lost" in n for n in notes), notes
+    assert sorted(r["index"] for r in rows[1]) == list(range(40))  # step 1: each once
+    first_idx = [r["index"] for r in rows[0]]
+    assert len(first_idx) == len(set(first_idx)) < 40  # step 0: each stored at most once
+    assert seen >= 40 + len(first_idx)  # the killed worker's last ones reached the target
 
 
 @pytest.mark.serial
@@ -341,3 +405,33 @@ def test_the_sweep_form_takes_shards_and_shows_them_again(tmp_path: Path) -> Non
         assert len(steps) == 1 and sweeps[0].plan is not None
         jobs = job_repo.shard_jobs(s, steps[0].run_id)
         assert [(j.shard_idx, j.spec["request_rate"]) for j in jobs] == [(0, 1.0), (1, 1.0)]
+
+
+def test_a_find_max_step_is_judged_on_the_merged_run(api_db: Api) -> None:
+    """A 2-shard find-max sweep (rate, from 1 req/s): step 0's SLO check counts both
+    shards' requests (6 = 3 + 3: the merged run, not one shard's), it passes, and the
+    search's next step (2 req/s, twice the passing load) is queued as the next dealt run."""
+    a = api_db
+    fm = {"kind": "rate", "slos": ["ttft:p99:1000"], "max_steps": 3, "start": 1}
+    body = SPEC | {"shards": 2, "find_max": fm}
+    r = a.client.post("/api/v1/sweeps", json=body, headers=a.h(a.run))
+    assert r.status_code == 201, r.text
+    sweep_id = r.json()["sweep_id"]
+    j0, j1 = (a.lease(a.register()) for _ in range(2))
+    assert j0 is not None and j1 is not None and j0["spec"]["request_rate"] == 1.0
+    for j in (j0, j1, j0):
+        a.post_job(j["job_id"], "shard-ready", {"lease_id": j["lease_id"]})
+    for j, idx in ((j0, [0, 2, 4]), (j1, [1, 3, 5])):
+        up = {"lease_id": j["lease_id"], "batch_no": 0, "requests": wire(idx)}
+        assert a.post_job(j["job_id"], "results", up).status_code == 200
+        done = {"lease_id": j["lease_id"], "status": "succeeded", "total_batches": 1,
+                "records": 3, "run_meta": {"clock_source": "kernel", "load_stats": {}}}  # fmt: skip
+        assert a.post_job(j["job_id"], "complete", done).status_code == 200
+    with a.sessions() as s:
+        steps = compare_repo.sweep_steps(s, sweep_id)
+        summary = dict(steps[0].summary or {})
+    checks = summary["slo_checks"]
+    assert [(c["slo"], c["samples"], c["ok"]) for c in checks] == [("ttft:p99:1000", 6, True)]
+    assert [st.load for st in steps] == [1.0, 2.0]
+    k0 = a.lease(a.register())
+    assert k0 is not None and k0["spec"]["request_rate"] == 2.0 and k0["run_id"] == steps[1].run_id
