@@ -80,13 +80,11 @@ def create_sweep_job(
 ) -> tuple[str, str]:
     """The sweep (status queued) and its one ``sweep`` job, in the caller's transaction:
     (sweep_id, job_id). The API key travels at the top of the job spec, sealed (``box``).
-    ``shards`` above 1: each step one run dealt over that many workers, the server
-    sequencing the steps (``sharded_sweeps``; the job is step 0's shard 0)."""
-    if spec.shards > 1:
-        return sharded_sweeps.create(
-            session, spec, plan, requirements=requirements, name=name,
-            max_attempts=max_attempts, box=box,
-        )  # fmt: skip
+    ``shards`` > 1: the server sequences steps dealt over workers (``sharded_sweeps``)."""
+    if spec.shards > 1:  # the job answered is step 0's shard 0
+        reqs, attempts = requirements, max_attempts
+        return sharded_sweeps.create(session, spec, plan, requirements=reqs, name=name,
+                                     max_attempts=attempts, box=box)  # fmt: skip
     sweep_id = compare_repo.create_sweep(
         session,
         spec=spec.model_dump(mode="json"),
@@ -528,7 +526,7 @@ def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
     sweep = compare_repo.find_sweep(session, sweep_id)
     if sweep is None:
         raise NotFound(f"no sweep with id {sweep_id!r}")
-    if sweep.plan:  # its steps dealt over workers: the server sequences them
+    if sweep.plan:  # steps dealt over workers: the server sequences them
         return sharded_sweeps.cancel(session, sweep)
     job = job_repo.get_job(session, sweep.job_id) if sweep.job_id else None
     if job is None:
