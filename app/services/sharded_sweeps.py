@@ -87,7 +87,11 @@ def create(
         "cancel_requested": False,
     }
     session.get(Sweep, sweep_id).plan = state  # type: ignore[union-attr]
-    first = _start_step(session, sweep_id, state, 0, sweep_plan.next_step(plan, []))
+    try:
+        first = _start_step(session, sweep_id, state, 0, sweep_plan.next_step(plan, []))
+    except ValueError as e:  # the first step's spec is refused (the caller rolls back)
+        why = f"shards: the first step cannot be dealt: {e}"
+        raise Invalid(why, loc=("body", "shards")) from None
     return sweep_id, first
 
 
