@@ -100,6 +100,9 @@ def test_two_shards_over_two_processes_each(
     assert all(s["wake_us"]["run"] >= 0 and s["wake_us"]["measure"] >= 0 for s in shards)
     procs = detail["report"]["load"]["processes"]
     assert sorted((p["shard"], p["process"]) for p in procs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for s in shards:  # a shard's CPU is its processes', summed
+        mine = [p["cpu_s"] for p in procs if p["shard"] == s["shard"]]
+        assert s["cpu_s"] == pytest.approx(sum(mine)) and all(c > 0 for c in mine), (s, mine)
     notes = detail["report"]["validity"]["notes"]
     for k in (0, 1):  # each shard's worker says it dealt the share over its processes
         assert any(n.startswith(f"shard {k}: ") and "worker's --processes 2" in n for n in notes)

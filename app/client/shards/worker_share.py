@@ -129,11 +129,15 @@ async def run_shard(
             allow_link_local=allow_link_local,
             gate=gate,
         )
-        figures.cpu_end_s = cpu_s()
-        for row in result.processes:  # the shard woke as late as its latest process
+        # its CPU is its processes' (summed); it woke as late as its latest process
+        used = 0.0
+        for row in result.processes:
+            c = row.get("cpu_s")
+            used += float(c) if isinstance(c, int | float) else 0.0
             for phase, us in (row.get("wake_us") or {}).items():  # type: ignore[attr-defined]
                 ns = int(us * 1e3)
                 figures.wake_ns[phase] = max(figures.wake_ns.get(phase, ns), ns)
+        figures.cpu_end_s = figures.cpu_ready_s + used
         result.notes.extend(n.replace("processes", "shards") for n in plan.notes)
         return result
     one = process_spec(plan.spec, share).model_copy(update={"shards": 1})
