@@ -1,7 +1,7 @@
 """``shards`` (issue 26, one run over K workers): a whole number from 1 to 256 in the run
 spec, the REST launch, ``tokentrace bench --server ... --shards K`` and the launch form;
 anything else is a 422 / exit 2 naming it, nothing stored. A local ``bench`` (no
-``--server``) and a sweep refuse K above 1."""
+``--server``) refuses K above 1; a sweep deals each of its steps over K workers."""
 
 from __future__ import annotations
 
@@ -61,11 +61,16 @@ def test_api_refuses_bad_shards_with_422(api: Api, value: Any) -> None:
         assert int(s.scalar(select(func.count()).select_from(Run)) or 0) == 0
 
 
-def test_a_sharded_sweep_is_refused_naming_shards(api: Api) -> None:
+def test_a_sharded_sweep_deals_each_step_over_k_leases(api: Api) -> None:
+    """Was refused (422) before sharded sweeps; now its first step is one run of K leases
+    (the rest: tests/test_shards_sweep.py). A bad count is still a 422 naming it."""
     body = SPEC | {"shards": 2, "rates": [1.0]}
     r = api.client.post("/api/v1/sweeps", json=body, headers=api.h(api.run))
-    assert r.status_code == 422, r.text[:300]
-    assert r.json()["detail"][0]["loc"][-1] == "shards"
+    assert r.status_code == 201, r.text[:300]
+    leases = [api.lease(api.register()) for _ in range(3)]
+    assert leases[2] is None and [j["shard"] for j in leases[:2] if j] == [0, 1]
+    bad = api.client.post("/api/v1/sweeps", json=body | {"shards": 0}, headers=api.h(api.run))
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "shards"
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "257", "1.5", "x"])
@@ -226,4 +231,9 @@ def test_the_cli_prints_one_line_per_shard() -> None:
     assert shard_line(row) == (
         "shard 1: 7/10 ok, 812.0 tok/s, send lag p99 0.310 ms, clock bound 0.920 ms, "
         "start skew 0.340 ms, 3 lost (worker lost)"
+    )
+    more = row | {"lost": 0, "processes": 2, "warmup_end_ms": 171.58, "measure_start_ms": 572.4}
+    assert shard_line(more) == (
+        "shard 1: 7/10 ok, 812.0 tok/s, send lag p99 0.310 ms, clock bound 0.920 ms, "
+        "start skew 0.340 ms, 2 load processes, warm-ups end 171.6 ms, measure start 572.4 ms"
     )

@@ -42,9 +42,8 @@ from app.api.docs_ui import mount_docs
 from app.api.hardening import harden
 from app.api.schemas import Health
 from app.protocol.wire import JobKind
-from app.services import auth, series_alerts, targets
+from app.services import auth, series_alerts, sharded_sweeps, targets
 from app.services import jobs as job_svc
-from app.services import shard_jobs as shard_svc
 from app.services.errors import ServiceError
 from app.services.exports import ExportLimiter
 from app.services.file_imports import ImportSlots
@@ -62,7 +61,8 @@ async def _sweeper(sessions: sessionmaker[Session], every_s: float, wait_s: floa
         await asyncio.sleep(every_s)
         try:
             expired = await anyio.to_thread.run_sync(job_svc.expire_lost_leases, sessions)
-            await anyio.to_thread.run_sync(shard_svc.expire_waits, sessions, wait_s)
+            await anyio.to_thread.run_sync(sharded_sweeps.expire_waits, sessions, wait_s)
+            await anyio.to_thread.run_sync(sharded_sweeps.advance_stalled, sessions)
             for e in expired:
                 log.warning("lease of job %s expired: %s", e.job_id, e.outcome)
         except Exception:

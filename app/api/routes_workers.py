@@ -26,6 +26,7 @@ from app.protocol.wire import (
 )
 from app.services import jobs as job_svc
 from app.services import shard_jobs as shard_svc
+from app.services import sharded_sweeps
 from app.services import workers as worker_svc
 from app.storage import workers as worker_repo
 from app.storage.models import utcnow
@@ -81,7 +82,7 @@ def lease(
     """The oldest queued job this worker can run (requirements matched), or null."""
     worker = worker_svc.own_worker(session, worker_id, caller)
     job_svc.expire_lost_leases(sessions)
-    shard_svc.expire_waits(sessions, settings.shard_wait_s)
+    sharded_sweeps.expire_waits(sessions, settings.shard_wait_s)
     job = job_svc.lease(
         session,
         worker,
@@ -123,8 +124,8 @@ def shard_ready(
     once every shard is. Not all within ``shard_wait_s``: the run fails and this is a 409.
     The reply carries the server's receipt and send times, as a heartbeat's."""
     t2 = _receipt_ns(request)
-    shard_svc.expire_waits(sessions, settings.shard_wait_s)
-    resp = shard_svc.ready(session, job_id, body, caller)
+    sharded_sweeps.expire_waits(sessions, settings.shard_wait_s)
+    resp = shard_svc.ready(session, job_id, body, caller, settings.shard_wait_s)
     return resp.model_copy(update={"clock_t2_ns": t2, "clock_t3_ns": time.time_ns()})
 
 

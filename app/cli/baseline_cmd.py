@@ -494,6 +494,28 @@ def sweep_body(spec: Any, plan: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return body | {"min_ratio": plan.min_ratio, "max_error_rate": plan.max_error_rate}
 
 
+def _follow_sequenced(
+    http: Any, sweep_id: str, quiet: bool, err: Console
+) -> tuple[str | None, dict[str, Any]]:
+    """A sweep whose steps are each dealt over workers: its steps are several jobs, so the
+    sweep itself is followed until it ended (its status then stands for the job's state)."""
+    import time
+
+    from app.cli import worker_cmd as wc
+
+    seen = 0
+    while True:
+        summary: dict[str, Any] = wc._check(http.get(f"/sweeps/{sweep_id}"), "sweep")
+        steps = len(summary.get("steps") or [])
+        if steps != seen and not quiet:
+            seen = steps
+            err.print(f"step {steps} (each over {summary.get('shards') or 'its'} workers)")
+        status = summary.get("status")
+        if status not in ("queued", "running"):
+            return ("failed" if status == "failed" else str(status)), summary
+        time.sleep(wc.POLL_S * 2)
+
+
 def submit_sweep_and_follow(spec: Any, plan: Any, ns: argparse.Namespace, console: Console) -> int:
     """``tokentrace sweep --server URL``: queue the sweep on a dashboard (a worker runs it),
     follow its job's progress, then print the sweep. Exit 1 when it failed."""
@@ -524,8 +546,11 @@ def submit_sweep_and_follow(spec: Any, plan: Any, ns: argparse.Namespace, consol
                     seen["step"] = step
                     err.print(f"step {int(step) + 1} of {p.get('steps')}")
 
-            state = wc._Follower(http, str(job_id), on_progress).follow()
-            summary = wc._check(http.get(f"/sweeps/{sweep_id}"), "sweep")
+            if spec.shards > 1:  # the server sequences the steps, each one dealt run
+                state, summary = _follow_sequenced(http, str(sweep_id), ns.json, err)
+            else:
+                state = wc._Follower(http, str(job_id), on_progress).follow()
+                summary = wc._check(http.get(f"/sweeps/{sweep_id}"), "sweep")
     except wc.Failure as e:
         return wc._fail(f"tokentrace sweep: error: {e}")
     except httpx.TransportError as e:

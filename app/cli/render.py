@@ -82,6 +82,13 @@ def shard_line(s: dict[str, Any]) -> str:
         f"ms, clock bound {_n(s.get('clock_bound_ms'), 3)} ms, start skew "
         f"{_n(s.get('start_skew_ms'), 3)} ms"
     )
+    if (s.get("processes") or 1) > 1:
+        line += f", {s['processes']} load processes"
+    if s.get("warmup_end_ms") is not None and s.get("measure_start_ms") is not None:
+        line += (
+            f", warm-ups end {_n(s['warmup_end_ms'], 1)} ms, measure start "
+            f"{_n(s['measure_start_ms'], 1)} ms"
+        )
     if s.get("lost"):
         line += f", {s['lost']} lost ({s.get('error')})"
     elif s.get("clock_flagged"):

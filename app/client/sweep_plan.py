@@ -260,6 +260,53 @@ def _auto(runner: StepRunner, plan: SweepPlan) -> str | None:
     return _fixed(runner, SweepPlan("rates", tuple(rates), 1, plan.min_ratio, plan.max_error_rate))
 
 
+class _Need(Exception):
+    def __init__(self, load: float, kind: LoadKind, role: str) -> None:
+        super().__init__("the next step")
+        self.load, self.kind, self.role = load, kind, role
+
+
+class _Replayer:
+    """``StepRunner`` handing back steps already run; the first one not run is wanted."""
+
+    def __init__(self, done: list[StepSummary]) -> None:
+        self.done = done
+        self.used = 0
+        self.loads: list[float] | None = None
+
+    def run(self, load: float, kind: LoadKind, role: str) -> StepSummary:
+        if self.used < len(self.done):
+            self.used += 1
+            return self.done[self.used - 1]
+        raise _Need(load, kind, role)
+
+    def set_loads(self, loads: list[float]) -> None:
+        self.loads = list(loads)
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """What a plan asks for after the steps run so far (``next_step``)."""
+
+    load: float | None  # None: the plan ended (``reason`` says why, when early)
+    kind: LoadKind
+    role: str
+    reason: str | None
+    loads: list[float] | None  # an auto plan's rates, once it chose them
+
+
+def next_step(plan: SweepPlan, done: list[StepSummary]) -> NextStep:
+    """The step ``drive`` would run after ``done`` (its answers, in order), or the plan's
+    end: the same rules, decided from the same summaries, wherever it is asked (a sweep
+    the server sequences: each step one run dealt over workers)."""
+    replay = _Replayer(done)
+    try:
+        reason = drive(replay, plan)
+    except _Need as want:
+        return NextStep(want.load, want.kind, want.role, None, replay.loads)
+    return NextStep(None, plan.load_kind, "step", reason, replay.loads)
+
+
 def plan_dict(plan: SweepPlan) -> dict[str, Any]:
     return {
         "mode": plan.mode,

@@ -184,9 +184,11 @@ class HeartbeatRequest(_Model):
 
 class ShardReady(_Model):
     """A shard's worker is ready (its share built): POST /jobs/{job_id}/shard-ready, again
-    until the answer has ``start_ns``."""
+    until the answer has ``start_ns``. ``phase`` "measure": its warm-ups ended, and the
+    answer's ``start_ns`` is the measured phase's common start."""
 
     lease_id: str
+    phase: Literal["run", "measure"] = "run"
 
 
 class ShardStart(_Model):

@@ -23,6 +23,7 @@ from app.protocol.wire import (
     ResultBatch,
     SweepResume,
 )
+from app.services import sharded_sweeps
 from app.services.errors import Conflict
 from app.services.hardware import stamp_meta
 from app.services.job_rules import (
@@ -129,7 +130,8 @@ class SingleRunKind:
         self, session: Session, sessions: sessionmaker[Session], job: Job, req: CompleteRequest
     ) -> None:
         if job.shard_idx is not None and job.run_id is not None:  # a shard: the run's end
-            finish_if_done(sessions, job.run_id)
+            if finish_if_done(sessions, job.run_id):
+                sharded_sweeps.after_run(sessions, job.run_id)  # a sweep's step: go on
             return
         run = repo.find_run(session, job.run_id) if job.run_id else None
         if run is not None and run.status in ACTIVE_RUN:  # the first try failed mid-way
@@ -142,7 +144,10 @@ class SingleRunKind:
     ) -> CompleteResponse:
         outcome = self._outcome(session, job, req)
         if job.shard_idx is not None:  # one shard of a run dealt over workers
-            return complete_shard(session, sessions, job, req, outcome)
+            done = complete_shard(session, sessions, job, req, outcome)
+            if job.run_id is not None:  # a sweep's step whose run ended: the sweep goes on
+                sharded_sweeps.after_run(sessions, job.run_id)
+            return done
         now = utcnow()
         changed = job_repo.transition(
             session,

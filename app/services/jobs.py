@@ -35,7 +35,7 @@ from app.protocol.wire import (
     ResultBatch,
     WorkerCapabilities,
 )
-from app.services import live_series, shard_jobs
+from app.services import live_series, shard_jobs, sharded_sweeps
 from app.services import workers as worker_svc
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
@@ -333,6 +333,7 @@ def _expiry(session: Session, job: Job) -> tuple[Expiry, dict[str, Any], Outcome
         "lease_expires_at": None,
         "progress": None,
         "shard_ready_at": None,  # a shard requeued before the start: ready again once leased
+        "shard_warm_at": None,
     }
     if job.shard_idx is not None and job.shard_start_ns is not None:  # a shard lost after
         # the common start: it cannot restart alone; the run ends once the other shards do
@@ -413,7 +414,8 @@ def expire_lost_leases(
             log.exception("finalizing run %s after a lost lease failed", run_id)
     for run_id in shard_runs:
         try:
-            shard_jobs.finish_if_done(sessions, run_id)
+            if shard_jobs.finish_if_done(sessions, run_id):
+                sharded_sweeps.after_run(sessions, run_id)  # a sweep's step: go on
         except Exception:
             log.exception("finalizing run %s after a lost shard failed", run_id)
     return done

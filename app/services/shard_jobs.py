@@ -7,6 +7,10 @@ knowing its shard (``jobs.shard_idx``).
   instant on its wall clock, ``now + START_MARGIN_NS``, on every shard
   (``jobs.shard_start_ns``). Not all ready within ``Settings.shard_wait_s`` of being
   queued: the run fails, "k of K shards leased" (``expire_waits``).
+* **Warm-ups, then one measured start.** With warm-ups, each shard calls ``ready`` again
+  (phase "measure") once its warm-ups ended; once every live shard's have (a lost shard
+  is not waited for; after ``shard_wait_s`` the laggards are not either), one instant
+  starts every shard's measured phase (``jobs.shard_measure_ns``).
 * **One run.** Each shard uploads its batches as any job does (the server stamps the
   shard on each request); a shard's completion stores its end (``jobs.progress``); the last
   one to end finalizes the run with every shard's figures merged (``shard_merge``).
@@ -84,11 +88,20 @@ def waiting_text(jobs: list[Job]) -> str | None:
     return f"{leased} of {len(jobs)} shards leased ({ready} ready)"
 
 
-def ready(session: Session, job_id: str, req: ShardReady, principal: Principal) -> ShardStart:
-    """A shard's worker is ready; the answer has the common start once every shard is."""
+def ready(
+    session: Session,
+    job_id: str,
+    req: ShardReady,
+    principal: Principal,
+    wait_s: float | None = None,
+) -> ShardStart:
+    """A shard's worker is ready; the answer has the common start once every shard is.
+    Phase "measure" (its warm-ups ended): the measured phase's start (``_ready_measure``)."""
     job = leased_job(session, job_id, req.lease_id, principal)
     if job.shard_idx is None or job.run_id is None:
         raise Conflict(f"job {job_id!r} is not a shard of a run dealt over workers")
+    if req.phase == "measure":
+        return _ready_measure(session, job, req.lease_id, wait_s)
     if job.shard_ready_at is None:
         job_repo.transition(
             session, job.id, from_states=ACTIVE_STATES, holding_lease=req.lease_id,
@@ -102,6 +115,32 @@ def ready(session: Session, job_id: str, req: ShardReady, principal: Principal) 
     if start is not None and job.shard_start_ns is None:  # this shard has learnt it
         job_repo.set_shard_start(session, job.id, start)
     return ShardStart(start_ns=start, leased=leased, ready=n_ready, shards=len(jobs))
+
+
+def _ready_measure(session: Session, job: Job, lease_id: str, wait_s: float | None) -> ShardStart:
+    """A shard's warm-ups ended. Once every live shard's have (a shard that ended, lost
+    or failed, is not waited for), or ``wait_s`` after the first shard's did, the measured
+    phase's common start is set, ``START_MARGIN_NS`` ahead, as the run's start is."""
+    now = utcnow()
+    if job.shard_warm_at is None:
+        job_repo.transition(
+            session, job.id, from_states=ACTIVE_STATES, holding_lease=lease_id,
+            shard_warm_at=now,
+        )  # fmt: skip
+    assert job.run_id is not None
+    jobs = job_repo.shard_jobs(session, job.run_id)
+    live = [j for j in jobs if j.state in ACTIVE_STATES]
+    warm = [j for j in live if j.shard_warm_at is not None]
+    start = next((j.shard_measure_ns for j in jobs if j.shard_measure_ns is not None), None)
+    first = min((j.shard_warm_at for j in warm if j.shard_warm_at), default=now)
+    waited_out = wait_s is not None and (now - first).total_seconds() >= wait_s
+    if start is None and (len(warm) == len(live) or waited_out):
+        start = job_repo.set_shard_start(
+            session, jobs[0].id, time.time_ns() + START_MARGIN_NS, "measure"
+        )
+    if start is not None and job.shard_measure_ns is None:
+        job_repo.set_shard_start(session, job.id, start, "measure")
+    return ShardStart(start_ns=start, leased=len(live), ready=len(warm), shards=len(jobs))
 
 
 def expire_waits(sessions: sessionmaker[Session], wait_s: float) -> list[str]:

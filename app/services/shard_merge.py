@@ -151,6 +151,16 @@ def merge_shards(
         stats["counts"] = counts
         stats.update(worst_health([m.load_stats for _, m in metas]))
         stats[SHARDS_KEY] = rows
+        procs = [  # a shard dealt over its worker's load processes: each, naming its shard
+            {**row, "shard": k}
+            for k, m in metas
+            for row in (m.load_stats.get("processes") or [])
+            if isinstance(row, dict)
+        ]
+        if procs:
+            stats["processes"] = procs
+        else:
+            stats.pop("processes", None)
         validity = [f"shard {k}: {n}" for k, m in metas for n in m.validity]
         meta = base.model_copy(
             update={

@@ -42,7 +42,7 @@ from app.protocol.wire import (
     StepCreated,
     SweepResume,
 )
-from app.services import hardware
+from app.services import hardware, sharded_sweeps
 from app.services.auth import Principal
 from app.services.errors import Conflict, Invalid, NotFound
 from app.services.job_rules import (
@@ -80,13 +80,11 @@ def create_sweep_job(
 ) -> tuple[str, str]:
     """The sweep (status queued) and its one ``sweep`` job, in the caller's transaction:
     (sweep_id, job_id). The API key travels at the top of the job spec, sealed (``box``).
-    A sweep runs its steps on one worker: ``shards`` above 1 is refused (422)."""
-    if spec.shards != 1:
-        raise Invalid(
-            f"shards: a sweep runs its steps on one worker (shards is {spec.shards}); "
-            "sharded sweep steps are not done yet",
-            loc=("body", "shards"),
-        )
+    ``shards`` > 1: the server sequences steps dealt over workers (``sharded_sweeps``)."""
+    if spec.shards > 1:  # the job answered is step 0's shard 0
+        reqs, attempts = requirements, max_attempts
+        return sharded_sweeps.create(session, spec, plan, requirements=reqs, name=name,
+                                     max_attempts=attempts, box=box)  # fmt: skip
     sweep_id = compare_repo.create_sweep(
         session,
         spec=spec.model_dump(mode="json"),
@@ -528,6 +526,8 @@ def cancel_sweep(session: Session, sweep_id: str) -> dict[str, Any]:
     sweep = compare_repo.find_sweep(session, sweep_id)
     if sweep is None:
         raise NotFound(f"no sweep with id {sweep_id!r}")
+    if sweep.plan:  # steps dealt over workers: the server sequences them
+        return sharded_sweeps.cancel(session, sweep)
     job = job_repo.get_job(session, sweep.job_id) if sweep.job_id else None
     if job is None:
         raise Conflict(f"sweep {sweep_id!r} has no job (it ran locally): nothing to cancel")

@@ -158,6 +158,8 @@ def sweep_summary(
             "created_at": sweep.created_at.isoformat(),
             "finished_at": sweep.finished_at.isoformat() if sweep.finished_at else None,
             "job_id": sweep.job_id,
+            # each step one run dealt over this many workers (the server sequences them)
+            "shards": int((sweep.spec or {}).get("shards") or 1),
             "tags": list(sweep.tags or []),
             "note": sweep.note,
         }

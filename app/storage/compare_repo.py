@@ -62,6 +62,13 @@ def list_sweeps(session: Session, *, limit: int = 100) -> list[Sweep]:
     return list(session.scalars(stmt))
 
 
+def sequenced_sweeps(session: Session, statuses: tuple[str, ...]) -> list[str]:
+    """Sweeps the server sequences (``sweeps.plan`` set: steps dealt over workers) in one
+    of ``statuses``."""
+    stmt = select(Sweep.id).where(Sweep.plan.is_not(None), Sweep.status.in_(statuses))
+    return list(session.scalars(stmt))
+
+
 def update_sweep(session: Session, sweep_id: str, **changes: Any) -> None:
     allowed = {"status", "stop_reason", "finished_at", "loads", "job_id", "name"}
     bad = set(changes) - allowed

@@ -287,19 +287,21 @@ def shard_jobs(session: Session, run_id: str) -> list[Job]:
     return list(session.scalars(stmt))
 
 
-def set_shard_start(session: Session, job_id: str, start_ns: int) -> int | None:
-    """Set a job's ``shard_start_ns`` unless it has one; returns the one it has now. The
-    run's start is set on its first shard's job (one row: concurrent "ready" calls never
-    lock two rows in opposite orders), then copied to each shard's as it learns it."""
+def set_shard_start(session: Session, job_id: str, start_ns: int, phase: str = "run") -> int | None:
+    """Set a job's ``shard_start_ns`` (phase "measure": ``shard_measure_ns``) unless it has
+    one; returns the one it has now. The run's start is set on its first shard's job (one
+    row: concurrent "ready" calls never lock two rows in opposite orders), then copied to
+    each shard's as it learns it."""
+    col = Job.shard_measure_ns if phase == "measure" else Job.shard_start_ns
     stmt = (
         update(Job)
-        .where(Job.id == job_id, Job.shard_start_ns.is_(None))
-        .values(shard_start_ns=start_ns, updated_at=utcnow())
+        .where(Job.id == job_id, col.is_(None))
+        .values({col: start_ns, Job.updated_at: utcnow()})
         .execution_options(synchronize_session=False)
     )
     session.execute(stmt)
     return session.scalar(
-        select(Job.shard_start_ns).where(Job.id == job_id).execution_options(populate_existing=True)
+        select(col).where(Job.id == job_id).execution_options(populate_existing=True)
     )
 
 

@@ -249,6 +249,10 @@ class Job(Base):
     shard_idx: Mapped[int | None] = mapped_column(Integer)
     shard_ready_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     shard_start_ns: Mapped[int | None] = mapped_column(BigInteger)
+    # with warm-ups (0023): when this shard's warm-ups ended, and the common start of the
+    # measured phase on the server's wall clock (ns), once every live shard's had
+    shard_warm_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    shard_measure_ns: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         Index("ix_jobs_state_created_at", "state", "created_at"),

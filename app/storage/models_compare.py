@@ -47,6 +47,9 @@ class Sweep(Base):
     note: Mapped[str | None] = mapped_column(Text)  # 0016
     # a find-max sweep's search (slo_search.FindMax.to_dict), else None (0020)
     find_max: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # a sweep whose steps are each dealt over workers (shards > 1): its plan, requirements
+    # and sealed bench spec; the server sequences its steps (``sharded_sweeps``; 0023)
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (Index("ix_sweeps_created_at", "created_at"),)
 

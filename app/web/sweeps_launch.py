@@ -66,9 +66,13 @@ def sweep_live(session: Session, sweep_id: str) -> SweepLive | None:
     statuses = [str(repo.get_run(session, st.run_id).status) for st in steps]
     finished = sum(1 for s in statuses if s in DONE_RUN)
     planned: int | None = None
-    if job is not None and isinstance((job.spec or {}).get("plan"), dict):
+    # a sweep the server sequences (steps dealt over workers) keeps its plan; a worker's, its job
+    plan_data = (sweep.plan or {}).get("plan")
+    if plan_data is None and job is not None:
+        plan_data = (job.spec or {}).get("plan")
+    if isinstance(plan_data, dict):
         try:
-            planned = sweep_plan.planned_steps(sweep_plan.plan_of(job.spec["plan"]))
+            planned = sweep_plan.planned_steps(sweep_plan.plan_of(plan_data))
         except (ValueError, KeyError, TypeError):
             planned = None
     elif sweep.loads:
@@ -97,6 +101,9 @@ def sweep_live(session: Session, sweep_id: str) -> SweepLive | None:
         )
         if cancel_requested:
             text += " · cancel requested: the worker stops at its next heartbeat"
+    shards = int((sweep.spec or {}).get("shards") or 1)
+    if shards > 1:
+        text += f" · each step one run dealt over {shards} workers (By shard on its run page)"
     return SweepLive(
         sweep_id=sweep_id,
         status=status,
@@ -150,6 +157,9 @@ def sweep_launch_page(request: Request, again: str | None = None) -> Response:
             if sweep is not None and sweep.spec:
                 job = job_repo.get_job(s, sweep.job_id) if sweep.job_id else None
                 plan = (job.spec or {}).get("plan") if job is not None else None
+                reqs = dict(job.requirements or {}) if job is not None else None
+                if sweep.plan:  # steps dealt over workers: the sweep keeps plan and needs
+                    plan, reqs = sweep.plan.get("plan"), dict(sweep.plan.get("requirements") or {})
                 if not isinstance(plan, dict) and sweep.find_max:  # a find-max sweep run here
                     plan = {"find_max": dict(sweep.find_max)}
                 values = sweep_form.values_from_sweep(
@@ -159,7 +169,7 @@ def sweep_launch_page(request: Request, again: str | None = None) -> Response:
                     plan if isinstance(plan, dict) else None,
                     sweep.name,
                     settings,
-                    dict(job.requirements or {}) if job is not None else None,
+                    reqs,
                 )
     return _form(request, values, {}, principal)
 

@@ -29,13 +29,13 @@ async def run_bench(jr: JobRun) -> JobOutcome:
     except ValidationError as e:
         return await jr.complete("failed", f"invalid run spec: {e}")
     shard: tuple[ShardFigures, ShardGate] | None = None
-    if job.shard is not None:  # one shard of a run dealt over workers: one load process
+    # the worker's --processes: a plain run's, or a shard's share, dealt over them
+    spec, jr.load_note = with_worker_processes(spec, jr.opts.processes)
+    if job.shard is not None:  # one shard of a run dealt over workers
         figures = ShardFigures(job.shard, spec.shards)
         stopped = lambda: jr.cancelled or jr.stopping or jr.uploader.lost is not None  # noqa: E731
         gate = ShardGate(jr.client, job, jr.clock, figures, asyncio.get_running_loop(), stopped)
         shard = (figures, gate)
-    else:
-        spec, jr.load_note = with_worker_processes(spec, jr.opts.processes)
     jr.load = LoadThread(
         spec,
         run_tag=job.run_id or job.job_id,

@@ -16,8 +16,7 @@ from typing import Any
 from app.client import eventloop
 from app.client.load_result import LoadResult, Progress
 from app.client.shards.load import run_load
-from app.client.shards.share import StartGate
-from app.client.shards.worker_share import ShardFigures, run_shard
+from app.client.shards.worker_share import ShardFigures, ShardGateLike, run_shard
 from app.client.spec import RunSpec
 from app.domain import RequestRecord
 
@@ -34,7 +33,7 @@ class LoadThread:
         realtime: bool = False,
         dataset_dirs: tuple[str, ...] = (),
         allow_link_local: bool = True,
-        shard: tuple[ShardFigures, StartGate] | None = None,
+        shard: tuple[ShardFigures, ShardGateLike] | None = None,
     ) -> None:
         self.spec = spec
         self.run_tag = run_tag

@@ -3,7 +3,11 @@
 Once its share is built, the shard's load calls ``start_at("run")``: the worker tells the
 server it is ready (``POST /jobs/{id}/shard-ready``) and asks again until the answer carries
 the start instant, on the server's wall clock, which the server gives once every shard is
-leased and ready. Each call is also a four-timestamp exchange (as a heartbeat's), so the
+leased and ready. With warm-ups, ``start_at("measure")`` does the same once the shard's
+warm-ups ended (phase "measure"): every shard's measured phase starts at one instant, after
+every shard's warm-ups. ``instant`` is the same without the wait (a shard run over the
+worker's load processes hands it to them: ``app.client.shards.coordinator``).
+Each call is also a four-timestamp exchange (as a heartbeat's), so the
 offset to the server is measured many times just before the start. The instant is mapped
 onto this host's ``CLOCK_MONOTONIC`` through the offset with the smallest round trip
 (``monotonic_target``); the load sleeps, then spins, until it, and records how late it woke.
@@ -53,16 +57,23 @@ class ShardGate:
         self.stopped = stopped
         self.waiting: tuple[int, int, int] | None = None  # leased, ready, shards
 
-    async def start_at(self, phase: str) -> int:
-        if phase != "run":  # each shard's measured phase follows its own warm-ups
-            return time.monotonic_ns()
-        self.figures.cpu_ready_s = cpu_s()
-        fut = asyncio.run_coroutine_threadsafe(self._start_ns(), self.loop)
+    async def instant(self, phase: str) -> int:
+        """The common instant of ``phase`` ("run": the start; "measure": the measured
+        phase's, after every shard's warm-ups) on this host's monotonic clock, without
+        waiting for it; a stop while the measured start is awaited answers now."""
+        if phase == "run":
+            self.figures.cpu_ready_s = cpu_s()
+        fut = asyncio.run_coroutine_threadsafe(self._start_ns(phase), self.loop)
         start_ns = await asyncio.wrap_future(fut)
+        if start_ns is None:
+            return time.monotonic_ns()
         est = self.clock.estimate()
-        t = monotonic_target(
+        return monotonic_target(
             start_ns, est.offset_ns if est else 0, time.time_ns(), time.monotonic_ns()
         )
+
+    async def start_at(self, phase: str) -> int:
+        t = await self.instant(phase)
         now = time.monotonic_ns()
         if t - now > SPIN_NS:
             await asyncio.sleep((t - now - SPIN_NS) / 1e9)
@@ -71,10 +82,13 @@ class ShardGate:
         self.figures.wake_ns[phase] = time.monotonic_ns() - t
         return t
 
-    async def _start_ns(self) -> int:
-        body = ShardReady(lease_id=self.job.lease_id)
+    async def _start_ns(self, phase: str) -> int | None:
+        which = "measure" if phase == "measure" else "run"
+        body = ShardReady(lease_id=self.job.lease_id, phase=which)
         while True:
             if self.stopped():
+                if phase == "measure":  # the load stops: its warm-ups' records are kept
+                    return None
                 raise RuntimeError("stopped before every shard was ready")
             t1 = time.time_ns()
             try:
@@ -87,14 +101,13 @@ class ShardGate:
                 self.clock.add(Exchange(t1, resp.clock_t2_ns, resp.clock_t3_ns, t4))
             self.waiting = (resp.leased, resp.ready, resp.shards)
             if resp.start_ns is not None:
-                await self._exchange_until(resp.start_ns - SYNC_STOP_NS)
+                await self._exchange_until(resp.start_ns - SYNC_STOP_NS, body)
                 return resp.start_ns
             await asyncio.sleep(READY_POLL_S)
 
-    async def _exchange_until(self, until_server_ns: int) -> None:
+    async def _exchange_until(self, until_server_ns: int, body: ShardReady) -> None:
         """More clock exchanges while the start approaches: the smallest round trip of
         more samples is a tighter bound on the offset that maps the start."""
-        body = ShardReady(lease_id=self.job.lease_id)
         while True:
             est = self.clock.estimate()
             if time.time_ns() + (est.offset_ns if est else 0) >= until_server_ns:

@@ -30,6 +30,7 @@ from app.client.load_result import LoadResult, Progress
 from app.client.shards.child import ChildFigures, ChildJob
 from app.client.shards.merge import ProcessOutcome, merge
 from app.client.shards.plan import Plan, build_plan, usable_cores
+from app.client.shards.share import InstantGate
 from app.client.spec import RunSpec
 from app.client.target_keys import resolve_api_key
 from app.client.tokenizer import load_tokenizer
@@ -95,7 +96,10 @@ class _Coordinator:
         children: list[_Child],
         on_record: Callable[[RequestRecord], None] | None,
         on_progress: Callable[[Progress], None] | None,
+        outer: InstantGate | None = None,
     ) -> None:
+        self.outer = outer  # a shard's processes: the instants come from the server
+        self.outer_tasks: list[asyncio.Task[None]] = []
         self.plan = plan
         self.children = children
         self.on_record = on_record
@@ -106,6 +110,7 @@ class _Coordinator:
         self.progress: dict[int, Progress] = {}
         self.session_index = plan.warmups  # multi-turn: global indices in arrival order
         self.inbox: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
+        self.outer_error: Exception | None = None
 
     def live(self) -> list[_Child]:
         return [c for c in self.children if not c.ended]
@@ -119,10 +124,26 @@ class _Coordinator:
             return
         live = self.live()
         if live and all(c.p in self.ready[phase] for c in live):
-            t = time.monotonic_ns() + START_MARGIN_NS
-            self.started[phase] = t
-            for c in live:
-                c.send(("start", phase, t))
+            if self.outer is not None:  # every shard's processes: the server's instant
+                self.started[phase] = -1  # asked once; set when the instant comes
+                self.outer_tasks.append(asyncio.create_task(self._outer_start(phase)))
+                return
+            self.send_start(phase, time.monotonic_ns() + START_MARGIN_NS)
+
+    def send_start(self, phase: str, t: int) -> None:
+        self.started[phase] = t
+        for c in self.live():
+            c.send(("start", phase, t))
+
+    async def _outer_start(self, phase: str) -> None:
+        assert self.outer is not None
+        try:
+            t = await self.outer.instant(phase)
+        except Exception as e:  # the shard cannot start: every process stops
+            self.outer_error = e
+            self.stop_all()
+            t = time.monotonic_ns()
+        self.send_start(phase, t)
 
     def handle(self, p: int, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -198,6 +219,37 @@ async def run_processes(
     spec = resolve_api_key(spec)
     tok = load_tokenizer(spec.tokenizer, dataset_dirs)
     plan = build_plan(spec, processes, tok, dataset_dirs=dataset_dirs, cancelled=cancelled)
+    return await run_plan(
+        plan,
+        tok.name,
+        run_tag=run_tag,
+        on_progress=on_progress,
+        stop=stop,
+        kernel_stamps=kernel_stamps,
+        on_record=on_record,
+        realtime=realtime,
+        dataset_dirs=dataset_dirs,
+        allow_link_local=allow_link_local,
+    )
+
+
+async def run_plan(
+    plan: Plan,
+    tokenizer: str,
+    *,
+    run_tag: str,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop: asyncio.Event | None = None,
+    kernel_stamps: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    realtime: bool = False,
+    dataset_dirs: Sequence[str] | None = None,
+    allow_link_local: bool = True,
+    gate: InstantGate | None = None,
+) -> LoadResult:
+    """A built plan run over its shares' processes. ``gate``: the instants come from it
+    (``instant``: a shard of a run dealt over workers, whose processes start with every
+    other shard's), asked once all of this host's processes are ready for the phase."""
     notes = list(plan.notes)
     cores = usable_cores()
     if plan.processes > cores:
@@ -215,7 +267,7 @@ async def run_processes(
 
     children = await asyncio.to_thread(_spawn, plan, job)
     loop = asyncio.get_running_loop()
-    co = _Coordinator(plan, children, on_record, on_progress)
+    co = _Coordinator(plan, children, on_record, on_progress, gate)
 
     def post(p: int, msg: tuple[Any, ...]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: the run is over
@@ -250,12 +302,18 @@ async def run_processes(
         raise
     finally:
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for t in (watcher, *co.outer_tasks):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
     await asyncio.to_thread(_reap, children, 5.0)
+    if co.outer_error is not None:
+        raise co.outer_error
     results = [o.result for o in co.outcomes if o.result is not None]
-    t_run = co.started.get("run", time.monotonic_ns())
-    t_measure = co.started.get("measure", t_run)
+    t_run = co.started.get("run", -1)
+    t_run = t_run if t_run >= 0 else time.monotonic_ns()  # -1: asked, never answered
+    t_measure = co.started.get("measure", -1)
+    t_measure = t_measure if t_measure >= 0 else t_run
     return merge(
         plan,
         co.outcomes,
@@ -264,7 +322,7 @@ async def run_processes(
         measure_start_ns=t_measure - t_run,
         end_ns=max((r.end_ns for r in results), default=time.monotonic_ns() - t_run),
         stopped="stopped" if stop is not None and stop.is_set() else None,
-        tokenizer=tok.name,
+        tokenizer=tokenizer,
         notes=notes,
     )
 

@@ -17,6 +17,13 @@ class StartGate(Protocol):
     async def start_at(self, phase: str) -> int: ...
 
 
+class InstantGate(Protocol):
+    """The instant of ``phase`` without the wait: a shard's (``app.worker.shard_gate``),
+    handed to its load processes, each of which waits for it itself."""
+
+    async def instant(self, phase: str) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ShareRun:
     """A process's part of a run as the runner sees it."""
