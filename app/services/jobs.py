@@ -88,6 +88,8 @@ def lease(
         for job in job_repo.queued_candidates(session, kinds, LEASE_SCAN):
             if not worker_svc.matches(JobRequirements.model_validate(job.requirements), caps):
                 continue
+            if not job_repo.claim_queued(session, job.id):  # another lease holds it
+                continue
             won = job_repo.transition(
                 session,
                 job.id,

@@ -2,8 +2,9 @@
 
 State changes are conditional ``UPDATE ... WHERE state IN (...) [AND lease_id = ...]``
 statements whose row count says whether this caller won, so two servers (or threads) can
-never both move the same job. On PostgreSQL the candidate queries also take row locks with
-``FOR UPDATE SKIP LOCKED`` so concurrent lease calls skip each other's rows.
+never both move the same job. On PostgreSQL a lease also locks the one row it takes with
+``FOR UPDATE SKIP LOCKED`` (``claim_queued``), so concurrent lease calls skip each other's
+row and no more.
 """
 
 from __future__ import annotations
@@ -100,14 +101,25 @@ def count_jobs(session: Session, *, state: str | None, kind: str | None) -> int:
 
 
 def queued_candidates(session: Session, kinds: Collection[str], limit: int) -> list[Job]:
-    """Oldest queued jobs of these kinds, row-locked (skipping locked rows) on PostgreSQL."""
+    """Oldest queued jobs of these kinds, not locked: a lease locks only the one it takes
+    (``claim_queued``), so a concurrent lease still sees every other queued job (locking
+    them all hid them from another worker, which then got nothing even where the jobs
+    matched only it)."""
     stmt = (
         select(Job)
         .where(Job.state == "queued", Job.kind.in_(list(kinds)))
         .order_by(Job.created_at, Job.id)
         .limit(limit)
     )
-    return list(session.scalars(_locking(session, stmt)))
+    return list(session.scalars(stmt))
+
+
+def claim_queued(session: Session, job_id: str) -> bool:
+    """Lock a still-queued job's row for this transaction (PostgreSQL: ``FOR UPDATE SKIP
+    LOCKED``, so a row another lease holds is passed over, not waited for); False when it is
+    held or no longer queued. The lease's conditional update then takes it."""
+    stmt = select(Job.id).where(Job.id == job_id, Job.state == "queued")
+    return session.scalar(_locking(session, stmt)) is not None
 
 
 def _rowcount(result: Any) -> int:
