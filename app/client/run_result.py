@@ -6,23 +6,57 @@ clocks, the achieved send rate, the client's own lag figures, whether the client
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import Protocol
 
 import numpy as np
 
 from app.analysis.phases import record_send_lags
-from app.client.clocks import kernel_stamps_supported
+from app.client.clocks import ClockMap, kernel_stamps_supported
+from app.client.connpool import ConnPool
 from app.client.load_result import LagStats, LoadResult, connection_notes
-from app.domain import ClockSource, RequestStatus
-
-if TYPE_CHECKING:
-    from app.client.runner import _Run
+from app.client.sched import Scheduling
+from app.client.spec import RunSpec
+from app.client.tokenizer import BuiltinTokenizer, HFTokenizer
+from app.domain import ClockSource, RequestRecord, RequestStatus
 
 MONITOR_PERIOD_S = 0.005  # the runner's monitor tick (loop lag and CPU wait samples)
 CPU_WAIT_NOTE_MS = 1.0  # a longer wait for a CPU within one monitor tick is noted in the run
 
 
-def load_result(r: _Run, end_ns: int) -> LoadResult:
+class RunState(Protocol):
+    """What the result is assembled from (``app.client.runner._Run``'s state)."""
+
+    spec: RunSpec
+    tok: BuiltinTokenizer | HFTokenizer
+    clock: ClockMap
+    pool: ConnPool
+    scheduling: Scheduling
+    records: list[RequestRecord]
+    start_ns: int
+    start_wall: datetime
+    measure_start_ns: int
+    planned: int
+    sent_measured: int
+    slots: int
+    fd_capped: bool
+    pool_waits: int
+    max_in_flight: int
+    halted: str | None
+    kernel_stamps: bool
+    kernel_streams: int
+    user_streams: int
+    kernel_sends: int
+    user_sends: int
+    send_times: list[int]
+    loop_lag: list[int]
+    read_delay: list[np.ndarray]
+    cpu_wait_ticks: list[int]
+    cpu_wait_first: int | None
+    cpu_wait_last: int | None
+
+
+def load_result(r: RunState, end_ns: int) -> LoadResult:
     """The run's ``LoadResult``: its records in index order, counts, clocks, the client's
     lag figures and whether it kept up (``client_limited`` and why), and the notes."""
     spec = r.spec
