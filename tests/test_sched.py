@@ -244,6 +244,7 @@ def test_cpu_wait_accounting_by_hand() -> None:
     0.2, 2.5 and 0 ms, 2.7 ms in all; the 2.5 ms tick (>= 1 ms) is noted."""
     from app.client import runner
     from app.client.http_request import parse_target
+    from app.client.run_result import load_result
     from app.client.tokenizer import BuiltinTokenizer
 
     spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=1)
@@ -253,7 +254,7 @@ def test_cpu_wait_accounting_by_hand() -> None:
     for _ in range(3):
         r.sample_cpu_wait()
     assert r.cpu_wait_ticks == [200_000, 2_500_000, 0]
-    res = runner._result(r, 10_000_000)
+    res = load_result(r, 10_000_000)
     assert res.cpu_wait_total_ms == 2.7
     assert res.cpu_wait.n == 3 and res.cpu_wait.max_ms == 2.5 and res.cpu_wait.p50_ms == 0.2
     assert (
@@ -263,7 +264,7 @@ def test_cpu_wait_accounting_by_hand() -> None:
     )
     # below 1 ms within every tick: no note
     r.cpu_wait_ticks = [900_000, 0]
-    assert not any("for a CPU" in n for n in runner._result(r, 10_000_000).notes)
+    assert not any("for a CPU" in n for n in load_result(r, 10_000_000).notes)
 
 
 def test_client_health_line_by_hand() -> None:
