@@ -242,13 +242,15 @@ class _ScriptedWait:
 def test_cpu_wait_accounting_by_hand() -> None:
     """Cumulative run_delay 1.0, 1.2, 3.7, 3.7 ms at start and three ticks: per-tick waits
     0.2, 2.5 and 0 ms, 2.7 ms in all; the 2.5 ms tick (>= 1 ms) is noted."""
-    from app.client import runner
+    from app.client import load_run
     from app.client.http_request import parse_target
     from app.client.run_result import load_result
     from app.client.tokenizer import BuiltinTokenizer
 
     spec = RunSpec(base_url="http://127.0.0.1:9", model="m", num_prompts=1)
-    r = runner._Run(spec, "t", BuiltinTokenizer(), parse_target(spec.base_url), None, None, False)
+    r = load_run.LoadRun(
+        spec, "t", BuiltinTokenizer(), parse_target(spec.base_url), None, None, False
+    )
     r.cpu_wait = _ScriptedWait([1_200_000, 3_700_000, 3_700_000])  # type: ignore[assignment]
     r.cpu_wait_first = r.cpu_wait_last = 1_000_000
     for _ in range(3):

@@ -542,17 +542,17 @@ def test_where_the_next_turn_leaves_from(
     """Without think time, a turn leaves from the read callback where the reply before it
     ended (no task is running there), its history exact, whatever the reply's line ends;
     with think time, from the session's task. Either way the records are whole."""
-    from app.client import runner
+    from app.client import load_run
 
     path = conversations(tmp_path, [["a", "b", "c"], ["x", "y"]])
     seen: dict[str, bool] = {}
-    send_turn = runner._Run.send_turn
+    send_turn = load_run.LoadRun.send_turn
 
     def spy(self: Any, rid: str, req: bytes, on_end: Any = None, lane: int = 0) -> Any:
         seen[rid] = asyncio.current_task() is None
         return send_turn(self, rid, req, on_end, lane)
 
-    monkeypatch.setattr(runner._Run, "send_turn", spy)
+    monkeypatch.setattr(load_run.LoadRun, "send_turn", spy)
 
     async def go() -> tuple[Any, Server]:
         async with Server(_crlf_replier() if crlf else replier()) as srv:

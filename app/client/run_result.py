@@ -25,7 +25,7 @@ CPU_WAIT_NOTE_MS = 1.0  # a longer wait for a CPU within one monitor tick is not
 
 
 class RunState(Protocol):
-    """What the result is assembled from (``app.client.runner._Run``'s state)."""
+    """What the result is assembled from (``app.client.load_run.LoadRun``'s state)."""
 
     spec: RunSpec
     tok: BuiltinTokenizer | HFTokenizer

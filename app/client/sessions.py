@@ -55,7 +55,7 @@ __all__ = [
 
 
 class SessionHost(Protocol):
-    """What sessions use of the runner's state (``app.client.runner._Run``)."""
+    """What sessions use of the runner's state (``app.client.load_run.LoadRun``)."""
 
     spec: RunSpec
     run_tag: str

@@ -10,7 +10,7 @@ tokenizer loaded, target resolved, sockets reserved; "measure": its warm-ups don
 ChildFigures)`` or ``("error", text)``.
 
 The gate sleeps on the event loop's timer until ~1.2 ms before the start instant, then spins
-on the clock (``runner.SPIN_NS`` as ``wait_until`` does); ``ChildFigures.wake_ns`` is how
+on the clock (``load_run.SPIN_NS`` as ``wait_until`` does); ``ChildFigures.wake_ns`` is how
 late it returned."""
 
 from __future__ import annotations
