@@ -13,7 +13,6 @@ simulator as target, in-process workers as ``test_shards_workers`` runs them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterator
@@ -26,34 +25,18 @@ from app.services.jobs import expire_lost_leases
 from app.storage.models import Job, utcnow
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from app.worker.loop import Worker
 from tests.api_support import Api, api_client
 from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
-from tests.test_shards_workers import _run_all
-from tests.test_worker import FAST
+from tests.shard_support import one_job_each, shard_workers
 from tests.worker_helpers import api, sim_spec, submit, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def _workers(server: LiveServer, tmp_path: Path, n: int, processes: int = 1) -> list[Worker]:
-    opts = dataclasses.replace(FAST, processes=processes)
-    return [
-        Worker(
-            server.url,
-            server.worker_token,
-            state_dir=tmp_path / f"w{k}",
-            name=f"w{k}",
-            options=opts,
-        )
-        for k in range(n)
-    ]
-
-
 def _run(server: LiveServer, tmp_path: Path, body: dict[str, Any], processes: int) -> Any:
     with api(server) as c:
         run_id, _ = submit(c, body)
-        outcomes = asyncio.run(_run_all(_workers(server, tmp_path, 2, processes)))
+        outcomes = asyncio.run(one_job_each(shard_workers(server, tmp_path, 2, processes)))
         assert all(o is not None and o.status == "succeeded" for o in outcomes), outcomes
         wait_for(
             lambda: c.get(f"/runs/{run_id}").json()["run"]["status"] != "running", 20,

@@ -14,7 +14,6 @@ over K workers, the server sequencing the steps (``app.services.sharded_sweeps``
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import json
 import math
@@ -36,10 +35,9 @@ from app.storage import compare_repo
 from app.storage.models import Job, utcnow
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from app.worker.loop import Worker
 from tests.api_support import SPEC, Api, api_client, wire
 from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
-from tests.test_worker import FAST
+from tests.shard_support import serve, shard_workers
 from tests.worker_helpers import api, sim_spec, start_worker_process, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,35 +46,11 @@ pytestmark = pytest.mark.timeout(120)
 # ------------------------------------------------------------------------ live, two workers
 
 
-def _workers(server: LiveServer, tmp_path: Path) -> list[Worker]:
-    return [
-        Worker(
-            server.url,
-            server.worker_token,
-            state_dir=tmp_path / f"w{k}",
-            name=f"w{k}",
-            options=dataclasses.replace(FAST),
-        )
-        for k in range(2)
-    ]
-
-
-async def _serve(w: Worker, jobs: int) -> list[Any]:
-    """``jobs`` jobs, one after the other (asked again while none is queued), for 60 s."""
-    done: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(done) < jobs and time.monotonic() < deadline:
-        outcome = await w.run_once()
-        if outcome is None:
-            await asyncio.sleep(0.05)
-        else:
-            done.append(outcome)
-    return done
-
-
 def _serve_all(server: LiveServer, tmp_path: Path, jobs: int) -> list[list[Any]]:
     async def both() -> list[list[Any]]:
-        return list(await asyncio.gather(*(_serve(w, jobs) for w in _workers(server, tmp_path))))
+        return list(
+            await asyncio.gather(*(serve(w, jobs) for w in shard_workers(server, tmp_path, 2)))
+        )
 
     return asyncio.run(both())
 

@@ -20,40 +20,11 @@ import pytest
 from app.cli.main import main
 from app.targets.sim_config import SimConfig
 from app.targets.simulator import start_simulator_thread
-from app.worker.loop import Worker
 from tests.live_server import LiveServer, LiveServerFactory, live_server  # noqa: F401
-from tests.test_worker import FAST
+from tests.shard_support import one_job_each, shard_workers
 from tests.worker_helpers import api, sim_spec, start_worker_process, submit, wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _workers(server: LiveServer, tmp_path: Path, n: int) -> list[Worker]:
-    return [
-        Worker(
-            server.url,
-            server.worker_token,
-            state_dir=tmp_path / f"w{k}",
-            name=f"w{k}",
-            options=FAST,
-        )
-        for k in range(n)
-    ]
-
-
-async def _one_job(w: Worker) -> Any:
-    """The worker's first job (asked again while there is none: on PostgreSQL a lease call
-    skips rows another worker's call holds locked at that moment)."""
-    for _ in range(100):
-        outcome = await w.run_once()
-        if outcome is not None:
-            return outcome
-        await asyncio.sleep(0.05)
-    return None
-
-
-async def _run_all(workers: list[Worker]) -> list[Any]:
-    return list(await asyncio.gather(*(_one_job(w) for w in workers)))
 
 
 def test_two_shards_make_one_run(
@@ -68,7 +39,7 @@ def test_two_shards_make_one_run(
                         scrape_metrics=False)  # fmt: skip
         with api(server) as c:
             run_id, _ = submit(c, body)
-            outcomes = asyncio.run(_run_all(_workers(server, tmp_path, 2)))
+            outcomes = asyncio.run(one_job_each(shard_workers(server, tmp_path, 2)))
             assert all(o is not None and o.status == "succeeded" for o in outcomes), outcomes
             wait_for(
                 lambda: c.get(f"/runs/{run_id}").json()["run"]["status"] != "running", 20,
@@ -114,7 +85,7 @@ def test_shards_not_all_leased_in_time_fail_the_run(
     body = sim_spec("http://127.0.0.1:9", num_prompts=4, shards=2, scrape_metrics=False)
     with api(server) as c:
         run_id, _ = submit(c, body)
-        outcome = asyncio.run(_run_all(_workers(server, tmp_path, 1)))[0]
+        outcome = asyncio.run(one_job_each(shard_workers(server, tmp_path, 1)))[0]
         assert outcome is not None, outcome
         assert outcome.status in (None, "failed") and "lease lost" in str(outcome.detail)
         detail = c.get(f"/runs/{run_id}").json()
