@@ -183,11 +183,10 @@ def test_a_reserved_connection_closed_before_its_send_is_replaced() -> None:
     assert pool.stats.closed_idle == 1 and pool.stats.opened == 2
 
 
+@pytest.mark.skipif(not connpool.tx_stamps_supported(), reason="kernel transmit stamps need Linux")
 def test_transmit_stamps_read_stops_at_the_last_byte() -> None:
     """``read_tx_stamps(until=k)`` returns once the stamp keyed at k is read: no further
     read to find the queue empty (the next one finds what is left)."""
-    if not connpool.tx_stamps_supported():
-        pytest.skip("transmit stamps are Linux-only")
     cli, peer = _pair()
     try:
         assert connpool.enable_tx_stamps(cli)

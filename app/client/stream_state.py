@@ -2,7 +2,7 @@
 shared by the parts its methods live in: ``conn_io`` (its connection: taken, opened, given
 back; its transmit stamps), ``tls_io`` (HTTPS over memory BIOs) and ``http_stream`` (the
 send, the read callbacks, the response's end). One class holds every slot, so the parts
-combine without a layout conflict; a part calls another's methods through the stubs here.
+combine without a layout conflict; the methods one part calls of another are declared here.
 """
 
 from __future__ import annotations
@@ -98,36 +98,16 @@ class StreamState:
     _writer_fd: int
     raw: RawStream
 
-    # what one part calls of another's (defined in ``StreamRequest``'s parts)
-    def _finish(self, status: RequestStatus, error: str | None, t_ns: int) -> None:
-        raise NotImplementedError
-
-    def _unregister(self) -> None:
-        raise NotImplementedError
-
-    def _retry(self) -> bool:
-        raise NotImplementedError
-
-    def _request_start(self) -> None:
-        raise NotImplementedError
-
-    def _send(self) -> None:
-        raise NotImplementedError
-
-    def _on_writable(self) -> None:
-        raise NotImplementedError
-
-    def _stamp(self, anc: list[tuple[int, int, bytes]], t_user: int) -> int:
-        raise NotImplementedError
-
-    def _took(self, old: int, n: int, stamp: int, t_user: int) -> None:
-        raise NotImplementedError
-
-    def _on_eof(self, stamp: int) -> None:
-        raise NotImplementedError
-
-    def _tls_advance(self) -> None:
-        raise NotImplementedError
-
-    def _tls_write_request(self) -> None:
-        raise NotImplementedError
+    # what one part calls of another's (methods of ``StreamRequest``'s parts: declared
+    # here so each part type-checks alone; never assigned)
+    _finish: Callable[[RequestStatus, str | None, int], None]
+    _unregister: Callable[[], None]
+    _retry: Callable[[], bool]
+    _request_start: Callable[[], None]
+    _send: Callable[[], None]
+    _on_writable: Callable[[], None]
+    _stamp: Callable[[list[tuple[int, int, bytes]], int], int]
+    _took: Callable[[int, int, int, int], None]
+    _on_eof: Callable[[int], None]
+    _tls_advance: Callable[[], None]
+    _tls_write_request: Callable[[], None]

@@ -24,7 +24,6 @@ from app.protocol.wire import (
     SweepResume,
 )
 from app.services import sharded_sweeps
-from app.services.errors import Conflict
 from app.services.hardware import stamp_meta
 from app.services.job_rules import (
     ACTIVE_RUN,
@@ -33,8 +32,8 @@ from app.services.job_rules import (
     Outcome,
     arrival_check,
     decide,
+    end_leased_job,
     finalize_outcome,
-    public_spec,
     with_loss,
     worker_lost_count,
 )
@@ -43,8 +42,6 @@ from app.services.server_metrics import store_wire
 from app.services.shard_jobs import complete_shard, create_shard_jobs, finish_if_done
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
-from app.storage import workers as worker_repo
-from app.storage.jobs import ACTIVE_STATES
 from app.storage.jsonsafe import json_safe
 from app.storage.models import Job, utcnow
 
@@ -149,21 +146,7 @@ class SingleRunKind:
                 sharded_sweeps.after_run(sessions, job.run_id)
             return done
         now = utcnow()
-        changed = job_repo.transition(
-            session,
-            job.id,
-            from_states=ACTIVE_STATES,
-            holding_lease=req.lease_id,
-            state=outcome.job_state,
-            error=outcome.error,
-            finished_at=now,
-            lease_expires_at=None,
-            spec=public_spec(job.spec),
-        )
-        if not changed:
-            raise Conflict(f"lease lost: job {job.id!r} changed while completing")
-        if job.worker_id:
-            worker_repo.seen(session, job.worker_id, now, current_job_id=None)
+        end_leased_job(session, job, req.lease_id, outcome.job_state, outcome.error, now)
         if job.run_id is not None and req.run_meta is not None:
             stamp_meta(session, job.worker_id, req.run_meta)  # which worker (and GPUs) ran it
             meta = req.run_meta

@@ -25,6 +25,7 @@ from app.services.runs import finalize_run
 from app.services.secretbox import SEALED
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
+from app.storage import workers as worker_repo
 from app.storage.jobs import ACTIVE_STATES
 from app.storage.models import Job, utcnow
 
@@ -106,6 +107,36 @@ def leased_job(session: Session, job_id: str, lease_id: str, principal: Principa
     if job.lease_expires_at is not None and job.lease_expires_at < utcnow():
         raise Conflict(f"lease lost: the lease on job {job_id!r} expired")
     return job
+
+
+def end_leased_job(
+    session: Session,
+    job: Job,
+    lease_id: str,
+    state: JobState,
+    error: str | None,
+    now: Any,
+    **values: Any,
+) -> None:
+    """Move a job whose lease ``lease_id`` holds to its terminal ``state`` (its spec made
+    public, ``values`` besides), or a ``Conflict`` when the lease was lost meanwhile; its
+    worker is free again. The caller commits."""
+    changed = job_repo.transition(
+        session,
+        job.id,
+        from_states=ACTIVE_STATES,
+        holding_lease=lease_id,
+        state=state,
+        error=error,
+        finished_at=now,
+        lease_expires_at=None,
+        spec=public_spec(job.spec),
+        **values,
+    )
+    if not changed:
+        raise Conflict(f"lease lost: job {job.id!r} changed while completing")
+    if job.worker_id:
+        worker_repo.seen(session, job.worker_id, now, current_job_id=None)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from app.domain import RunStatus
 from app.protocol.wire import CompleteRequest, CompleteResponse, RunMeta, ShardReady, ShardStart
 from app.services.auth import Principal
 from app.services.errors import Conflict
-from app.services.job_rules import ACTIVE_RUN, Outcome, leased_job, public_spec
+from app.services.job_rules import ACTIVE_RUN, Outcome, end_leased_job, leased_job, public_spec
 from app.services.runs import finalize_run
 from app.services.shard_merge import ShardEnd, merge_shards
 from app.storage import jobs as job_repo
@@ -186,22 +186,10 @@ def complete_shard(
         "meta": req.run_meta.model_dump(mode="json") if req.run_meta is not None else None,
     }
     now = utcnow()
-    changed = job_repo.transition(
-        session,
-        job.id,
-        from_states=ACTIVE_STATES,
-        holding_lease=req.lease_id,
-        state=outcome.job_state,
-        error=outcome.error,
-        finished_at=now,
-        lease_expires_at=None,
-        spec=public_spec(job.spec),
+    end_leased_job(
+        session, job, req.lease_id, outcome.job_state, outcome.error, now,
         progress=json_safe({**(job.progress or {}), END_KEY: end}),
-    )
-    if not changed:
-        raise Conflict(f"lease lost: job {job.id!r} changed while completing")
-    if job.worker_id:
-        worker_repo.seen(session, job.worker_id, now, current_job_id=None)
+    )  # fmt: skip
     session.commit()
     assert job.run_id is not None
     finish_if_done(sessions, job.run_id)

@@ -51,6 +51,7 @@ from app.services.job_rules import (
     Arrival,
     Outcome,
     decide,
+    end_leased_job,
     leased_job,
     public_spec,
     worker_lost_count,
@@ -60,7 +61,6 @@ from app.services.secretbox import SecretBox
 from app.storage import compare_repo
 from app.storage import jobs as job_repo
 from app.storage import repository as repo
-from app.storage import workers as worker_repo
 from app.storage.db import session_scope
 from app.storage.jobs import ACTIVE_STATES
 from app.storage.jsonsafe import json_safe
@@ -452,21 +452,7 @@ def complete_sweep(
     else:
         state, sweep_status, reason = "succeeded", "succeeded", req.stop_reason
     now = utcnow()
-    changed = job_repo.transition(
-        session,
-        job.id,
-        from_states=ACTIVE_STATES,
-        holding_lease=req.lease_id,
-        state=state,
-        error=req.error if state == "failed" else None,
-        finished_at=now,
-        lease_expires_at=None,
-        spec=public_spec(job.spec),
-    )
-    if not changed:
-        raise Conflict(f"lease lost: job {job.id!r} changed while completing")
-    if job.worker_id:
-        worker_repo.seen(session, job.worker_id, now, current_job_id=None)
+    end_leased_job(session, job, req.lease_id, state, req.error if state == "failed" else None, now)
     compare_repo.update_sweep(
         session, sweep_id, status=sweep_status, stop_reason=reason, finished_at=now
     )
