@@ -139,7 +139,7 @@ def test_phases_add_up_to_ttft_exactly() -> None:
 def test_user_space_send_stamps_when_transmit_stamps_are_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("app.client.conn_io.enable_tx_stamps", lambda sock: False)
+    monkeypatch.setattr("app.client.connpool.enable_tx_stamps", lambda sock: False)
     res, _ = _run(SimConfig(ttft_ms=5, itl_ms=1, seed=1), num_prompts=4)
     assert res.counts["ok"] == 4
     assert res.send_clock_source is ClockSource.USERSPACE

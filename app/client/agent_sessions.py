@@ -121,11 +121,11 @@ class _Dag:
     def head(self, rid: str, session: int) -> bytes:
         return self.host.head(rid, self.routes[session])
 
-    def prepare(self, k: int) -> tuple[str, bytes, Prompt]:
-        """Request ``k``'s id, bytes and prompt, its parents having replied. A carried
-        conversation's messages are serialised and counted once: the parent's JSON and
-        token count are reused, only what follows them is added (``sessions.History``'s
-        way)."""
+    def prepare(self, k: int) -> tuple[str, bytes]:
+        """Request ``k``'s id and bytes, its parents having replied: what its send needs,
+        no more (``sent_prompt`` counts its tokens after the send). A carried
+        conversation's messages are serialised once: the parent's JSON is reused, only
+        what follows it is added (``sessions.History``'s way)."""
         host = self.host
         node = self.trace.nodes[k]
         rid = f"{host.run_tag}-s{node.session}-t{node.turn}"
@@ -133,9 +133,7 @@ class _Dag:
         spec = self.host.route_spec(route)
         head = self.heads[k] or self.head(rid, node.session)
         msgs = messages_of(node, self.trace, self.sent, self.replies)
-        tok = host.tok
         parts: list[bytes] = []
-        tokens = 0
         new = msgs
         if node.carry_reply:
             p = node.parents[0]
@@ -143,23 +141,43 @@ class _Dag:
             assert before is not None
             if self.sent_json[p]:
                 parts.append(self.sent_json[p])
-            tokens = self.sent_tokens[p]
             new = msgs[len(before) :]
         parts += [dumps(m) for m in new]
-        tokens += sum(tok.count(m["content"]) for m in new if isinstance(m.get("content"), str))
         inner = b",".join(parts)
         key = (route.model_idx, node.output_len)
         if key not in self.templates:
             self.templates[key] = body_template(spec, node.output_len)
         template = self.templates[key]
         body = template.body(inner) if template else turn_body(spec, msgs, node.output_len)
-        self.sent[k], self.sent_json[k], self.sent_tokens[k] = msgs, inner, tokens
-        for c in self.trace.children[k]:  # their heads, while this one's reply streams
+        self.sent[k], self.sent_json[k] = msgs, inner
+        return rid, finish_request(head, body)
+
+    def sent_prompt(self, k: int) -> Prompt:
+        """Request ``k``, just sent: its prompt as recorded (its tokens counted, a carried
+        conversation's from its parent's count); while its reply streams, its children's
+        request heads are built and, when it fans out, a connection opened ahead for each
+        child beyond the first (``app.client.preconnect``)."""
+        node = self.trace.nodes[k]
+        msgs = self.sent[k]
+        assert msgs is not None
+        tokens = 0
+        new = msgs
+        if node.carry_reply:
+            p = node.parents[0]
+            tokens = self.sent_tokens[p]
+            new = msgs[len(self.sent[p] or ()) :]
+        count = self.host.tok.count
+        tokens += sum(count(m["content"]) for m in new if isinstance(m.get("content"), str))
+        self.sent_tokens[k] = tokens
+        fan_out = len(self.trace.children[k])
+        if fan_out > 1:  # a connection ready for each child where its reply ends
+            self.host.open_ahead(self.lane(k), fan_out - 1)
+        for c in self.trace.children[k]:
             if self.heads[c] is None:
                 child = self.trace.nodes[c]
-                rid_c = f"{host.run_tag}-s{child.session}-t{child.turn}"
+                rid_c = f"{self.host.run_tag}-s{child.session}-t{child.turn}"
                 self.heads[c] = self.head(rid_c, child.session)
-        return rid, finish_request(head, body), Prompt(None, msgs, tokens, node.output_len)
+        return Prompt(None, msgs, tokens, node.output_len)
 
     def lane(self, k: int) -> int:
         return self.routes[self.trace.nodes[k].session].lane
@@ -172,7 +190,8 @@ class _Dag:
         """Request ``k``: built now, sent at ``ready_ns`` on a free slot."""
         host = self.host
         node = self.trace.nodes[k]
-        rid, req, prompt = self.prepare(k)
+        rid, req = self.prepare(k)
+        prompt = self.sent_prompt(k)  # counted before its time: nothing waits on it here
         if host.halted:
             return
         if ready_ns > time.monotonic_ns():
@@ -237,8 +256,9 @@ class _Dag:
                 self.start(c, ready)
                 continue
             try:
-                rid, req, prompt = self.prepare(c)
+                rid, req = self.prepare(c)
                 stream = host.send_turn(rid, req, partial(self.ended, c), self.lane(c))
+                prompt = self.sent_prompt(c)  # after the send: off its critical path
             except Exception as e:  # raised by drive_agents
                 self.error = self.error or e
                 continue

@@ -14,16 +14,13 @@ import socket
 import ssl
 import time
 
-from app.client.clocks import SO_TIMESTAMPNS
 from app.client.connpool import (
     Conn,
-    enable_tx_stamps,
     first_stamp_at_or_after,
     read_tx_stamps,
-    tcp_mss,
 )
 from app.client.raw_stream import MODE_HEAD
-from app.client.sockets import os_error
+from app.client.sockets import os_error, stream_socket
 from app.client.stream_state import StreamState
 from app.domain import ClockSource, RequestStatus
 
@@ -132,7 +129,7 @@ class ConnIO(StreamState):
                 self._finish(RequestStatus.ERROR, os_error("tls setup", e), time.monotonic_ns())
                 return
         try:
-            sock = socket.socket(self._family, socket.SOCK_STREAM)
+            sock, kernel = stream_socket(self._family, self._kernel)
         except OSError as e:
             self._finish(RequestStatus.ERROR, os_error("connect/send", e), time.monotonic_ns())
             return
@@ -143,16 +140,10 @@ class ConnIO(StreamState):
         self._hs_done = ssl_obj is None
         r.conn_id = conn.id
         r.conn_reused = False
-        sock.setblocking(False)
-        if self._kernel:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            except OSError:
-                self._kernel = False
-                self._tx = False
-                self._anc = 0
-        if self._family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._kernel and not kernel:  # the kernel refused receive stamps
+            self._kernel = False
+            self._tx = False
+            self._anc = 0
         r.connect_start_ns = time.monotonic_ns()
         err = sock.connect_ex(self._addr)
         if err == 0 or err == errno.EISCONN:
@@ -172,9 +163,7 @@ class ConnIO(StreamState):
         assert conn is not None
         self.raw.connect_end_ns = time.monotonic_ns()
         if self._tx:
-            conn.tx = enable_tx_stamps(conn.sock)
-            if conn.tx:
-                conn.mss = tcp_mss(conn.sock)
+            conn.enable_tx()
         if conn.ssl is not None:
             self._tls_advance()
         else:

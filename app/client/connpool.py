@@ -178,6 +178,19 @@ class Conn:
         """Its request is done with it: read events go to the idle check now."""
         self.reader = None
 
+    def watch_idle(self, loop: AbstractEventLoop) -> None:
+        """Registered with ``loop`` while idle, before any request used it (opened ahead):
+        its read events go to the idle check."""
+        if self.loop is None:
+            self.loop = loop
+            loop.add_reader(self.sock.fileno(), self._readable)
+
+    def enable_tx(self) -> None:
+        """Transmit stamps on, once connected (``tx`` False when the kernel refuses)."""
+        self.tx = enable_tx_stamps(self.sock)
+        if self.tx:
+            self.mss = tcp_mss(self.sock)
+
     def _readable(self) -> None:
         reader = self.reader
         if reader is not None:
@@ -231,6 +244,7 @@ class ConnStats:
     closed_by_server: int = 0  # responses that said ``Connection: close`` (or HTTP/1.0)
     read_to_close: int = 0  # responses framed by the server closing the connection
     retried: int = 0  # requests retried on a new connection after a reused one failed
+    opened_ahead: int = 0  # of ``opened``: opened idle, ahead of a fan-out (``preconnect``)
     max_open: int = 0
     bound: int = 0  # most connections open at once the run allows
 
@@ -243,6 +257,7 @@ class ConnStats:
             "closed_by_server": self.closed_by_server,
             "read_to_close": self.read_to_close,
             "retried": self.retried,
+            "opened_ahead": self.opened_ahead,
             "max_open": self.max_open,
             "bound": self.bound,
         }

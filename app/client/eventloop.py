@@ -1,4 +1,5 @@
-"""The load generator's event loop: a selector that notes when each poll returned.
+"""The load generator's event loop: a selector that notes when each poll returned, and
+tells work that can wait whether a socket is ready (``io_ready``).
 
 With user-space receive stamps, reading ready sockets one after another in one I/O round
 would stamp the last of them later than the first, although all their data was already
@@ -27,6 +28,12 @@ class StampingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
         events: list[tuple[Any, int]] = super().select(timeout)
         self.ready_ns = time.monotonic_ns()
         return events
+
+    def io_ready(self) -> bool:
+        """Whether a registered socket is ready now (a zero-timeout poll; readiness is
+        level-triggered, so the loop's next poll still sees it): work that can wait checks
+        this between its pieces and lets the loop read first."""
+        return bool(super().select(0))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

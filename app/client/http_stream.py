@@ -450,6 +450,8 @@ class StreamRequest(ConnIO, TlsIO):
                 self._done_timer = self._loop.call_later(self._done_grace_s, self._done_late)
         if total > self._max_bytes or (b is not None and b.used > b.limit):
             self._cap(stamp)
+        elif r.eager is not None:  # a reply whose end is awaited: decoded as it arrives
+            r.advance()
 
     def _cap(self, stamp: int) -> None:
         """The response went past a client limit (``app.client.limits``): it ends here, and

@@ -23,11 +23,13 @@ from app.client.clocks import ClockMap
 from app.client.connpool import ConnPool, raise_nofile_limit
 from app.client.datasets.base import Prompt
 from app.client.endpoints.base import ClassifyFn, surface_headers
+from app.client.eventloop import stamping_selector
 from app.client.http_request import Target, finish_request
 from app.client.http_stream import StreamRequest
 from app.client.lanes import build_lanes, route_head, router_of
 from app.client.limits import BufferBudget
 from app.client.load_result import Progress
+from app.client.preconnect import Opener
 from app.client.raw_stream import RawStream
 from app.client.records import record_steps
 from app.client.routing import NO_ROUTE, Route
@@ -122,6 +124,9 @@ class LoadRun:
         self.pool_waits = 0  # measured requests of a rate-driven run that waited for a slot
         self.pool = ConnPool(keep_alive=spec.connection_mode == "keep-alive", bound=self.slots)
         self.budget = BufferBudget(spec.limits.max_buffered_bytes)  # every capture counts in it
+        self.opener = Opener(
+            self.pool, kernel_stamps=kernel_stamps, timeout_s=spec.request_timeout_s
+        )  # connections opened ahead (``open_ahead``)
         self.records: list[RequestRecord] = []
         self.active: set[StreamRequest] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -390,7 +395,18 @@ class LoadRun:
         caller then holds; ``on_end`` is called where its response ended."""
         self.sent_total += 1
         self.sent_measured += 1
-        return self.launch(self.stream(rid, req, on_end, lane), rid, lane)
+        stream = self.stream(rid, req, on_end, lane)
+        if stream is not None:  # its reply is wanted where it ends: decoded as it arrives
+            stream.raw.decode_while_arriving(self.classifier())
+        return self.launch(stream, rid, lane)
+
+    def open_ahead(self, lane: int, n: int) -> None:
+        """Open ``n`` idle connections to lane ``lane`` in the background, for requests
+        about to fan out (``app.client.preconnect``): plain HTTP, within the run's bound."""
+        to = self.lanes[lane]
+        n = min(n, self.slots - self.pool.open)
+        if to.addr is not None and not to.target.tls:
+            self.opener.open(to.addr[1], to.addr[0], n)
 
     def classifier(self) -> ClassifyFn:
         """A fresh classifier of one answer of the run's surface."""
@@ -424,7 +440,9 @@ class LoadRun:
         """Decode and classify finished streams in resumable pieces (~0.1 ms each: body
         decoding, SSE splitting, a batch of events stamped or classified, token counting)
         run in slices of <= ~POSTPROCESS_SLICE_NS between I/O rounds, so no post-processing
-        holds up reads for long, not even one long stream's."""
+        holds up reads for long, not even one long stream's; a slice ends early when a
+        socket is ready, unless the backlog is long (``HOLD_BACKLOG_MAX``)."""
+        sel = stamping_selector(asyncio.get_running_loop())
         while True:
             if self.current is None and not self.backlog:
                 self.backlog_ready.clear()
@@ -432,7 +450,8 @@ class LoadRun:
                 continue
             t_end = time.monotonic_ns() + POSTPROCESS_SLICE_NS
             while time.monotonic_ns() < t_end and not self.held() and self.step():
-                pass
+                if sel is not None and len(self.backlog) <= HOLD_BACKLOG_MAX and sel.io_ready():
+                    break  # a read first (a reply's end may be waiting): the rest next round
             await asyncio.sleep(0)
 
     def held(self) -> bool:

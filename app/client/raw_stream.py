@@ -7,12 +7,16 @@ body (``dechunk_steps``), splits the SSE events (``app.client.sse``; ``max_event
 ``max_response_events`` checked there) and maps each event's last byte back to the read that
 delivered it: an event gets that read's stamp. The capture's bytes leave the run's
 ``BufferBudget`` when decoding starts; the raw bytes are dropped once the body is decoded.
+
+A stream whose end someone waits on to send the next request (a session's or an agent's
+reply: ``decode_while_arriving``) is decoded ahead: after each read, ``advance`` does the
+same decoding for what that read completed (``Eager``), so ``finalize`` is left its tail.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from app.client.events import Classified, http_error_text
@@ -42,6 +46,18 @@ END_BODY = 1  # the body ended normally (terminal chunk, byte count, or close)
 END_DONE = 2  # a "data: [DONE]" event ended the stream
 END_EOF = 3  # the server closed the connection before the body ended
 END_CAP = 4  # the response outgrew a client limit (``RawStream.cap_reason`` says which)
+
+
+def chunk_size(line: bytes | bytearray) -> int | str:
+    """A chunk's size from its size line (without the LF), or what is wrong with it."""
+    try:
+        size = int(line, 16)  # int() strips the spaces and the CR itself
+    except ValueError:
+        try:  # a chunk extension: "size;name=value"
+            size = int(line.split(b";", 1)[0], 16)
+        except ValueError:
+            return f"chunked body: bad chunk size line ({len(line):,} bytes; not shown)"
+    return size if size >= 0 else "chunked body: negative chunk size"
 
 
 def dechunk_steps(
@@ -79,17 +95,9 @@ def dechunk_steps(
                 if n - pos > 1024:
                     error = "chunked body: chunk-size line too long"
                 break
-            line = buf[pos:i]
-            try:
-                size = int(line, 16)  # int() strips the spaces and the CR itself
-            except ValueError:
-                try:  # a chunk extension: "size;name=value"
-                    size = int(line.split(b";", 1)[0], 16)
-                except ValueError:
-                    error = f"chunked body: bad chunk size line ({len(line):,} bytes; not shown)"
-                    break
-            if size < 0:
-                error = "chunked body: negative chunk size"
+            size = chunk_size(buf[pos:i])
+            if isinstance(size, str):
+                error = size
                 break
             pos = i + 1
             if size == 0:
@@ -121,6 +129,30 @@ def dechunk_steps(
         avail.append(w - start)
         k += 1
     return payload, avail, done, error
+
+
+@dataclass(slots=True)
+class Eager:
+    """A stream decoded while it arrives (``RawStream.advance``): a session's or agent's
+    reply, whose end must be turned into the next request at once. The decoding is the one
+    ``finalize`` does, in the same order, done ahead: each read's complete chunks are
+    copied out of the capture (which stays as it came: the read callback's end checks look
+    at it) and their complete events split, stamped and classified. ``finalize`` goes on
+    from where it stopped; only the tail is left for the moment the stream ends.
+
+    It stops (``frozen``) at anything irregular (a framing error, an event past
+    ``max_event_bytes``, ``[DONE]``, the events ``CUT_EVENTS_KEPT`` keeps): ``finalize``
+    then meets it itself, as it would have without this. A payload with a CR splits line
+    by line from its start (``resplit``): the events are split again at the end."""
+
+    classify: Callable[[bytes | None], Classified]
+    raw_pos: int = -1  # the next chunk's size line in the capture (-1: body not reached)
+    pay: bytearray = field(default_factory=bytearray)  # the payload decoded so far
+    marks: array[int] = field(default_factory=lambda: array("q"))  # per read: payload by then
+    split: int = 0  # where the next event starts in ``pay``
+    k: int = 0  # the read whose stamp the last event got
+    frozen: bool = False
+    resplit: bool = False
 
 
 @dataclass(slots=True)
@@ -185,6 +217,7 @@ class RawStream:
     # the events' classification, already done where the stream ended (a session's reply,
     # ``app.client.sessions.reply_text``): the record uses it for those events
     ev_classified: list[Classified] | None = field(default=None, repr=False)
+    eager: Eager | None = field(default=None, repr=False)  # decoded while it arrives
 
     @property
     def wire_end_ns(self) -> int:
@@ -203,9 +236,105 @@ class RawStream:
         """Let go of the captured bytes and reads (decoded, or the request starts over);
         their share of the run's budget is given back."""
         if self.budget is not None:
-            self.budget.release(len(self.buf), len(self.read_end))
+            self.budget.release(self._held(), len(self.read_end))
         self.buf = bytearray()
         self.read_t, self.read_user_t, self.read_end = [], [], []
+        if self.eager is not None:
+            self.eager = Eager(self.eager.classify)
+
+    def _held(self) -> int:
+        """The capture's bytes: the raw ones and, decoded ahead, their payload's copy."""
+        return len(self.buf) + (len(self.eager.pay) if self.eager is not None else 0)
+
+    def decode_while_arriving(self, classify: Callable[[bytes | None], Classified]) -> None:
+        """Decode this stream's complete events as its reads arrive (``advance``, ``Eager``),
+        each classified by ``classify`` into ``ev_classified``."""
+        self.eager = Eager(classify)
+        self.ev_classified = []
+
+    def advance(self) -> None:
+        """Decode what the reads so far completed (``Eager``): called by the read callback
+        after each read of a stream that is still arriving."""
+        e = self.eager
+        if e is None or e.frozen:
+            return
+        if e.raw_pos < 0:  # the body's first read: a streamed answer, or nothing to do
+            if self.mode == MODE_HEAD:
+                return
+            if (
+                self.mode != MODE_CHUNKED
+                or self.http_status != 200
+                or is_json_type(self.content_type)
+            ):
+                e.frozen = True
+                return
+            e.raw_pos = self.body_start
+        buf = self.buf
+        n = len(buf)
+        pos = e.raw_pos
+        pay, marks, read_end = e.pay, e.marks, self.read_end
+        k, nreads = len(marks), len(read_end)
+        start = len(pay)
+        while True:  # the complete chunks: their data copied, their reads' marks set
+            i = buf.find(b"\n", pos)
+            if i < 0:
+                e.frozen = n - pos > 1024  # a size line this long is finalize's error
+                break
+            size = chunk_size(buf[pos:i])
+            if isinstance(size, str):
+                e.frozen = True
+                break
+            d = i + 1
+            end = d + size
+            if size == 0 or end + 2 > n:  # the terminal chunk, or one still arriving
+                break
+            if buf[end] != 13 or buf[end + 1] != 10:
+                e.frozen = True
+                break
+            plen = len(pay)
+            while k < nreads and read_end[k] <= end:
+                r_end = read_end[k]
+                marks.append(plen + r_end - d if r_end > d else plen)
+                k += 1
+            pay += memoryview(buf)[d:end]
+            pos = end + 2
+        e.raw_pos = pos
+        if self.budget is not None:
+            self.budget.used += len(pay) - start
+        if e.resplit or e.split == len(pay):
+            return
+        if pay.find(b"\r", start) >= 0:  # split line by line, from the start, at the end
+            e.resplit = e.frozen = True
+            return
+        self._split_ahead(e)
+
+    def _split_ahead(self, e: Eager) -> None:
+        """The payload's complete events, split, stamped and classified (``advance``)."""
+        base = e.split
+        events, _rest, error = split_events(bytes(memoryview(e.pay)[base:]), self.max_event_bytes)
+        if error is not None:
+            e.frozen = True
+        keep = min(self.max_events, CUT_EVENTS_KEPT)
+        marks, nmarks = e.marks, len(e.marks)
+        rt, ru = self.read_t, self.read_user_t
+        ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
+        classified = self.ev_classified
+        assert classified is not None
+        k = e.k
+        for data, nbytes, end in events:
+            if data == _DONE or len(ev_t) >= keep:  # finalize's to decide from here
+                e.frozen = True
+                break
+            last = base + end - 1  # the event's last byte; the first read past it stamps it
+            while k < nmarks and marks[k] <= last:
+                k += 1
+            ev_t.append(rt[k])
+            ev_u.append(ru[k])
+            ev_b.append(nbytes)
+            ev_d.append(data)
+            classified.append(e.classify(data))
+            e.split = base + end
+        e.k = k
 
     def finalize_steps(self) -> Iterator[None]:
         """``finalize`` in resumable pieces: it yields between pieces (body decoding, SSE
@@ -215,7 +344,7 @@ class RawStream:
             return
         self.finalized = True
         if self.budget is not None:  # decoding now: no longer waiting in the run's buffers
-            self.budget.release(len(self.buf), len(self.read_end))
+            self.budget.release(self._held(), len(self.read_end))
             self.budget = None
         try:
             yield from self._finalize()
@@ -236,7 +365,23 @@ class RawStream:
         shift = bs
         body_error: str | None = None
         complete = end in (END_BODY, END_DONE)
-        if self.mode == MODE_CHUNKED:
+        rest = 0  # where the events are split from (past those decoded ahead)
+        k = 0  # the read that stamped the last event
+        resplit = False
+        ahead = self.eager
+        if self.mode == MODE_CHUNKED and ahead is not None and ahead.raw_pos >= 0:
+            # decoded ahead up to ``raw_pos``: the tail now
+            tail, tail_marks, chunk_done, body_error = yield from dechunk_steps(
+                self.buf, ahead.raw_pos, self.read_end[len(ahead.marks) :]
+            )
+            base = len(ahead.pay)
+            ahead.pay += tail
+            ahead.marks.extend([base + a for a in tail_marks])
+            payload, marks, shift = bytes(ahead.pay), ahead.marks, 0
+            rest, k, resplit = ahead.split, ahead.k, ahead.resplit or b"\r" in tail
+            if chunk_done:
+                complete = complete or end == END_EOF
+        elif self.mode == MODE_CHUNKED:
             payload, marks, chunk_done, body_error = yield from dechunk_steps(
                 self.buf, bs, self.read_end
             )
@@ -281,7 +426,11 @@ class RawStream:
                 self.status, self.error = RequestStatus.ERROR, self.cap_reason
                 return
         rt, ru = self.read_t, self.read_user_t
-        k = 0  # current read
+        if resplit:  # a CR somewhere: every event split again, line by line
+            rest = k = 0
+            for kept in (ev_t, ev_u, ev_b, ev_d):
+                kept.clear()
+            self.ev_classified = [] if self.ev_classified is not None else None
         nreads = len(rt)
         done_i = -1
         # a response cut off by a limit is failed whatever it holds: its first events are
@@ -289,7 +438,6 @@ class RawStream:
         max_events = min(self.max_events, CUT_EVENTS_KEPT) if end == END_CAP else self.max_events
         too_many = False
         cr = b"\r" in payload  # lines end in CR or CRLF somewhere: split line by line
-        rest = 0
         while done_i < 0:  # split and stamp the events, a resumable piece at a time
             events, rest, sse_error = split_events(
                 payload, self.max_event_bytes, start=rest, limit=FINALIZE_STEP_EVENTS, cr=cr

@@ -239,6 +239,7 @@ async def _run(
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         r.drain()
+        await r.opener.close()
         r.pool.close_all()
         r.sample_cpu_wait()
         r.cpu_wait.close()

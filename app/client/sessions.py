@@ -87,6 +87,8 @@ class SessionHost(Protocol):
 
     def classifier(self) -> ClassifyFn: ...
 
+    def open_ahead(self, lane: int, n: int) -> None: ...
+
     def track_turn(
         self,
         index: int,
@@ -128,12 +130,17 @@ def warmup_workload(sessions: Sessions, tok: AnyTokenizer) -> Workload:
 def reply_text(raw: RawStream, classify: ClassifyFn) -> str | None:
     """The reply the server streamed (content events' text), or None when the turn failed
     by the record's rules (``app.client.records``): not OK, an error event, no token. The
-    stream is decoded here (``RawStream.finalize``, idempotent: the one decoder) and its
-    events' classification left in ``raw.ev_classified`` for its record."""
+    stream is decoded here (``RawStream.finalize``, idempotent: the one decoder; a turn's
+    stream was decoded as it arrived, ``RawStream.advance``, so only its tail is left) and
+    its events' classification left in ``raw.ev_classified`` for its record."""
     raw.finalize()
     if raw.status is not RequestStatus.OK:
         return None
-    classified = [classify(data) for data in raw.ev_data]
+    data = raw.ev_data
+    classified = (raw.ev_classified or [])[: len(data)]  # those decoded as they arrived
+    if raw.eager is not None:
+        classify = raw.eager.classify
+    classified += [classify(d) for d in data[len(classified) :]]
     raw.ev_classified = classified
     parts: list[str] = []
     tokens = 0

@@ -8,6 +8,7 @@ import os
 import socket
 from typing import Any
 
+from app.client.clocks import SO_TIMESTAMPNS
 from app.client.http_request import Target
 
 
@@ -18,6 +19,21 @@ def os_error(phase: str, e: BaseException) -> str:
     if isinstance(e, ConnectionResetError):
         return f"connection reset by peer ({phase})"
     return f"{phase} failed: {e.__class__.__name__}: {e}"
+
+
+def stream_socket(family: int, kernel: bool) -> tuple[socket.socket, bool]:
+    """A non-blocking stream socket with the run's options: receive stamps when ``kernel``
+    (False back when the kernel refused them), ``TCP_NODELAY`` on TCP."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    if kernel:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            kernel = False
+    if family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock, kernel
 
 
 def reserve_fds(n: int) -> None:

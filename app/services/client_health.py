@@ -58,7 +58,11 @@ def client_health(report: dict[str, Any]) -> list[str]:
     conns = load.get("connections")
     if isinstance(conns, dict) and isinstance(conns.get("opened"), int):
         mode, opened, reused = conns.get("mode"), conns["opened"], conns.get("reused", 0)
-        line = f"connections {mode}: {opened} opened, {reused} requests on a reused one"
+        ahead = conns.get("opened_ahead")
+        line = f"connections {mode}: {opened} opened"
+        if isinstance(ahead, int) and ahead:
+            line += f" ({ahead} ahead of an agent's fan-out)"
+        line += f", {reused} requests on a reused one"
         if conns.get("retried"):
             line += f", {conns['retried']} retried"
         out.append(line)
