@@ -275,15 +275,23 @@ class RawStream:
         pay, marks, read_end = e.pay, e.marks, self.read_end
         k, nreads = len(marks), len(read_end)
         start = len(pay)
+        find = buf.find
         while True:  # the complete chunks: their data copied, their reads' marks set
-            i = buf.find(b"\n", pos)
+            i = find(b"\n", pos)
             if i < 0:
                 e.frozen = n - pos > 1024  # a size line this long is finalize's error
                 break
-            size = chunk_size(buf[pos:i])
-            if isinstance(size, str):
-                e.frozen = True
-                break
+            line = buf[pos:i]
+            try:
+                size = int(line, 16)
+            except ValueError:
+                size = -1
+            if size < 0:  # a chunk extension, or a fault (finalize's to report)
+                got = chunk_size(line)
+                if isinstance(got, str):
+                    e.frozen = True
+                    break
+                size = got
             d = i + 1
             end = d + size
             if size == 0 or end + 2 > n:  # the terminal chunk, or one still arriving
@@ -296,44 +304,41 @@ class RawStream:
                 r_end = read_end[k]
                 marks.append(plen + r_end - d if r_end > d else plen)
                 k += 1
-            pay += memoryview(buf)[d:end]
+            pay += buf[d:end]
             pos = end + 2
         e.raw_pos = pos
         if self.budget is not None:
             self.budget.used += len(pay) - start
-        if e.resplit or e.split == len(pay):
+        base = e.split
+        if e.resplit or pay.find(b"\n\n", base) < 0:  # no event completed
             return
         if pay.find(b"\r", start) >= 0:  # split line by line, from the start, at the end
             e.resplit = e.frozen = True
             return
-        self._split_ahead(e)
-
-    def _split_ahead(self, e: Eager) -> None:
-        """The payload's complete events, split, stamped and classified (``advance``)."""
-        base = e.split
-        events, _rest, error = split_events(bytes(memoryview(e.pay)[base:]), self.max_event_bytes)
+        # the completed events, split, stamped and classified
+        events, _rest, error = split_events(bytes(pay[base:]), self.max_event_bytes)
         if error is not None:
             e.frozen = True
         keep = min(self.max_events, CUT_EVENTS_KEPT)
-        marks, nmarks = e.marks, len(e.marks)
-        rt, ru = self.read_t, self.read_user_t
-        ev_t, ev_u, ev_b, ev_d = self.ev_t, self.ev_user_t, self.ev_bytes, self.ev_data
+        nmarks = len(marks)
+        rt, ru, ev_t, ev_d = self.read_t, self.read_user_t, self.ev_t, self.ev_data
         classified = self.ev_classified
         assert classified is not None
+        classify = e.classify
         k = e.k
-        for data, nbytes, end in events:
+        for data, nbytes, ev_end in events:
             if data == _DONE or len(ev_t) >= keep:  # finalize's to decide from here
                 e.frozen = True
                 break
-            last = base + end - 1  # the event's last byte; the first read past it stamps it
+            last = base + ev_end - 1  # the event's last byte; the first read past it stamps it
             while k < nmarks and marks[k] <= last:
                 k += 1
             ev_t.append(rt[k])
-            ev_u.append(ru[k])
-            ev_b.append(nbytes)
+            self.ev_user_t.append(ru[k])
+            self.ev_bytes.append(nbytes)
             ev_d.append(data)
-            classified.append(e.classify(data))
-            e.split = base + end
+            classified.append(classify(data))
+            e.split = base + ev_end
         e.k = k
 
     def finalize_steps(self) -> Iterator[None]:
