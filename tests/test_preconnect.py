@@ -5,6 +5,7 @@ connect. Over real loopback sockets."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import Iterator
@@ -107,3 +108,30 @@ def test_a_connection_opened_ahead_to_a_dead_address_is_dropped() -> None:
     n, pool = run(go())
     assert n == 0 and pool.open == 0 and pool.idle == 0
     assert pool.stats.opened == 3 and pool.stats.opened_ahead == 0
+
+
+def test_connections_asked_ahead_count_against_the_runs_bound() -> None:
+    """Two fan-outs asking before either connect starts: the second is refused what would
+    pass the bound (the pending ones count as open)."""
+    from app.client.connpool import ConnPool
+    from app.client.preconnect import Opener
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    addr = srv.getsockname()
+
+    async def go() -> tuple[int, int, int]:
+        pool = ConnPool(keep_alive=True, bound=3)
+        opener = Opener(pool, kernel_stamps=False, timeout_s=2.0)
+        for _ in range(2):  # as LoadRun.open_ahead bounds each ask
+            opener.open(addr, socket.AF_INET, min(2, 3 - pool.open - opener.pending))
+        asked = opener.pending
+        while opener.tasks:
+            await asyncio.sleep(0.001)
+        idle = pool.idle
+        pool.close_all()
+        return asked, idle, opener.pending
+
+    try:
+        assert run(go()) == (3, 3, 0)
+    finally:
+        srv.close()

@@ -404,7 +404,7 @@ class LoadRun:
         """Open ``n`` idle connections to lane ``lane`` in the background, for requests
         about to fan out (``app.client.preconnect``): plain HTTP, within the run's bound."""
         to = self.lanes[lane]
-        n = min(n, self.slots - self.pool.open)
+        n = min(n, self.slots - self.pool.open - self.opener.pending)  # within the bound
         if to.addr is not None and not to.target.tls:
             self.opener.open(to.addr[1], to.addr[0], n)
 

@@ -9,6 +9,7 @@ request then opens its own, and reports a failure as usual)."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 from app.client.clocks import kernel_stamps_supported
 from app.client.connpool import Conn, ConnPool, tx_stamps_supported
@@ -26,18 +27,24 @@ class Opener:
         self.tx = self.kernel and tx_stamps_supported()
         self.timeout_s = timeout_s
         self.tasks: set[asyncio.Task[int]] = set()
+        self.pending = 0  # connections asked for and not yet open or given up
 
     def open(self, addr: tuple[object, ...], family: int, n: int) -> None:
         """Start opening ``n`` connections to ``addr`` (keep-alive pools only)."""
         if n <= 0 or not self.pool.keep_alive:
             return
+        self.pending += n
         task = asyncio.create_task(
             open_ahead(
                 self.pool, addr, family, n, kernel=self.kernel, tx=self.tx, timeout_s=self.timeout_s
             )
         )
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(partial(self._done, n))
+
+    def _done(self, n: int, task: asyncio.Task[int]) -> None:
+        self.pending -= n
+        self.tasks.discard(task)
 
     async def close(self) -> None:
         """The run is over: connections still being opened are abandoned (closed)."""
